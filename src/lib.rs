@@ -1,0 +1,2 @@
+//! acpd: the Agent Client Protocol served over the network.
+pub mod store;
