@@ -1,1 +1,3 @@
-//! Integration tests.
+//! The one integration-test binary: real sockets, a real daemon, a real store.
+
+mod pgtest;
