@@ -1,3 +1,4 @@
 //! The one integration-test binary: real sockets, a real daemon, a real store.
 
+#[allow(dead_code)]
 mod pgtest;

@@ -17,7 +17,8 @@ impl TestDb {
             .expect("ACPD_TEST_DATABASE_URL names a Postgres server for the Postgres tests");
         let name = format!("acpd_test_{}", uuid::Uuid::new_v4().simple());
         let mut conn = PgConnection::connect(&admin_url).await.expect("connect to ACPD_TEST_DATABASE_URL");
-        conn.execute(format!("CREATE DATABASE {name}").as_str()).await.expect("create test database");
+        let sql = format!("CREATE DATABASE {name}");
+        conn.execute(sql.as_str()).await.expect("create test database");
         conn.close().await.ok();
         let url = with_database(&admin_url, &name);
         TestDb { admin_url, name, url }
@@ -30,9 +31,8 @@ impl TestDb {
     /// Drops the database, terminating leftover connections first.
     pub async fn drop_db(self) {
         if let Ok(mut conn) = PgConnection::connect(&self.admin_url).await {
-            let _ = conn
-                .execute(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name).as_str())
-                .await;
+            let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+            let _ = conn.execute(sql.as_str()).await;
             conn.close().await.ok();
         }
     }
