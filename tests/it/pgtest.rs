@@ -18,7 +18,7 @@ impl TestDb {
         let name = format!("acpd_test_{}", uuid::Uuid::new_v4().simple());
         let mut conn = PgConnection::connect(&admin_url).await.expect("connect to ACPD_TEST_DATABASE_URL");
         let sql = format!("CREATE DATABASE {name}");
-        conn.execute(sql.as_str()).await.expect("create test database");
+        conn.execute(sqlx::AssertSqlSafe(sql)).await.expect("create test database");
         conn.close().await.ok();
         let url = with_database(&admin_url, &name);
         TestDb { admin_url, name, url }
@@ -32,7 +32,7 @@ impl TestDb {
     pub async fn drop_db(self) {
         if let Ok(mut conn) = PgConnection::connect(&self.admin_url).await {
             let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-            let _ = conn.execute(sql.as_str()).await;
+            let _ = conn.execute(sqlx::AssertSqlSafe(sql)).await;
             conn.close().await.ok();
         }
     }
