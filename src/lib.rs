@@ -1,2 +1,10 @@
 //! acpd: the Agent Client Protocol served over the network.
+pub mod acp;
+pub mod agent;
+pub mod cli;
+pub mod config;
+pub mod jsonrpc;
+pub mod server;
+pub mod session;
 pub mod store;
+pub mod transport;

@@ -16,7 +16,9 @@ use tokio::sync::watch;
 pub enum StoreError {
     #[error("invalid store url: {0}")]
     InvalidUrl(String),
-    #[error("the store's schema version {found} is newer than this acpd knows ({known}); upgrade acpd")]
+    #[error(
+        "the store's schema version {found} is newer than this acpd knows ({known}); upgrade acpd"
+    )]
     SchemaTooNew { found: i64, known: i64 },
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -221,7 +223,11 @@ impl Store {
 
     /// Queues an append for group commit. Returns once queued (waits only when the queue is
     /// full). `durable` is advanced to `entry.seq` once the entry's batch has committed.
-    pub async fn append(&self, _entry: NewEntry, _durable: Arc<DurableSeq>) -> Result<(), StoreError> {
+    pub async fn append(
+        &self,
+        _entry: NewEntry,
+        _durable: Arc<DurableSeq>,
+    ) -> Result<(), StoreError> {
         todo!()
     }
 
@@ -251,11 +257,20 @@ impl Store {
         todo!()
     }
 
-    pub async fn put_agent_state(&self, _session_id: &str, _key: &str, _value: &str) -> Result<(), StoreError> {
+    pub async fn put_agent_state(
+        &self,
+        _session_id: &str,
+        _key: &str,
+        _value: &str,
+    ) -> Result<(), StoreError> {
         todo!()
     }
 
-    pub async fn agent_state(&self, _session_id: &str, _key: &str) -> Result<Option<String>, StoreError> {
+    pub async fn agent_state(
+        &self,
+        _session_id: &str,
+        _key: &str,
+    ) -> Result<Option<String>, StoreError> {
         todo!()
     }
 
@@ -265,12 +280,20 @@ impl Store {
     }
 
     /// Stores a token (only its hash).
-    pub async fn insert_token(&self, _principal_id: &str, _name: &str, _hash: &str) -> Result<TokenRow, StoreError> {
+    pub async fn insert_token(
+        &self,
+        _principal_id: &str,
+        _name: &str,
+        _hash: &str,
+    ) -> Result<TokenRow, StoreError> {
         todo!()
     }
 
     /// The live (not revoked) token with that hash and its principal; marks it used.
-    pub async fn token_by_hash(&self, _hash: &str) -> Result<Option<(TokenRow, PrincipalRow)>, StoreError> {
+    pub async fn token_by_hash(
+        &self,
+        _hash: &str,
+    ) -> Result<Option<(TokenRow, PrincipalRow)>, StoreError> {
         todo!()
     }
 

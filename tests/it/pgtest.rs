@@ -16,12 +16,20 @@ impl TestDb {
         let admin_url = std::env::var("ACPD_TEST_DATABASE_URL")
             .expect("ACPD_TEST_DATABASE_URL names a Postgres server for the Postgres tests");
         let name = format!("acpd_test_{}", uuid::Uuid::new_v4().simple());
-        let mut conn = PgConnection::connect(&admin_url).await.expect("connect to ACPD_TEST_DATABASE_URL");
+        let mut conn = PgConnection::connect(&admin_url)
+            .await
+            .expect("connect to ACPD_TEST_DATABASE_URL");
         let sql = format!("CREATE DATABASE {name}");
-        conn.execute(sqlx::AssertSqlSafe(sql)).await.expect("create test database");
+        conn.execute(sqlx::AssertSqlSafe(sql))
+            .await
+            .expect("create test database");
         conn.close().await.ok();
         let url = with_database(&admin_url, &name);
-        TestDb { admin_url, name, url }
+        TestDb {
+            admin_url,
+            name,
+            url,
+        }
     }
 
     pub fn url(&self) -> &str {

@@ -1,0 +1,420 @@
+//! One client connection: its JSON-RPC peer, the ACP methods it calls, and the sessions it
+//! is attached to. Whatever the transport, every client runs this.
+//!
+//! Commands for sessions the connection is attached to are sent from the loop itself, so a
+//! `session/cancel` can never overtake the `session/prompt` before it. Anything slow (starting
+//! an agent, loading a session) runs as a handler task whose result comes back to the loop.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::AcpError;
+use crate::agent::{AgentHandle, AgentKey};
+use crate::jsonrpc::{self, Incoming, IncomingRequest, Link, Notification, PeerHandle, Responder};
+use crate::session::{AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub};
+
+/// The protocol version acpd speaks.
+const PROTOCOL_VERSION: u64 = 1;
+
+/// Who is on the other end and what they may reach.
+#[derive(Clone)]
+pub struct ConnectionCtx {
+    pub conn_id: ConnId,
+    /// The authenticated principal; sessions of others are invisible.
+    pub principal: String,
+    /// The agent profile this connection picked.
+    pub profile: String,
+    pub hub: SessionHub,
+}
+
+/// Runs one connection until its link closes or `shutdown` fires.
+pub async fn run(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) {
+    let span = tracing::info_span!("conn", id = %ctx.conn_id, principal = %ctx.principal, agent = %ctx.profile);
+    run_inner(link, ctx, shutdown).instrument(span).await
+}
+
+async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) {
+    let (peer, mut incoming, peer_task) = jsonrpc::spawn(link, shutdown.child_token());
+    tracing::debug!("connected");
+    let mut conn = Connection {
+        ctx,
+        peer,
+        init: None,
+        attached: HashMap::new(),
+        handlers: JoinSet::new(),
+    };
+    loop {
+        tokio::select! {
+            msg = incoming.recv() => match msg {
+                Some(Incoming::Request(req)) => conn.on_request(req).await,
+                Some(Incoming::Notification(n)) => conn.on_notification(n).await,
+                Some(Incoming::Response { .. }) => {}
+                None => break,
+            },
+            Some(done) = conn.handlers.join_next() => {
+                if let Ok(Some(handle)) = done {
+                    conn.attached.insert(handle.id.to_string(), handle);
+                }
+            }
+        }
+    }
+    // A closed socket detaches; it does not cancel. Turns go on and are journaled.
+    for (_, h) in conn.attached.drain() {
+        let _ = h
+            .send(SessionCommand::Detach {
+                conn: conn.ctx.conn_id.clone(),
+            })
+            .await;
+    }
+    conn.handlers.abort_all();
+    let _ = peer_task.await;
+    tracing::debug!("disconnected");
+}
+
+struct Connection {
+    ctx: ConnectionCtx,
+    peer: PeerHandle,
+    /// The client's `initialize` params, once received.
+    init: Option<Arc<Value>>,
+    attached: HashMap<String, SessionHandle>,
+    /// Handler tasks; each may return a session it attached to.
+    handlers: JoinSet<Option<SessionHandle>>,
+}
+
+impl Connection {
+    fn client(&self, init: &Arc<Value>) -> Client {
+        Client {
+            conn: self.ctx.conn_id.clone(),
+            peer: self.peer.clone(),
+            init: init.clone(),
+        }
+    }
+
+    fn agent_key(&self) -> AgentKey {
+        AgentKey {
+            principal: self.ctx.principal.clone(),
+            profile: self.ctx.profile.clone(),
+        }
+    }
+
+    async fn on_request(&mut self, req: IncomingRequest) {
+        let IncomingRequest {
+            method,
+            params,
+            responder,
+            cancelled: _,
+        } = req;
+        let params = params.unwrap_or_else(|| json!({}));
+        tracing::debug!(%method, "request");
+        if method == "initialize" {
+            return self.initialize(params, responder);
+        }
+        let Some(init) = self.init.clone() else {
+            return responder
+                .respond(Err(AcpError::NotInitialized.into()))
+                .await;
+        };
+        let hub = self.ctx.hub.clone();
+        let principal = self.ctx.principal.clone();
+        match method.as_str() {
+            "session/new" => {
+                let client = self.client(&init);
+                let profile = self.ctx.profile.clone();
+                self.handlers.spawn(async move {
+                    match hub
+                        .create(&principal, &profile, client, params, responder)
+                        .await
+                    {
+                        Ok(h) => Some(h),
+                        Err((e, r)) => {
+                            r.respond(Err(e.into())).await;
+                            None
+                        }
+                    }
+                });
+            }
+            "session/list" => {
+                let cwd = params.get("cwd").and_then(Value::as_str).map(str::to_owned);
+                let cursor = params
+                    .get("cursor")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                self.handlers.spawn(async move {
+                    responder
+                        .respond(hub.list(&principal, cwd, cursor).await.map_err(Into::into))
+                        .await;
+                    None
+                });
+            }
+            "session/load" | "session/resume" | "_acpd/session/attach" => {
+                let Some(sid) = session_id(&params) else {
+                    return responder
+                        .respond(Err(
+                            AcpError::InvalidParams("sessionId is required".into()).into()
+                        ))
+                        .await;
+                };
+                let mode = match method.as_str() {
+                    "session/load" => AttachMode::Load { params },
+                    "session/resume" => AttachMode::Resume { params },
+                    _ => match params.get("afterSeq").map(Value::as_i64) {
+                        None => AttachMode::After { after_seq: 0 },
+                        Some(Some(n)) if n >= 0 => AttachMode::After { after_seq: n },
+                        Some(_) => {
+                            let e = AcpError::InvalidParams(
+                                "afterSeq must be a non-negative integer".into(),
+                            );
+                            return responder.respond(Err(e.into())).await;
+                        }
+                    },
+                };
+                let cmd = SessionCommand::Attach {
+                    client: self.client(&init),
+                    mode,
+                    responder: Some(responder),
+                };
+                self.handlers
+                    .spawn(send_to_session(hub, sid, principal, cmd));
+            }
+            _ => {
+                let Some(sid) = session_id(&params) else {
+                    // Not about a session: the agent's business (authenticate, logout, extensions).
+                    let agent = self.agent(init);
+                    self.handlers.spawn(async move {
+                        let result = match agent.await {
+                            Ok(a) => a
+                                .request(&method, params)
+                                .await
+                                .map_err(|e| AcpError::from(e).into()),
+                            Err(e) => Err(e.into()),
+                        };
+                        responder.respond(result).await;
+                        None
+                    });
+                    return;
+                };
+                let cmd = match method.as_str() {
+                    "session/prompt" => SessionCommand::Prompt {
+                        conn: self.ctx.conn_id.clone(),
+                        params,
+                        responder,
+                    },
+                    "session/close" => SessionCommand::Close { responder },
+                    "session/delete" => SessionCommand::Delete { responder },
+                    _ => SessionCommand::Relay {
+                        method,
+                        params,
+                        responder,
+                    },
+                };
+                self.to_session(sid, cmd, &init).await;
+            }
+        }
+    }
+
+    async fn on_notification(&mut self, n: Notification) {
+        let params = n.params.unwrap_or_else(|| json!({}));
+        let Some(init) = self.init.clone() else {
+            return;
+        };
+        match session_id(&params) {
+            Some(sid) => {
+                let cmd = if n.method == "session/cancel" {
+                    SessionCommand::Cancel
+                } else {
+                    SessionCommand::RelayNotification {
+                        method: n.method,
+                        params,
+                    }
+                };
+                self.to_session(sid, cmd, &init).await;
+            }
+            None => {
+                let agent = self.agent(init);
+                self.handlers.spawn(async move {
+                    if let Ok(a) = agent.await {
+                        let _ = a.peer.notify(&n.method, Some(params)).await;
+                    }
+                    None
+                });
+            }
+        }
+    }
+
+    /// Sends a session-scoped command, in order when this connection is attached already.
+    async fn to_session(&mut self, sid: String, cmd: SessionCommand, init: &Arc<Value>) {
+        let cmd = match self.attached.get(&sid) {
+            Some(h) => match h.send(cmd).await {
+                Ok(()) => return,
+                Err(cmd) => {
+                    self.attached.remove(&sid);
+                    cmd
+                }
+            },
+            None => cmd,
+        };
+        let hub = self.ctx.hub.clone();
+        let principal = self.ctx.principal.clone();
+        // Deleting what does not exist succeeds (ACP session-delete); no attach is needed.
+        if let SessionCommand::Delete { responder } = cmd {
+            self.handlers.spawn(async move {
+                match hub.open(&sid, &principal).await {
+                    Ok(h) => {
+                        if let Err(SessionCommand::Delete { responder }) =
+                            h.send(SessionCommand::Delete { responder }).await
+                        {
+                            responder.respond(Err(AcpError::SessionGone.into())).await;
+                        }
+                    }
+                    Err(AcpError::SessionNotFound(_)) => responder.respond(Ok(json!({}))).await,
+                    Err(e) => responder.respond(Err(e.into())).await,
+                }
+                None
+            });
+            return;
+        }
+        let attach = SessionCommand::Attach {
+            client: self.client(init),
+            mode: AttachMode::Implicit,
+            responder: None,
+        };
+        self.handlers.spawn(async move {
+            let handle =
+                send_to_session(hub.clone(), sid.clone(), principal.clone(), attach).await?;
+            match handle.send(cmd).await {
+                Ok(()) => Some(handle),
+                Err(cmd) => {
+                    reject(cmd, AcpError::SessionGone).await;
+                    None
+                }
+            }
+        });
+    }
+
+    fn initialize(&mut self, params: Value, responder: Responder) {
+        let init = Arc::new(params);
+        self.init = Some(init.clone());
+        let agent = self.agent(init);
+        let conn_id = self.ctx.conn_id.clone();
+        self.handlers.spawn(async move {
+            let result = match agent.await {
+                Ok(agent) => Ok(initialize_result(&agent, &conn_id)),
+                Err(e) => Err(e.into()),
+            };
+            responder.respond(result).await;
+            None
+        });
+    }
+
+    fn agent(
+        &self,
+        init: Arc<Value>,
+    ) -> impl Future<Output = Result<AgentHandle, AcpError>> + use<> {
+        let pool = self.ctx.hub.pool().clone();
+        let key = self.agent_key();
+        async move { pool.get(key, init).await.map_err(AcpError::from) }
+    }
+}
+
+/// Opens a session and sends it a command; answers the command's responder on failure.
+async fn send_to_session(
+    hub: SessionHub,
+    sid: String,
+    principal: String,
+    cmd: SessionCommand,
+) -> Option<SessionHandle> {
+    let handle = match hub.open(&sid, &principal).await {
+        Ok(h) => h,
+        Err(e) => {
+            reject(cmd, e).await;
+            return None;
+        }
+    };
+    match handle.send(cmd).await {
+        Ok(()) => Some(handle),
+        Err(cmd) => {
+            reject(cmd, AcpError::SessionGone).await;
+            None
+        }
+    }
+}
+
+/// Answers a command that never reached its session.
+async fn reject(cmd: SessionCommand, e: AcpError) {
+    match cmd {
+        SessionCommand::Attach {
+            responder: Some(r), ..
+        }
+        | SessionCommand::Prompt { responder: r, .. }
+        | SessionCommand::Relay { responder: r, .. }
+        | SessionCommand::Close { responder: r }
+        | SessionCommand::Delete { responder: r } => r.respond(Err(e.into())).await,
+        _ => {}
+    }
+}
+
+fn session_id(params: &Value) -> Option<String> {
+    params
+        .get("sessionId")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// What acpd tells the client it can do: the agent's own capabilities, plus the session
+/// methods acpd answers from its journal for every agent.
+fn initialize_result(agent: &AgentHandle, conn_id: &str) -> Value {
+    let theirs = agent
+        .init
+        .get("agentCapabilities")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let mut caps = match theirs.clone() {
+        Value::Object(m) => Value::Object(m),
+        _ => json!({}),
+    };
+    caps["loadSession"] = json!(true);
+    let mut session_caps = json!({ "list": {}, "resume": {}, "close": {}, "delete": {} });
+    for key in ["additionalDirectories", "systemPrompt"] {
+        if let Some(v) = theirs
+            .pointer(&format!("/sessionCapabilities/{key}"))
+            .filter(|v| !v.is_null())
+        {
+            session_caps[key] = v.clone();
+        }
+    }
+    caps["sessionCapabilities"] = session_caps;
+    let auth_methods: Vec<Value> = agent
+        .init
+        .get("authMethods")
+        .and_then(Value::as_array)
+        .map(|methods| {
+            methods
+                .iter()
+                // A remote editor cannot run the agent's binary for a terminal login.
+                .filter(|m| m.get("type").and_then(Value::as_str) != Some("terminal"))
+                .map(|m| {
+                    let mut m = m.clone();
+                    if let Some(meta) = m.get_mut("_meta").and_then(Value::as_object_mut) {
+                        meta.remove("terminal-auth");
+                    }
+                    m
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut result = json!({
+        "protocolVersion": PROTOCOL_VERSION,
+        "agentCapabilities": caps,
+        "authMethods": auth_methods,
+        "_meta": { "acpd": { "version": env!("CARGO_PKG_VERSION"), "connectionId": conn_id, "attach": true } },
+    });
+    if let Some(info) = agent.init.get("agentInfo") {
+        result["agentInfo"] = info.clone();
+    }
+    result
+}

@@ -1,0 +1,7 @@
+//! The agent side of ACP as acpd serves it: one `connection` task per client, method
+//! dispatch, capability negotiation and the error mapping.
+
+pub mod connection;
+mod error;
+
+pub use error::AcpError;

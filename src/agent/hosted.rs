@@ -1,0 +1,334 @@
+//! Hosted agents: an ACP agent program run as a child process, spoken to over its stdio.
+//!
+//! The process runs in its own process group, dies with acpd (`PR_SET_PDEATHSIG`), and its
+//! stderr goes to acpd's log. One router task owns the map from the agent's session ids to
+//! session actors and forwards what the agent sends.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{AgentError, AgentEvent, AgentHandle};
+use crate::config::AgentProfile;
+use crate::jsonrpc::{self, Incoming, ResponseError};
+
+/// Longest an agent may take to answer `initialize`.
+const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Messages kept for a session id the agent used before acpd knew it.
+const EARLY_LIMIT: usize = 1024;
+/// Grace between SIGTERM and SIGKILL when acpd stops an agent.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// Agents may write long lines (a file's content); the line limit is generous.
+const MAX_AGENT_LINE: usize = 256 * 1024 * 1024;
+
+pub(super) enum RouterCommand {
+    /// Routes in-band answers for `route` (acpd's session id), and the agent's messages about
+    /// `agent_session_id` when given, to `events`.
+    Register {
+        route: String,
+        agent_session_id: Option<String>,
+        events: mpsc::Sender<AgentEvent>,
+    },
+    Unregister {
+        route: String,
+    },
+}
+
+/// Spawns the agent, initializes it, and starts its router.
+pub(super) async fn start(
+    profile: &AgentProfile,
+    client_init: &Value,
+    generation: u64,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> Result<AgentHandle, AgentError> {
+    let mut child = spawn_process(profile).map_err(|source| AgentError::Spawn {
+        profile: profile.name.clone(),
+        source,
+    })?;
+    let pid = child.id();
+    tracing::info!(agent = %profile.name, pid, generation, "agent process started");
+    let (stdin, stdout, stderr) =
+        match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
+            (Some(i), Some(o), Some(e)) => (i, o, e),
+            _ => unreachable!("all three pipes were requested"),
+        };
+    let name = profile.name.clone();
+    tasks.spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            tracing::info!(target: "acpd::agent_stderr", agent = %name, "{line}");
+        }
+    });
+
+    let io_cancel = CancellationToken::new();
+    let (link, pump) =
+        crate::transport::lines::pump(stdout, stdin, MAX_AGENT_LINE, io_cancel.clone());
+    tasks.spawn(pump);
+    let (peer, incoming, peer_task) = jsonrpc::spawn(link, io_cancel.clone());
+    tasks.spawn(async move {
+        let _ = peer_task.await;
+    });
+
+    let init_params = initialize_params(client_init);
+    let init = match tokio::time::timeout(
+        INITIALIZE_TIMEOUT,
+        peer.request("initialize", Some(init_params)),
+    )
+    .await
+    {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            kill_group(&mut child).await;
+            io_cancel.cancel();
+            return Err(AgentError::Initialize {
+                profile: profile.name.clone(),
+                message: e.to_string(),
+            });
+        }
+        Err(_) => {
+            kill_group(&mut child).await;
+            io_cancel.cancel();
+            return Err(AgentError::Initialize {
+                profile: profile.name.clone(),
+                message: "no answer to initialize".into(),
+            });
+        }
+    };
+    let (router_tx, router_rx) = mpsc::unbounded_channel();
+    let exited = CancellationToken::new();
+    let router = Router {
+        agent: profile.name.clone(),
+        routes: HashMap::new(),
+        by_agent_sid: HashMap::new(),
+        early: HashMap::new(),
+    };
+    tasks.spawn(router.run(
+        child,
+        incoming,
+        router_rx,
+        exited.clone(),
+        io_cancel,
+        shutdown,
+    ));
+    Ok(AgentHandle {
+        peer,
+        init: Arc::new(init),
+        router: router_tx,
+        exited,
+        generation,
+    })
+}
+
+/// What acpd tells a hosted agent in `initialize`: the first client's capabilities, minus
+/// terminal auth, which a remote editor cannot run next to the agent (ACP auth-methods RFD).
+fn initialize_params(client_init: &Value) -> Value {
+    let mut caps = client_init
+        .get("clientCapabilities")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    if let Some(auth) = caps.get_mut("auth").and_then(Value::as_object_mut) {
+        auth.remove("terminal");
+    }
+    if let Some(meta) = caps.get_mut("_meta").and_then(Value::as_object_mut) {
+        meta.remove("terminal-auth");
+    }
+    let mut params = json!({ "protocolVersion": 1, "clientCapabilities": caps });
+    if let Some(info) = client_init.get("clientInfo") {
+        params["clientInfo"] = info.clone();
+    }
+    params
+}
+
+fn spawn_process(profile: &AgentProfile) -> std::io::Result<Child> {
+    let mut cmd = Command::new(&profile.program);
+    cmd.args(&profile.args)
+        .envs(profile.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .process_group(0);
+    if let Some(cwd) = &profile.cwd {
+        cmd.current_dir(cwd);
+    }
+    // SAFETY: the closure only calls async-signal-safe functions (prctl, getppid, kill).
+    unsafe {
+        cmd.pre_exec(|| {
+            // The agent dies with acpd even on SIGKILL, so no orphan keeps running.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // acpd may have died between fork and prctl.
+            if libc::getppid() == 1 {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// SIGTERM to the agent's process group, SIGKILL after a grace period.
+async fn kill_group(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        let pgid = pid as libc::pid_t;
+        // SAFETY: plain syscall on a process group we created.
+        unsafe { libc::kill(-pgid, libc::SIGTERM) };
+        if tokio::time::timeout(KILL_GRACE, child.wait())
+            .await
+            .is_err()
+        {
+            // SAFETY: as above.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
+    }
+    let _ = child.wait().await;
+}
+
+struct Router {
+    agent: String,
+    /// acpd session id -> its actor.
+    routes: HashMap<String, mpsc::Sender<AgentEvent>>,
+    /// The agent's session id -> acpd session id.
+    by_agent_sid: HashMap<String, String>,
+    /// Messages for session ids not registered yet (the agent spoke before its response).
+    early: HashMap<String, Vec<AgentEvent>>,
+}
+
+impl Router {
+    async fn run(
+        mut self,
+        mut child: Child,
+        mut incoming: mpsc::Receiver<Incoming>,
+        mut commands: mpsc::UnboundedReceiver<RouterCommand>,
+        exited: CancellationToken,
+        io_cancel: CancellationToken,
+        shutdown: CancellationToken,
+    ) {
+        let status = loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    kill_group(&mut child).await;
+                    break "acpd shut down".to_owned();
+                }
+                status = child.wait() => {
+                    break match status {
+                        Ok(s) => s.to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                }
+                cmd = commands.recv() => match cmd {
+                    Some(RouterCommand::Register { route, agent_session_id, events }) => {
+                        if let Some(asid) = agent_session_id {
+                            for ev in self.early.remove(&asid).unwrap_or_default() {
+                                let _ = events.send(ev).await;
+                            }
+                            self.by_agent_sid.retain(|_, r| *r != route);
+                            self.by_agent_sid.insert(asid, route.clone());
+                        }
+                        self.routes.insert(route, events);
+                    }
+                    Some(RouterCommand::Unregister { route }) => {
+                        self.routes.remove(&route);
+                        self.by_agent_sid.retain(|_, r| *r != route);
+                    }
+                    // Every handle is gone: nobody can use this agent any more.
+                    None => {
+                        kill_group(&mut child).await;
+                        break "no longer used".to_owned();
+                    }
+                },
+                msg = incoming.recv() => match msg {
+                    Some(m) => self.route(m).await,
+                    // stdout closed: wait for the exit status on the next turn.
+                    None => {
+                        let status = match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+                            Ok(Ok(s)) => s.to_string(),
+                            _ => {
+                                kill_group(&mut child).await;
+                                "closed its stdout".to_owned()
+                            }
+                        };
+                        break status;
+                    }
+                },
+            }
+        };
+        tracing::warn!(agent = %self.agent, %status, "agent process ended");
+        exited.cancel();
+        io_cancel.cancel();
+        for (_, tx) in self.routes.drain() {
+            let _ = tx
+                .send(AgentEvent::Exited {
+                    status: status.clone(),
+                })
+                .await;
+        }
+    }
+
+    async fn route(&mut self, msg: Incoming) {
+        let (sid, event) = match msg {
+            Incoming::Response { route, tag, result } => {
+                if let Some(tx) = self.routes.get(&route) {
+                    let _ = tx.send(AgentEvent::Response { tag, result }).await;
+                }
+                return;
+            }
+            Incoming::Notification(n) => {
+                let params = n.params.unwrap_or(Value::Null);
+                let sid = session_id_of(&params);
+                (
+                    sid,
+                    AgentEvent::Notification {
+                        method: n.method,
+                        params,
+                    },
+                )
+            }
+            Incoming::Request(r) => {
+                let sid = r.params.as_ref().and_then(session_id_of);
+                if sid.is_none() {
+                    let e = ResponseError::method_not_found(&r.method);
+                    tracing::debug!(agent = %self.agent, method = %r.method, "agent request without a sessionId");
+                    r.responder.respond(Err(e)).await;
+                    return;
+                }
+                (sid, AgentEvent::Request(r))
+            }
+        };
+        let Some(sid) = sid else {
+            tracing::debug!(agent = %self.agent, "agent notification without a sessionId dropped");
+            return;
+        };
+        match self.by_agent_sid.get(&sid).and_then(|r| self.routes.get(r)) {
+            Some(tx) => {
+                let _ = tx.send(event).await;
+            }
+            None => {
+                if self.early.len() > EARLY_LIMIT {
+                    self.early.clear();
+                }
+                let q = self.early.entry(sid).or_default();
+                if q.len() < EARLY_LIMIT {
+                    q.push(event);
+                }
+            }
+        }
+    }
+}
+
+fn session_id_of(params: &Value) -> Option<String> {
+    params
+        .get("sessionId")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}

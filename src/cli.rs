@@ -1,0 +1,332 @@
+//! The `acpd` command line: subcommands, logging setup, signals and exit codes.
+//!
+//! Exit codes: 0 clean, 64 bad configuration or usage, 1 runtime failure.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Args, Config};
+use crate::server::{self, Core, LOCAL_PRINCIPAL};
+use crate::store::{Store, StoreOptions};
+
+/// Exit code for a bad configuration or usage (BSD `EX_USAGE`).
+pub const EXIT_USAGE: u8 = 64;
+
+#[derive(Parser)]
+#[command(
+    name = "acpd",
+    version,
+    about = "Serves the Agent Client Protocol over the network"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "ACPD_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon.
+    Serve(Args),
+    /// Run as a local stdio ACP agent (one client on stdin/stdout).
+    Stdio(Args),
+    /// Apply store migrations and exit.
+    Migrate(Args),
+    /// Validate the configuration and exit.
+    CheckConfig(Args),
+    /// Manage access tokens.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenAction {
+    /// Create a token; the secret is printed once.
+    Create {
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        args: Args,
+    },
+    /// List tokens (never their secrets).
+    List(Args),
+    /// Revoke a token by id.
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        args: Args,
+    },
+}
+
+/// Parses the command line and runs it.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let quiet = matches!(cli.command, Command::Stdio(_));
+    init_logging(cli.log_format, if quiet { "warn" } else { "info" });
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+    };
+    rt.block_on(run(cli.command))
+}
+
+fn init_logging(format: LogFormat, default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn config_of(args: &Args) -> Result<Config, ExitCode> {
+    Config::from_args(args).map_err(|e| {
+        eprintln!("acpd: {e}");
+        ExitCode::from(EXIT_USAGE)
+    })
+}
+
+fn fail(msg: String) -> ExitCode {
+    eprintln!("acpd: {msg}");
+    ExitCode::FAILURE
+}
+
+async fn run(command: Command) -> ExitCode {
+    match command {
+        Command::Serve(args) => {
+            let config = match config_of(&args) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let listener = match TcpListener::bind(config.listen).await {
+                Ok(l) => l,
+                Err(e) => return fail(format!("cannot listen on {}: {e}", config.listen)),
+            };
+            let tcp = match config.tcp_listen {
+                Some(addr) => match TcpListener::bind(addr).await {
+                    Ok(l) => Some(l),
+                    Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
+                },
+                None => None,
+            };
+            let shutdown = CancellationToken::new();
+            tokio::spawn(watch_signals(shutdown.clone()));
+            match server::serve(listener, tcp, config, shutdown).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e.to_string()),
+            }
+        }
+        Command::Stdio(args) => {
+            let config = match config_of(&args) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            match run_stdio(config).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            }
+        }
+        Command::Migrate(args) => {
+            let config = match config_of(&args) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            if let Err(e) = ensure_data_dir(&config) {
+                return fail(e);
+            }
+            match Store::migrate(&config.store_url).await {
+                Ok(v) => {
+                    eprintln!("acpd: store schema at version {v}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e.to_string()),
+            }
+        }
+        Command::CheckConfig(args) => match config_of(&args) {
+            Ok(c) => {
+                eprintln!(
+                    "acpd: configuration ok (listen {}, store {}, {} agent profile(s))",
+                    c.listen,
+                    redact(&c.store_url),
+                    c.agents.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(code) => code,
+        },
+        Command::Token { action } => token(action).await,
+    }
+}
+
+/// `acpd stdio`: one client on stdin/stdout; ends when stdin closes.
+async fn run_stdio(config: Config) -> Result<(), String> {
+    ensure_data_dir(&config)?;
+    let max = config.limits.max_message_bytes;
+    let profile = config.default_agent.clone();
+    let core = Core::start(config).await.map_err(|e| e.to_string())?;
+    let principal = core
+        .store
+        .ensure_principal(LOCAL_PRINCIPAL)
+        .await
+        .map_err(|e| e.to_string())?;
+    let ctx = crate::acp::connection::ConnectionCtx {
+        conn_id: "stdio".into(),
+        principal: principal.id,
+        profile,
+        hub: core.hub.clone(),
+    };
+    let cancel = core.stop.child_token();
+    let (link, pump) =
+        crate::transport::lines::pump(tokio::io::stdin(), tokio::io::stdout(), max, cancel.clone());
+    let pump = tokio::spawn(pump);
+    crate::acp::connection::run(link, ctx, cancel).await;
+    let _ = pump.await;
+    core.shutdown().await;
+    Ok(())
+}
+
+fn ensure_data_dir(config: &Config) -> Result<(), String> {
+    if config.store_url.starts_with("sqlite:") {
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+            format!(
+                "cannot create data directory {}: {e}",
+                config.data_dir.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+async fn token(action: TokenAction) -> ExitCode {
+    let args = match &action {
+        TokenAction::Create { args, .. }
+        | TokenAction::List(args)
+        | TokenAction::Revoke { args, .. } => args,
+    };
+    let config = match config_of(args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Err(e) = ensure_data_dir(&config) {
+        return fail(e);
+    }
+    let store = match Store::open(&config.store_url, StoreOptions::default()).await {
+        Ok(s) => s,
+        Err(e) => return fail(e.to_string()),
+    };
+    let code = match action {
+        TokenAction::Create { name, .. } => match store.ensure_principal(&name).await {
+            Ok(p) => {
+                let secret = server::auth_secret();
+                match store
+                    .insert_token(&p.id, &name, &server::auth_hash(&secret))
+                    .await
+                {
+                    Ok(t) => {
+                        eprintln!(
+                            "acpd: created token {} for {name}; the secret is shown once:",
+                            t.id
+                        );
+                        println!("{secret}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(e.to_string()),
+                }
+            }
+            Err(e) => fail(e.to_string()),
+        },
+        TokenAction::List(_) => match store.list_tokens().await {
+            Ok(tokens) => {
+                for t in tokens {
+                    let state = if t.revoked { "revoked" } else { "active" };
+                    println!(
+                        "{}\t{}\t{}\t{state}",
+                        t.id,
+                        t.name,
+                        rfc3339(t.created_at_ms)
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e.to_string()),
+        },
+        TokenAction::Revoke { id, .. } => match store.revoke_token(&id).await {
+            Ok(true) => {
+                eprintln!("acpd: token {id} revoked");
+                ExitCode::SUCCESS
+            }
+            Ok(false) => fail(format!("no token {id}")),
+            Err(e) => fail(e.to_string()),
+        },
+    };
+    store.close().await;
+    code
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// A store URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// First SIGINT/SIGTERM: graceful shutdown. Second: exit at once.
+async fn watch_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    tracing::info!("signal received: draining (send it again to exit at once)");
+    shutdown.cancel();
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    tracing::warn!("second signal: exiting now");
+    std::process::exit(130);
+}

@@ -1,0 +1,347 @@
+//! `Config`: everything the daemon needs, validated once and passed explicitly.
+//!
+//! Sources are layered: the TOML file (`--config`), then `ACPD_*` environment variables, then
+//! flags. `Args` is the command-line surface; `Config::from_args` merges and validates.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The name of the built-in agent's profile.
+pub const BUILTIN_AGENT: &str = "builtin";
+
+/// A bad configuration; `main` prints it as one line and exits 64.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid --agent {0:?}: expected NAME=COMMAND")]
+    AgentFlag(String),
+    #[error("agent {name:?}: {message}")]
+    Agent { name: String, message: String },
+    #[error("--default-agent {0:?} names no configured agent")]
+    UnknownDefaultAgent(String),
+    #[error("invalid {what}: {message}")]
+    Invalid { what: &'static str, message: String },
+    #[error("--no-auth is only allowed on a loopback address, not {0}")]
+    NoAuthNotLoopback(SocketAddr),
+}
+
+/// One agent a client can pick with `/acp?agent=NAME`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentProfile {
+    pub name: String,
+    pub program: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+}
+
+/// Size limits on what a client may send.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_message_bytes: usize,
+}
+
+/// Session behaviour knobs.
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    /// How long an agent's request (permission, fs, terminal) waits for a client to attach.
+    pub pending_request_timeout: Duration,
+    /// How long updates for a new/loaded/resumed session are held after its response, because
+    /// Zed drops updates for sessions it has not registered yet (zed-industries/zed#60199).
+    pub bootstrap_delay: Duration,
+    pub list_page_size: u32,
+    /// A session with no client and no running turn leaves memory after this long.
+    pub idle_evict: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub tcp_listen: Option<SocketAddr>,
+    pub store_url: String,
+    pub data_dir: PathBuf,
+    pub agents: BTreeMap<String, AgentProfile>,
+    pub default_agent: String,
+    pub no_auth: bool,
+    pub limits: Limits,
+    pub sessions: SessionSettings,
+    /// How long a drain waits for running work before cancelling it.
+    pub shutdown_grace: Duration,
+}
+
+/// Options shared by `serve`, `stdio` and the admin subcommands.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Args {
+    /// TOML config file.
+    #[arg(long, env = "ACPD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address of the HTTP/WebSocket listener.
+    #[arg(long, env = "ACPD_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Address of the newline-delimited TCP listener (off unless given).
+    #[arg(long, env = "ACPD_TCP_LISTEN")]
+    pub tcp_listen: Option<SocketAddr>,
+    /// `sqlite://PATH` or `postgres://URL` (default: SQLite in the data directory).
+    #[arg(long, env = "ACPD_STORE")]
+    pub store: Option<String>,
+    /// Directory for the SQLite store and the generated token.
+    #[arg(long, env = "ACPD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// An agent profile: NAME=COMMAND (COMMAND split like a shell would; no shell is run).
+    #[arg(long = "agent", value_name = "NAME=COMMAND")]
+    pub agents: Vec<String>,
+    /// The profile used when a client does not pick one.
+    #[arg(long, env = "ACPD_DEFAULT_AGENT")]
+    pub default_agent: Option<String>,
+    /// Accept clients without a token (loopback only; warns at every start).
+    #[arg(long, env = "ACPD_NO_AUTH")]
+    pub no_auth: bool,
+    /// Largest JSON-RPC message a client may send, in bytes.
+    #[arg(long, env = "ACPD_MAX_MESSAGE_BYTES")]
+    pub max_message_bytes: Option<usize>,
+    /// How long an agent request waits for a client to attach, in milliseconds.
+    #[arg(long, env = "ACPD_PENDING_REQUEST_TIMEOUT_MS")]
+    pub pending_request_timeout_ms: Option<u64>,
+    /// How long updates of a new/loaded session are held after its response, in milliseconds.
+    #[arg(long, env = "ACPD_BOOTSTRAP_DELAY_MS")]
+    pub bootstrap_delay_ms: Option<u64>,
+    /// Sessions per `session/list` page.
+    #[arg(long, env = "ACPD_LIST_PAGE_SIZE")]
+    pub list_page_size: Option<u32>,
+    /// How long a drain waits for running turns, in seconds.
+    #[arg(long, env = "ACPD_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: Option<u64>,
+}
+
+/// The TOML file; every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    tcp_listen: Option<SocketAddr>,
+    store: Option<String>,
+    data_dir: Option<PathBuf>,
+    default_agent: Option<String>,
+    no_auth: Option<bool>,
+    max_message_bytes: Option<usize>,
+    pending_request_timeout_ms: Option<u64>,
+    bootstrap_delay_ms: Option<u64>,
+    list_page_size: Option<u32>,
+    shutdown_grace_secs: Option<u64>,
+    #[serde(default)]
+    agents: BTreeMap<String, FileAgent>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileAgent {
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<PathBuf>,
+}
+
+impl Config {
+    pub fn from_args(args: &Args) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let data_dir = args
+            .data_dir
+            .clone()
+            .or(file.data_dir)
+            .unwrap_or_else(default_data_dir);
+        let store_url = args
+            .store
+            .clone()
+            .or(file.store)
+            .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("acpd.db").display()));
+        if !(store_url.starts_with("sqlite:")
+            || store_url.starts_with("postgres://")
+            || store_url.starts_with("postgresql://"))
+        {
+            return Err(ConfigError::Invalid {
+                what: "store",
+                message: format!("{store_url:?} is neither sqlite:// nor postgres://"),
+            });
+        }
+
+        let mut agents = BTreeMap::new();
+        for (name, a) in file.agents {
+            let mut words = split_command(&name, &a.command)?;
+            let program = words.remove(0);
+            words.extend(a.args);
+            let profile = AgentProfile {
+                name: name.clone(),
+                program,
+                args: words,
+                env: a.env.into_iter().collect(),
+                cwd: a.cwd,
+            };
+            agents.insert(name, profile);
+        }
+        for flag in &args.agents {
+            let (name, command) = flag
+                .split_once('=')
+                .ok_or_else(|| ConfigError::AgentFlag(flag.clone()))?;
+            let name = name.trim();
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(ConfigError::AgentFlag(flag.clone()));
+            }
+            let mut words = split_command(name, command)?;
+            let program = words.remove(0);
+            agents.insert(
+                name.to_owned(),
+                AgentProfile {
+                    name: name.to_owned(),
+                    program,
+                    args: words,
+                    env: vec![],
+                    cwd: None,
+                },
+            );
+        }
+        let default_agent = args
+            .default_agent
+            .clone()
+            .or(file.default_agent)
+            .unwrap_or_else(|| {
+                // With exactly one hosted agent configured, it is the obvious default.
+                if agents.len() == 1 {
+                    agents.keys().next().cloned().unwrap_or_default()
+                } else {
+                    BUILTIN_AGENT.to_owned()
+                }
+            });
+        if default_agent != BUILTIN_AGENT && !agents.contains_key(&default_agent) {
+            return Err(ConfigError::UnknownDefaultAgent(default_agent));
+        }
+
+        let listen = args
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420)));
+        let no_auth = args.no_auth || file.no_auth.unwrap_or(false);
+        if no_auth && !listen.ip().is_loopback() {
+            return Err(ConfigError::NoAuthNotLoopback(listen));
+        }
+        let tcp_listen = args.tcp_listen.or(file.tcp_listen);
+        if let Some(tcp) = tcp_listen
+            && no_auth
+            && !tcp.ip().is_loopback()
+        {
+            return Err(ConfigError::NoAuthNotLoopback(tcp));
+        }
+        let max_message_bytes = args
+            .max_message_bytes
+            .or(file.max_message_bytes)
+            .unwrap_or(16 * 1024 * 1024);
+        if max_message_bytes < 1024 {
+            return Err(ConfigError::Invalid {
+                what: "max_message_bytes",
+                message: "must be at least 1024".into(),
+            });
+        }
+        let list_page_size = args.list_page_size.or(file.list_page_size).unwrap_or(50);
+        if list_page_size == 0 || list_page_size > 1000 {
+            return Err(ConfigError::Invalid {
+                what: "list_page_size",
+                message: "must be between 1 and 1000".into(),
+            });
+        }
+        let ms =
+            |a: Option<u64>, f: Option<u64>, d: u64| Duration::from_millis(a.or(f).unwrap_or(d));
+        Ok(Config {
+            listen,
+            tcp_listen,
+            store_url,
+            data_dir,
+            agents,
+            default_agent,
+            no_auth,
+            limits: Limits { max_message_bytes },
+            sessions: SessionSettings {
+                pending_request_timeout: ms(
+                    args.pending_request_timeout_ms,
+                    file.pending_request_timeout_ms,
+                    15 * 60 * 1000,
+                ),
+                bootstrap_delay: ms(args.bootstrap_delay_ms, file.bootstrap_delay_ms, 100),
+                list_page_size,
+                idle_evict: Duration::from_secs(600),
+            },
+            shutdown_grace: Duration::from_secs(
+                args.shutdown_grace_secs
+                    .or(file.shutdown_grace_secs)
+                    .unwrap_or(30),
+            ),
+        })
+    }
+
+    /// The profile a client asked for (`None`: the default one), if it exists.
+    pub fn profile(&self, name: Option<&str>) -> Option<&str> {
+        let name = name.unwrap_or(&self.default_agent);
+        if name == BUILTIN_AGENT || self.agents.contains_key(name) {
+            Some(if name == BUILTIN_AGENT {
+                BUILTIN_AGENT
+            } else {
+                self.agents.get_key_value(name).map(|(k, _)| k.as_str())?
+            })
+        } else {
+            None
+        }
+    }
+}
+
+fn split_command(name: &str, command: &str) -> Result<Vec<String>, ConfigError> {
+    let words = shell_words::split(command).map_err(|e| ConfigError::Agent {
+        name: name.to_owned(),
+        message: format!("cannot split command: {e}"),
+    })?;
+    if words.is_empty() {
+        return Err(ConfigError::Agent {
+            name: name.to_owned(),
+            message: "empty command".into(),
+        });
+    }
+    Ok(words)
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.message().to_owned(),
+    })
+}
+
+/// `$XDG_DATA_HOME/acpd`, else `~/.local/share/acpd`, else `./acpd-data`.
+fn default_data_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("acpd");
+    }
+    match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        Some(h) => PathBuf::from(h).join(".local/share/acpd"),
+        None => PathBuf::from("acpd-data"),
+    }
+}

@@ -1,0 +1,129 @@
+//! Who a connection belongs to: bearer tokens checked before the WebSocket upgrade.
+//!
+//! Only a token's SHA-256 is stored. On the first start with no token, acpd creates one for
+//! the local user and writes the secret to a 0600 file in the data directory.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+use super::ServeError;
+use crate::config::Config;
+use crate::store::Store;
+
+/// The principal of the machine's own user (and of every client under `--no-auth`).
+pub const LOCAL_PRINCIPAL: &str = "local";
+
+/// The name of the file that holds the generated token, in the data directory.
+pub const TOKEN_FILE: &str = "token";
+
+#[derive(Clone)]
+pub struct Auth {
+    required: bool,
+    store: Store,
+    local_id: String,
+}
+
+impl Auth {
+    pub async fn setup(config: &Config, store: Store) -> Result<Auth, ServeError> {
+        let local = store.ensure_principal(LOCAL_PRINCIPAL).await?;
+        let auth = Auth {
+            required: !config.no_auth,
+            store: store.clone(),
+            local_id: local.id.clone(),
+        };
+        if config.no_auth {
+            tracing::warn!(
+                "authentication is OFF (--no-auth): any local process can drive the agents"
+            );
+            return Ok(auth);
+        }
+        let live = store.list_tokens().await?.into_iter().any(|t| !t.revoked);
+        let path = config.data_dir.join(TOKEN_FILE);
+        if !live {
+            let secret = new_secret();
+            store
+                .insert_token(&local.id, LOCAL_PRINCIPAL, &hash(&secret))
+                .await?;
+            write_secret(&path, &secret)
+                .map_err(|e| ServeError::Auth(format!("cannot write {}: {e}", path.display())))?;
+            tracing::info!(path = %path.display(), "created an access token for the local user");
+        } else if path.exists() {
+            tracing::info!(path = %path.display(), "clients authenticate with the token in this file");
+        }
+        Ok(auth)
+    }
+
+    /// The principal a request speaks for, or the 401 it gets.
+    #[allow(clippy::result_large_err)]
+    pub async fn check(&self, headers: &HeaderMap) -> Result<String, Response> {
+        if !self.required {
+            return Ok(self.local_id.clone());
+        }
+        let Some(value) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return Err(unauthorized("missing bearer token"));
+        };
+        let Some(secret) = value
+            .strip_prefix("Bearer ")
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        else {
+            return Err(unauthorized("expected Authorization: Bearer <token>"));
+        };
+        match self.store.token_by_hash(&hash(secret)).await {
+            Ok(Some((_, principal))) => Ok(principal.id),
+            Ok(None) => {
+                tracing::warn!(target: "acpd::audit", "rejected an unknown or revoked token");
+                Err(unauthorized("invalid token"))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot check a token");
+                Err((StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n").into_response())
+            }
+        }
+    }
+
+    pub fn local_principal(&self) -> &str {
+        &self.local_id
+    }
+}
+
+fn unauthorized(reason: &'static str) -> Response {
+    let mut r = (StatusCode::UNAUTHORIZED, format!("{reason}\n")).into_response();
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
+}
+
+/// A fresh secret: 244 random bits from the OS generator (two v4 UUIDs).
+pub fn new_secret() -> String {
+    format!(
+        "acpd_{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+pub fn hash(secret: &str) -> String {
+    Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn write_secret(path: &PathBuf, secret: &str) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    writeln!(f, "{secret}")
+}

@@ -1,0 +1,237 @@
+//! The daemon: `serve` wires the store, the agent pool and the session hub to the
+//! listeners (HTTP/WebSocket via axum, raw TCP), and runs the shutdown sequence.
+
+mod auth;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::acp::connection::{self, ConnectionCtx};
+use crate::agent::AgentPool;
+use crate::config::Config;
+use crate::session::SessionHub;
+use crate::store::{Store, StoreError, StoreOptions};
+use crate::transport;
+
+pub use auth::{Auth, LOCAL_PRINCIPAL, TOKEN_FILE, hash as auth_hash, new_secret as auth_secret};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot create data directory {path}: {source}")]
+    DataDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("auth setup: {0}")]
+    Auth(String),
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Everything the request handlers share.
+#[derive(Clone)]
+struct AppState {
+    config: Arc<Config>,
+    hub: SessionHub,
+    auth: Auth,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+    store: Store,
+}
+
+/// The running core without listeners: store, agent pool, session hub. `acpd stdio` uses it
+/// directly; `serve` puts listeners in front.
+pub struct Core {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub hub: SessionHub,
+    pub tasks: TaskTracker,
+    /// Stops sessions and agents; fired after the listeners have stopped.
+    pub stop: CancellationToken,
+}
+
+impl Core {
+    pub async fn start(config: Config) -> Result<Core, ServeError> {
+        if config.store_url.starts_with("sqlite:") {
+            std::fs::create_dir_all(&config.data_dir).map_err(|source| ServeError::DataDir {
+                path: config.data_dir.clone(),
+                source,
+            })?;
+        }
+        let store = Store::open(&config.store_url, StoreOptions::default()).await?;
+        let config = Arc::new(config);
+        let tasks = TaskTracker::new();
+        let stop = CancellationToken::new();
+        let pool = AgentPool::spawn(config.clone(), tasks.clone(), stop.clone());
+        let hub = SessionHub::spawn(
+            store.clone(),
+            pool,
+            config.sessions.clone(),
+            tasks.clone(),
+            stop.clone(),
+        );
+        Ok(Core {
+            config,
+            store,
+            hub,
+            tasks,
+            stop,
+        })
+    }
+
+    /// Stops sessions and agents, waits for them up to the grace period, flushes the store.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(self.config.shutdown_grace, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some tasks did not stop within the shutdown grace period");
+        }
+        self.store.close().await;
+    }
+}
+
+/// Runs the daemon on `listener` (and `tcp`, if given) until `shutdown` fires.
+pub async fn serve(
+    listener: TcpListener,
+    tcp: Option<TcpListener>,
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let core = Core::start(config).await?;
+    let auth = Auth::setup(&core.config, core.store.clone()).await?;
+    let state = AppState {
+        config: core.config.clone(),
+        hub: core.hub.clone(),
+        auth,
+        tasks: core.tasks.clone(),
+        shutdown: core.stop.clone(),
+        store: core.store.clone(),
+    };
+    if let Some(tcp) = tcp {
+        tracing::info!(addr = %tcp.local_addr()?, "newline-delimited TCP listener");
+        core.tasks
+            .spawn(accept_tcp(tcp, state.clone(), shutdown.clone()));
+    }
+    let app = Router::new()
+        .route("/acp", get(acp_upgrade))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(state);
+    tracing::info!(addr = %listener.local_addr()?, "acpd listening: ws://{}/acp", listener.local_addr()?);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await?;
+    tracing::info!("listeners stopped; shutting down sessions");
+    core.shutdown().await;
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct AcpQuery {
+    agent: Option<String>,
+}
+
+/// `GET /acp`: authenticate, pick the agent profile, upgrade to WebSocket.
+async fn acp_upgrade(
+    State(st): State<AppState>,
+    Query(q): Query<AcpQuery>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let principal = match st.auth.check(&headers).await {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    let Some(profile) = st.config.profile(q.agent.as_deref()).map(str::to_owned) else {
+        return (StatusCode::NOT_FOUND, "unknown agent profile\n").into_response();
+    };
+    let conn_id = uuid::Uuid::new_v4().to_string();
+    let ctx = ConnectionCtx {
+        conn_id: Arc::from(conn_id.as_str()),
+        principal,
+        profile,
+        hub: st.hub.clone(),
+    };
+    let max = st.config.limits.max_message_bytes;
+    // Frames somewhat over the limit are read and answered with an error; far over it the
+    // socket is closed (1009) rather than buffering without bound.
+    let hard_cap = max.saturating_mul(4).max(max + 1024 * 1024);
+    let tasks = st.tasks.clone();
+    let shutdown = st.shutdown.clone();
+    let mut resp = ws
+        .max_message_size(hard_cap)
+        .max_frame_size(hard_cap)
+        .on_upgrade(move |socket| {
+            tasks.track_future(async move {
+                let cancel = shutdown.child_token();
+                let (link, pump) = transport::ws::pump(socket, max, cancel.clone());
+                let pump = tokio::spawn(pump);
+                connection::run(link, ctx, cancel).await;
+                let _ = pump.await;
+            })
+        });
+    if let Ok(v) = HeaderValue::from_str(&conn_id) {
+        resp.headers_mut().insert("acp-connection-id", v);
+    }
+    resp
+}
+
+async fn readyz(State(st): State<AppState>) -> Response {
+    if st.shutdown.is_cancelled() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response();
+    }
+    match st.store.ping().await {
+        Ok(()) => "ready\n".into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness: store unreachable");
+            (StatusCode::SERVICE_UNAVAILABLE, "store unreachable\n").into_response()
+        }
+    }
+}
+
+/// Raw TCP: loopback only (enforced by `Config`), so the local principal.
+async fn accept_tcp(listener: TcpListener, st: AppState, shutdown: CancellationToken) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "tcp accept failed");
+                    continue;
+                }
+            },
+        };
+        tracing::debug!(%peer, "tcp connection");
+        let ctx = ConnectionCtx {
+            conn_id: Arc::from(uuid::Uuid::new_v4().to_string().as_str()),
+            principal: st.auth.local_principal().to_owned(),
+            profile: st.config.default_agent.clone(),
+            hub: st.hub.clone(),
+        };
+        let cancel = st.shutdown.child_token();
+        let max = st.config.limits.max_message_bytes;
+        st.tasks.spawn(async move {
+            let (r, w) = stream.into_split();
+            let (link, pump) = transport::lines::pump(r, w, max, cancel.clone());
+            let pump = tokio::spawn(pump);
+            connection::run(link, ctx, cancel).await;
+            let _ = pump.await;
+        });
+    }
+}

@@ -1,0 +1,1 @@
+//! Journal compaction (placeholder until the store branch lands).

@@ -1,0 +1,412 @@
+//! Sessions: the `SessionHub` owns the map of live sessions, one actor task each
+//! (`actor::Session`). A session outlives the sockets attached to it; only the session layer
+//! reads or writes the store.
+
+mod actor;
+pub mod compaction;
+mod outbox;
+mod pending;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::acp::AcpError;
+use crate::agent::{AgentHandle, AgentKey, AgentPool};
+use crate::config::SessionSettings;
+use crate::jsonrpc::{PeerHandle, Responder};
+use crate::store::{ListQuery, SessionRow, Store};
+
+/// Identifies one client connection.
+pub type ConnId = Arc<str>;
+
+/// A client connection as a session sees it.
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub conn: ConnId,
+    pub peer: PeerHandle,
+    /// The client's `initialize` params, used to start the agent on its behalf.
+    pub init: Arc<Value>,
+}
+
+/// How a client attaches.
+#[derive(Debug)]
+pub enum AttachMode {
+    /// Right after `session/new`: answer with `result`.
+    New { result: Value },
+    /// `session/load`: replay the whole journal, then answer.
+    Load { params: Value },
+    /// `session/resume`: no replay.
+    Resume { params: Value },
+    /// `_acpd/session/attach`: replay what came after `after_seq`, answer `{lastSeq}`.
+    After { after_seq: i64 },
+    /// A request on a session this connection has not attached yet.
+    Implicit,
+}
+
+/// What a session actor is asked to do. Every variant with a responder gets one answer.
+#[derive(Debug)]
+pub enum SessionCommand {
+    Attach {
+        client: Client,
+        mode: AttachMode,
+        responder: Option<Responder>,
+    },
+    Detach {
+        conn: ConnId,
+    },
+    Prompt {
+        conn: ConnId,
+        params: Value,
+        responder: Responder,
+    },
+    Cancel,
+    /// Any other session-scoped request (`session/set_mode`, `session/set_config_option`,
+    /// extension methods): relayed to the agent with the session id rewritten.
+    Relay {
+        method: String,
+        params: Value,
+        responder: Responder,
+    },
+    /// Session-scoped notifications other than cancel.
+    RelayNotification {
+        method: String,
+        params: Value,
+    },
+    Close {
+        responder: Responder,
+    },
+    Delete {
+        responder: Responder,
+    },
+}
+
+/// Talks to one live session actor. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct SessionHandle {
+    pub id: Arc<str>,
+    /// The principal that owns the session.
+    pub principal: Arc<str>,
+    tx: mpsc::Sender<SessionCommand>,
+}
+
+impl SessionHandle {
+    /// Queues a command; `Err` gives it back when the actor has ended.
+    pub async fn send(&self, cmd: SessionCommand) -> Result<(), SessionCommand> {
+        self.tx.send(cmd).await.map_err(|e| e.0)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// Everything a session actor needs from the daemon.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub store: Store,
+    pub pool: AgentPool,
+    pub settings: Arc<SessionSettings>,
+    pub tasks: TaskTracker,
+    pub shutdown: CancellationToken,
+    pub hub: mpsc::Sender<HubCommand>,
+}
+
+pub(crate) enum HubCommand {
+    Open {
+        id: String,
+        principal: String,
+        reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
+    },
+    Spawn {
+        row: SessionRow,
+        agent: Option<(AgentHandle, String)>,
+        reply: oneshot::Sender<SessionHandle>,
+    },
+    Ended {
+        id: Arc<str>,
+        serial: u64,
+    },
+}
+
+/// The registry of live sessions. Cheap to clone.
+#[derive(Clone)]
+pub struct SessionHub {
+    shared: Shared,
+}
+
+impl SessionHub {
+    pub fn spawn(
+        store: Store,
+        pool: AgentPool,
+        settings: SessionSettings,
+        tasks: TaskTracker,
+        shutdown: CancellationToken,
+    ) -> SessionHub {
+        let (tx, rx) = mpsc::channel(256);
+        let shared = Shared {
+            store,
+            pool,
+            settings: Arc::new(settings),
+            tasks: tasks.clone(),
+            shutdown,
+            hub: tx,
+        };
+        let task = HubTask {
+            shared: shared.clone(),
+            live: HashMap::new(),
+            serial: 0,
+        };
+        tasks.spawn(task.run(rx));
+        SessionHub { shared }
+    }
+
+    pub fn pool(&self) -> &AgentPool {
+        &self.shared.pool
+    }
+
+    /// The live actor of a session that `principal` owns, started from the store if needed.
+    /// Another principal's session is reported exactly like a missing one.
+    pub async fn open(&self, id: &str, principal: &str) -> Result<SessionHandle, AcpError> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = HubCommand::Open {
+            id: id.to_owned(),
+            principal: principal.to_owned(),
+            reply,
+        };
+        self.shared
+            .hub
+            .send(cmd)
+            .await
+            .map_err(|_| AcpError::SessionGone)?;
+        rx.await.map_err(|_| AcpError::SessionGone)?
+    }
+
+    /// Sends a command to a session, reopening it once if its actor just ended.
+    pub async fn send(
+        &self,
+        id: &str,
+        principal: &str,
+        cmd: SessionCommand,
+    ) -> Result<SessionHandle, AcpError> {
+        let handle = self.open(id, principal).await?;
+        match handle.send(cmd).await {
+            Ok(()) => Ok(handle),
+            Err(cmd) => {
+                let handle = self.open(id, principal).await?;
+                handle.send(cmd).await.map_err(|_| AcpError::SessionGone)?;
+                Ok(handle)
+            }
+        }
+    }
+
+    /// `session/new`: creates the agent-side session, records it, starts its actor and
+    /// attaches `client`, which answers `responder`.
+    pub async fn create(
+        &self,
+        principal: &str,
+        profile: &str,
+        client: Client,
+        params: Value,
+        responder: Responder,
+    ) -> Result<SessionHandle, (AcpError, Responder)> {
+        let key = AgentKey {
+            principal: principal.to_owned(),
+            profile: profile.to_owned(),
+        };
+        let agent = match self.shared.pool.get(key, client.init.clone()).await {
+            Ok(a) => a,
+            Err(e) => return Err((e.into(), responder)),
+        };
+        let Some(cwd) = params.get("cwd").and_then(Value::as_str).map(str::to_owned) else {
+            return Err((AcpError::InvalidParams("cwd is required".into()), responder));
+        };
+        let mut result = match agent.request("session/new", params.clone()).await {
+            Ok(r) => r,
+            Err(e) => return Err((e.into(), responder)),
+        };
+        let Some(agent_sid) = result
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+        else {
+            return Err((
+                AcpError::Internal("the agent's session/new answer has no sessionId".into()),
+                responder,
+            ));
+        };
+        let id = format!("s-{}", uuid::Uuid::new_v4().simple());
+        let now = now_ms();
+        let row = SessionRow {
+            id: id.clone(),
+            principal_id: principal.to_owned(),
+            agent: profile.to_owned(),
+            agent_session_id: Some(agent_sid.clone()),
+            cwd,
+            additional_dirs: params
+                .get("additionalDirectories")
+                .cloned()
+                .unwrap_or_else(|| json!([]))
+                .to_string(),
+            title: None,
+            mode_id: result
+                .pointer("/modes/currentModeId")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            config_values: "{}".into(),
+            meta: json!({
+                "modes": result.get("modes"),
+                "configOptions": result.get("configOptions"),
+                "mcpServers": params.get("mcpServers").cloned().unwrap_or_else(|| json!([])),
+            })
+            .to_string(),
+            created_at_ms: now,
+            updated_at_ms: now,
+            closed: false,
+            last_seq: 0,
+            owner_instance: None,
+            lease_until_ms: None,
+        };
+        if let Err(e) = self.shared.store.insert_session(&row).await {
+            return Err((e.into(), responder));
+        }
+        result["sessionId"] = Value::String(id);
+        let (reply, rx) = oneshot::channel();
+        let _ = self
+            .shared
+            .hub
+            .send(HubCommand::Spawn {
+                row,
+                agent: Some((agent, agent_sid)),
+                reply,
+            })
+            .await;
+        let Ok(handle) = rx.await else {
+            return Err((AcpError::SessionGone, responder));
+        };
+        let cmd = SessionCommand::Attach {
+            client,
+            mode: AttachMode::New { result },
+            responder: Some(responder),
+        };
+        match handle.send(cmd).await {
+            Ok(()) => Ok(handle),
+            Err(SessionCommand::Attach {
+                responder: Some(r), ..
+            }) => Err((AcpError::SessionGone, r)),
+            Err(_) => unreachable!("the command given back is the one sent"),
+        }
+    }
+
+    /// `session/list` for one principal, straight from the store.
+    pub async fn list(
+        &self,
+        principal: &str,
+        cwd: Option<String>,
+        cursor: Option<String>,
+    ) -> Result<Value, AcpError> {
+        let q = ListQuery {
+            principal_id: principal.to_owned(),
+            cwd,
+            cursor,
+            limit: self.shared.settings.list_page_size,
+        };
+        let page = self.shared.store.list_sessions(&q).await?;
+        let sessions: Vec<Value> = page
+            .sessions
+            .iter()
+            .map(|s| {
+                let mut v = json!({ "sessionId": s.id, "cwd": s.cwd, "updatedAt": rfc3339(s.updated_at_ms) });
+                if let Some(t) = &s.title {
+                    v["title"] = json!(t);
+                }
+                if let Ok(Value::Array(dirs)) = serde_json::from_str::<Value>(&s.additional_dirs)
+                    && !dirs.is_empty()
+                {
+                    v["additionalDirectories"] = Value::Array(dirs);
+                }
+                v
+            })
+            .collect();
+        let mut out = json!({ "sessions": sessions });
+        if let Some(c) = page.next_cursor {
+            out["nextCursor"] = json!(c);
+        }
+        Ok(out)
+    }
+}
+
+struct HubTask {
+    shared: Shared,
+    live: HashMap<Arc<str>, (u64, SessionHandle)>,
+    serial: u64,
+}
+
+impl HubTask {
+    async fn run(mut self, mut rx: mpsc::Receiver<HubCommand>) {
+        loop {
+            let cmd = tokio::select! {
+                _ = self.shared.shutdown.cancelled() => break,
+                cmd = rx.recv() => match cmd { Some(c) => c, None => break },
+            };
+            match cmd {
+                HubCommand::Open {
+                    id,
+                    principal,
+                    reply,
+                } => {
+                    let r = self.open(&id, &principal).await;
+                    let _ = reply.send(r);
+                }
+                HubCommand::Spawn { row, agent, reply } => {
+                    let _ = reply.send(self.start(row, agent));
+                }
+                HubCommand::Ended { id, serial } => {
+                    if self.live.get(&id).is_some_and(|(s, _)| *s == serial) {
+                        self.live.remove(&id);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn open(&mut self, id: &str, principal: &str) -> Result<SessionHandle, AcpError> {
+        if let Some((_, h)) = self.live.get(id)
+            && !h.is_closed()
+        {
+            // The owner is checked against the store row the actor was started from.
+            return if &*h.principal == principal {
+                Ok(h.clone())
+            } else {
+                Err(AcpError::SessionNotFound(id.to_owned()))
+            };
+        }
+        let row = self.shared.store.session(id).await?;
+        match row {
+            Some(row) if row.principal_id == principal => Ok(self.start(row, None)),
+            _ => Err(AcpError::SessionNotFound(id.to_owned())),
+        }
+    }
+
+    fn start(&mut self, row: SessionRow, agent: Option<(AgentHandle, String)>) -> SessionHandle {
+        self.serial += 1;
+        let id: Arc<str> = Arc::from(row.id.as_str());
+        let handle = actor::spawn(row, agent, self.shared.clone(), self.serial);
+        self.live.insert(id, (self.serial, handle.clone()));
+        handle
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}

@@ -1,0 +1,97 @@
+//! WebSocket transport per the ACP "Streamable HTTP & WebSocket" RFD: one JSON-RPC message
+//! per text frame, binary frames ignored, pings answered, a close frame on shutdown.
+
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::jsonrpc::{InFrame, Link};
+
+/// How often the server pings an idle socket, so proxies keep it and dead peers are noticed.
+const PING_EVERY: Duration = Duration::from_secs(20);
+
+/// Why the server closed a socket; the close frame carries it.
+#[derive(Debug, Clone)]
+pub struct CloseReason {
+    pub code: u16,
+    pub reason: &'static str,
+}
+
+impl CloseReason {
+    pub const SHUTDOWN: CloseReason = CloseReason {
+        code: close_code::AWAY,
+        reason: "acpd is shutting down; reconnect later",
+    };
+}
+
+/// Runs the pump for one upgraded socket. Returns the link for the peer and the pump's future.
+/// Text frames over `max_message_bytes` are reported as `InFrame::TooLarge`, not read.
+pub fn pump(
+    socket: WebSocket,
+    max_message_bytes: usize,
+    cancel: CancellationToken,
+) -> (Link, impl Future<Output = ()> + Send) {
+    let (in_tx, in_rx) = mpsc::channel(super::LINK_QUEUE);
+    let (out_tx, mut out_rx) = mpsc::channel::<String>(super::LINK_QUEUE);
+    let link = Link {
+        incoming: in_rx,
+        outgoing: out_tx,
+    };
+    let fut = async move {
+        let (mut sink, mut stream) = socket.split();
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.tick().await;
+        let mut in_tx = Some(in_tx);
+        let close = loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break Some(CloseReason::SHUTDOWN),
+                msg = stream.next(), if in_tx.is_some() => {
+                    let frame = match msg {
+                        Some(Ok(Message::Text(t))) if t.len() > max_message_bytes => InFrame::TooLarge(t.len()),
+                        Some(Ok(Message::Text(t))) => InFrame::Text(t.to_string()),
+                        Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => continue,
+                        Some(Ok(Message::Close(_))) | None => {
+                            in_tx = None;
+                            continue;
+                        }
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, "websocket read failed");
+                            break None;
+                        }
+                    };
+                    if let Some(tx) = &in_tx
+                        && tx.send(frame).await.is_err()
+                    {
+                        break None;
+                    }
+                }
+                out = out_rx.recv() => match out {
+                    Some(text) => {
+                        if let Err(e) = sink.send(Message::Text(text.into())).await {
+                            tracing::debug!(error = %e, "websocket write failed");
+                            break None;
+                        }
+                    }
+                    None => break Some(CloseReason { code: close_code::NORMAL, reason: "" }),
+                },
+                _ = ping.tick() => {
+                    if sink.send(Message::Ping(Default::default())).await.is_err() {
+                        break None;
+                    }
+                }
+            }
+        };
+        if let Some(r) = close {
+            let frame = CloseFrame {
+                code: r.code,
+                reason: r.reason.into(),
+            };
+            let _ = sink.send(Message::Close(Some(frame))).await;
+        }
+        let _ = sink.close().await;
+    };
+    (link, fut)
+}
