@@ -1,4 +1,7 @@
 //! acpd: the Agent Client Protocol served over the network.
+//!
+//! See ARCHITECTURE.md for the map. `server::serve` is the daemon; `cli::main` the binary.
+
 pub mod acp;
 pub mod agent;
 pub mod cli;

@@ -1,0 +1,159 @@
+//! Bulk journal SQL per backend: many rows per statement, used by the writer and compaction.
+
+use sqlx::{PgConnection, SqliteConnection};
+
+/// One journal row to insert, borrowed from a `NewEntry` or a `JournalEntry`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ins<'a> {
+    pub session_id: &'a str,
+    pub seq: i64,
+    pub kind: &'a str,
+    pub body: &'a str,
+    pub at_ms: i64,
+}
+
+/// Journal statements that must run inside a caller's write transaction.
+///
+/// Inserts skip rows of deleted sessions (their journal is gone for good) and ignore a
+/// `(session_id, seq)` already present, which makes a retried batch idempotent when the first
+/// commit succeeded but its acknowledgement was lost. A row of a session that never existed
+/// fails the foreign key.
+pub(crate) trait JournalSql {
+    /// Raises `sessions.last_seq` to each `(session_id, seq)` (never lowers it) for live
+    /// sessions; returns how many sessions matched. Run it before inserting: it row-locks the
+    /// sessions (Postgres), so a concurrent `delete_session` cannot slip between the "is it
+    /// deleted" check and the insert and leave orphan rows.
+    async fn raise_last_seq(&mut self, marks: &[(&str, i64)]) -> Result<u64, sqlx::Error>;
+    async fn insert_entries(&mut self, rows: &[Ins<'_>]) -> Result<(), sqlx::Error>;
+}
+
+const RAISE_LAST_SEQ: &str = "UPDATE sessions \
+     SET last_seq = CASE WHEN last_seq > $2 THEN last_seq ELSE $2 END \
+     WHERE id = $1 AND deleted_at_ms IS NULL";
+
+/// Rows per SQLite statement; 5 binds a row stays far below SQLite's bind limit.
+const SQLITE_CHUNK: usize = 64;
+
+/// `INSERT ... SELECT FROM (VALUES ...)` with `n` rows. The WHERE clause also resolves SQLite's
+/// documented parse ambiguity between `INSERT ... SELECT` and `ON CONFLICT`.
+fn sqlite_insert_sql(n: usize) -> String {
+    let mut sql = String::with_capacity(300 + n * 14);
+    sql.push_str(
+        "INSERT INTO journal (session_id, seq, kind, body, at_ms) \
+         SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES ",
+    );
+    for i in 0..n {
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str("(?,?,?,?,?)");
+    }
+    sql.push_str(
+        ") AS v WHERE NOT EXISTS \
+         (SELECT 1 FROM sessions s WHERE s.id = v.column1 AND s.deleted_at_ms IS NOT NULL) \
+         ON CONFLICT (session_id, seq) DO NOTHING",
+    );
+    sql
+}
+
+impl JournalSql for SqliteConnection {
+    async fn raise_last_seq(&mut self, marks: &[(&str, i64)]) -> Result<u64, sqlx::Error> {
+        let mut matched = 0;
+        for (id, seq) in marks {
+            matched += sqlx::query(RAISE_LAST_SEQ)
+                .bind(*id)
+                .bind(*seq)
+                .execute(&mut *self)
+                .await?
+                .rows_affected();
+        }
+        Ok(matched)
+    }
+
+    async fn insert_entries(&mut self, mut rows: &[Ins<'_>]) -> Result<(), sqlx::Error> {
+        // Power-of-two chunks keep the number of distinct statements (and so of cached
+        // prepared statements) at seven whatever the batch size.
+        while !rows.is_empty() {
+            let mut n = SQLITE_CHUNK;
+            while n > rows.len() {
+                n /= 2;
+            }
+            let (chunk, rest) = rows.split_at(n);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sqlite_insert_sql(n)));
+            for r in chunk {
+                q = q.bind(r.session_id).bind(r.seq).bind(r.kind).bind(r.body).bind(r.at_ms);
+            }
+            q.execute(&mut *self).await?;
+            rows = rest;
+        }
+        Ok(())
+    }
+}
+
+impl JournalSql for PgConnection {
+    async fn raise_last_seq(&mut self, marks: &[(&str, i64)]) -> Result<u64, sqlx::Error> {
+        if marks.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<&str> = marks.iter().map(|m| m.0).collect();
+        let seqs: Vec<i64> = marks.iter().map(|m| m.1).collect();
+        Ok(sqlx::query(
+            "UPDATE sessions AS s SET last_seq = GREATEST(s.last_seq, v.seq) \
+             FROM UNNEST($1::text[], $2::int8[]) AS v (id, seq) \
+             WHERE s.id = v.id AND s.deleted_at_ms IS NULL",
+        )
+        .bind(ids)
+        .bind(seqs)
+        .execute(&mut *self)
+        .await?
+        .rows_affected())
+    }
+
+    async fn insert_entries(&mut self, rows: &[Ins<'_>]) -> Result<(), sqlx::Error> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // One statement for the whole batch: five arrays, one round trip.
+        let mut session_ids = Vec::with_capacity(rows.len());
+        let mut seqs = Vec::with_capacity(rows.len());
+        let mut kinds = Vec::with_capacity(rows.len());
+        let mut bodies = Vec::with_capacity(rows.len());
+        let mut ats = Vec::with_capacity(rows.len());
+        for r in rows {
+            session_ids.push(r.session_id);
+            seqs.push(r.seq);
+            kinds.push(r.kind);
+            bodies.push(r.body);
+            ats.push(r.at_ms);
+        }
+        sqlx::query(
+            "INSERT INTO journal (session_id, seq, kind, body, at_ms) \
+             SELECT v.session_id, v.seq, v.kind, v.body, v.at_ms \
+             FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::int8[]) \
+               AS v (session_id, seq, kind, body, at_ms) \
+             WHERE NOT EXISTS \
+               (SELECT 1 FROM sessions s WHERE s.id = v.session_id AND s.deleted_at_ms IS NOT NULL) \
+             ON CONFLICT (session_id, seq) DO NOTHING",
+        )
+        .bind(session_ids)
+        .bind(seqs)
+        .bind(kinds)
+        .bind(bodies)
+        .bind(ats)
+        .execute(&mut *self)
+        .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sqlite_insert_sql;
+
+    #[test]
+    fn sqlite_sql_has_one_bind_per_column() {
+        for n in [1, 2, 64] {
+            assert_eq!(sqlite_insert_sql(n).matches('?').count(), n * 5);
+        }
+    }
+}
