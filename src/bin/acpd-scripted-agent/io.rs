@@ -1,0 +1,200 @@
+//! Wire plumbing of the scripted agent: one stdout writer task and the table of requests the
+//! agent sent to the client and is still waiting for.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// A JSON-RPC error, in either direction.
+#[derive(Debug, Clone)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> RpcError {
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    pub fn invalid_params(message: impl Into<String>) -> RpcError {
+        RpcError::new(-32602, message)
+    }
+
+    pub fn method_not_found(method: &str) -> RpcError {
+        RpcError::new(-32601, format!("Method not found: {method}"))
+    }
+
+    pub fn session_not_found(session_id: &str) -> RpcError {
+        RpcError {
+            code: -32002,
+            message: "Resource not found".into(),
+            data: Some(json!({ "sessionId": session_id })),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        let mut err = json!({ "code": self.code, "message": self.message });
+        if let Some(data) = &self.data {
+            err["data"] = data.clone();
+        }
+        err
+    }
+}
+
+enum OutMsg {
+    Line(String),
+    Exit(i32),
+}
+
+/// Cloneable handle to the single stdout writer. Going through one task keeps every message
+/// on its own line and keeps the order in which callers queued them.
+#[derive(Clone)]
+pub struct Out {
+    tx: mpsc::UnboundedSender<OutMsg>,
+}
+
+impl Out {
+    /// Starts the writer task. A failed write means the client is gone: exit quietly.
+    pub fn start() -> Out {
+        let (tx, mut rx) = mpsc::unbounded_channel::<OutMsg>();
+        tokio::spawn(async move {
+            let mut stdout = BufWriter::with_capacity(64 * 1024, tokio::io::stdout());
+            while let Some(msg) = rx.recv().await {
+                match msg {
+                    OutMsg::Line(line) => {
+                        let ok = stdout.write_all(line.as_bytes()).await.is_ok()
+                            && stdout.write_all(b"\n").await.is_ok();
+                        // Flush only when the queue is drained: big streams go out in large
+                        // writes, single messages still leave at once.
+                        if !ok || (rx.is_empty() && stdout.flush().await.is_err()) {
+                            std::process::exit(0);
+                        }
+                    }
+                    OutMsg::Exit(code) => {
+                        let _ = stdout.flush().await;
+                        eprintln!(
+                            "scripted-agent[{}]: exiting with status {code}",
+                            std::process::id()
+                        );
+                        std::process::exit(code);
+                    }
+                }
+            }
+        });
+        Out { tx }
+    }
+
+    pub fn send(&self, msg: &Value) {
+        let line = serde_json::to_string(msg).expect("JSON values always serialize");
+        let _ = self.tx.send(OutMsg::Line(line));
+    }
+
+    pub fn respond(&self, id: Value, result: Result<Value, RpcError>) {
+        let msg = match result {
+            Ok(result) => json!({ "jsonrpc": "2.0", "id": id, "result": result }),
+            Err(err) => json!({ "jsonrpc": "2.0", "id": id, "error": err.to_json() }),
+        };
+        self.send(&msg);
+    }
+
+    pub fn notify(&self, method: &str, params: Value) {
+        self.send(&json!({ "jsonrpc": "2.0", "method": method, "params": params }));
+    }
+
+    /// Writes out everything queued before, then ends the process with `code`.
+    pub fn exit(&self, code: i32) {
+        let _ = self.tx.send(OutMsg::Exit(code));
+    }
+}
+
+/// How a request the agent sent to the client ended.
+pub enum CallOutcome {
+    Ok(Value),
+    Err(RpcError),
+    /// The turn was cancelled first; the client was sent `$/cancel_request`.
+    Cancelled,
+}
+
+/// Requests sent to the client, by numeric id, waiting for their responses.
+pub struct Peer {
+    next_id: AtomicI64,
+    pending: Mutex<HashMap<i64, oneshot::Sender<Result<Value, RpcError>>>>,
+}
+
+impl Peer {
+    pub fn new() -> Peer {
+        Peer {
+            next_id: AtomicI64::new(1),
+            pending: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Sends a request and waits for its response or for `cancel`, whichever comes first.
+    pub async fn call(
+        &self,
+        out: &Out,
+        method: &str,
+        params: Value,
+        cancel: &CancellationToken,
+    ) -> CallOutcome {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(id, tx);
+        out.send(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
+        tokio::select! {
+            res = rx => match res {
+                Ok(Ok(v)) => CallOutcome::Ok(v),
+                Ok(Err(e)) => CallOutcome::Err(e),
+                Err(_) => CallOutcome::Err(RpcError::new(-32603, "response channel dropped")),
+            },
+            _ = cancel.cancelled() => {
+                // The answer is not waited for: withdraw the request and forget it, so a late
+                // answer is dropped as unknown.
+                self.pending.lock().unwrap().remove(&id);
+                out.notify("$/cancel_request", json!({ "requestId": id }));
+                CallOutcome::Cancelled
+            }
+        }
+    }
+
+    /// Sends a request whose answer nobody waits for (cleanup after a cancelled turn).
+    pub fn fire_and_forget(&self, out: &Out, method: &str, params: Value) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        out.send(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
+    }
+
+    /// Routes a response from the client to whoever waits for it; unknown ids are dropped.
+    pub fn resolve(&self, msg: &Value) {
+        let Some(id) = msg.get("id").and_then(Value::as_i64) else {
+            eprintln!("scripted-agent: response with a non-numeric id ignored: {msg}");
+            return;
+        };
+        let Some(tx) = self.pending.lock().unwrap().remove(&id) else {
+            return;
+        };
+        let result = match msg.get("error") {
+            Some(err) => Err(RpcError {
+                code: err.get("code").and_then(Value::as_i64).unwrap_or(0),
+                message: err
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                data: err.get("data").cloned(),
+            }),
+            None => Ok(msg.get("result").cloned().unwrap_or(Value::Null)),
+        };
+        let _ = tx.send(result);
+    }
+}

@@ -1,0 +1,365 @@
+//! The prompt script language: one command per line (or `;`-separated), run in order for one
+//! turn. Unknown first words make the whole line an `echo`, so free text still gets an answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::io::{CallOutcome, RpcError};
+use crate::state::Agent;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    Echo(String),
+    Stream { count: u64, size: usize },
+    Thought(String),
+    Tool,
+    Permission,
+    Read(String),
+    Write { path: String, text: String },
+    Terminal { command: String, args: Vec<String> },
+    Ext,
+    WaitForCancel,
+    Sleep(u64),
+    Crash,
+    UnknownUpdate,
+    Title(String),
+    Caps,
+    Stop(String),
+    Error { code: i64, message: String },
+}
+
+/// Parses the whole script before anything runs, so a typo fails the prompt cleanly.
+pub fn parse(text: &str) -> Result<Vec<Command>, String> {
+    text.split(['\n', ';'])
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(parse_line)
+        .collect()
+}
+
+fn parse_line(line: &str) -> Result<Command, String> {
+    let (word, rest) = match line.split_once(char::is_whitespace) {
+        Some((w, r)) => (w, r.trim()),
+        None => (line, ""),
+    };
+    let args: Vec<&str> = rest.split_whitespace().collect();
+    let bad = |why: &str| format!("invalid script line `{line}`: {why}");
+    let int = |s: Option<&&str>, what: &str| -> Result<u64, String> {
+        s.and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad(&format!("{what} must be an integer")))
+    };
+    let path = |what: &str| -> Result<String, String> {
+        args.first()
+            .map(|s| s.to_string())
+            .ok_or_else(|| bad(&format!("{what} needs a path")))
+    };
+    Ok(match word {
+        "echo" => Command::Echo(rest.to_string()),
+        "stream" => Command::Stream {
+            count: int(args.first(), "N")?,
+            size: int(args.get(1), "S")? as usize,
+        },
+        "thought" => Command::Thought(rest.to_string()),
+        "tool" => Command::Tool,
+        "permission" => Command::Permission,
+        "read" => Command::Read(path("read")?),
+        "write" => {
+            let path = path("write")?;
+            let text = rest[path.len()..].trim_start().to_string();
+            Command::Write { path, text }
+        }
+        "terminal" => {
+            let (command, args) = args.split_first().ok_or_else(|| bad("needs a command"))?;
+            Command::Terminal {
+                command: command.to_string(),
+                args: args.iter().map(|s| s.to_string()).collect(),
+            }
+        }
+        "ext" => Command::Ext,
+        "wait_for_cancel" => Command::WaitForCancel,
+        "sleep" => Command::Sleep(int(args.first(), "MS")?),
+        "crash" => Command::Crash,
+        "unknown_update" => Command::UnknownUpdate,
+        "title" => Command::Title(rest.to_string()),
+        "caps" => Command::Caps,
+        "stop" => Command::Stop(
+            args.first()
+                .ok_or_else(|| bad("needs a stop reason"))?
+                .to_string(),
+        ),
+        "error" => {
+            let code = args
+                .first()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| bad("CODE must be an integer"))?;
+            let message = rest
+                .split_once(char::is_whitespace)
+                .map(|(_, m)| m.trim())
+                .unwrap_or("");
+            Command::Error {
+                code,
+                message: message.to_string(),
+            }
+        }
+        _ => Command::Echo(line.to_string()),
+    })
+}
+
+/// How a turn ends.
+pub enum TurnEnd {
+    Stop(String),
+    Error(RpcError),
+}
+
+/// What one command did to the turn: `Err` ends it.
+type Flow = Result<(), TurnEnd>;
+
+fn cancelled() -> TurnEnd {
+    TurnEnd::Stop("cancelled".into())
+}
+
+/// Runs the commands of one turn in order. The turn ends at the first `stop`, `error`, or
+/// cancellation; otherwise with `end_turn`.
+pub async fn run(
+    agent: &Arc<Agent>,
+    sid: &str,
+    commands: Vec<Command>,
+    cancel: &CancellationToken,
+) -> TurnEnd {
+    for command in commands {
+        if cancel.is_cancelled() {
+            return TurnEnd::Stop("cancelled".into());
+        }
+        if let Err(end) = run_one(agent, sid, command, cancel).await {
+            return end;
+        }
+    }
+    if cancel.is_cancelled() {
+        return TurnEnd::Stop("cancelled".into());
+    }
+    TurnEnd::Stop("end_turn".into())
+}
+
+async fn run_one(
+    agent: &Arc<Agent>,
+    sid: &str,
+    command: Command,
+    cancel: &CancellationToken,
+) -> Flow {
+    match command {
+        Command::Echo(text) => agent.say(sid, text),
+        Command::Stream { count, size } => {
+            for i in 0..count {
+                if cancel.is_cancelled() {
+                    return Err(cancelled());
+                }
+                let mut text = format!("{i}:");
+                if text.len() < size {
+                    text.push_str(&"x".repeat(size - text.len()));
+                }
+                agent.say(sid, text);
+            }
+        }
+        Command::Thought(text) => agent.emit(
+            sid,
+            json!({ "sessionUpdate": "agent_thought_chunk", "content": { "type": "text", "text": text } }),
+        ),
+        Command::Tool => {
+            let id = format!("tool-{}", next_tool(agent, sid));
+            agent.emit(
+                sid,
+                json!({
+                    "sessionUpdate": "tool_call", "toolCallId": id, "title": "Read a file",
+                    "kind": "read", "status": "pending",
+                }),
+            );
+            agent.emit(
+                sid,
+                json!({ "sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed" }),
+            );
+        }
+        Command::Permission => permission(agent, sid, cancel).await?,
+        Command::Read(path) => {
+            let params = json!({ "sessionId": sid, "path": path });
+            let Some(result) = call(agent, sid, "fs/read_text_file", params, cancel).await? else {
+                return Ok(());
+            };
+            let content = result.get("content").and_then(Value::as_str).unwrap_or("");
+            agent.say(sid, format!("read: {content}"));
+        }
+        Command::Write { path, text } => {
+            let params = json!({ "sessionId": sid, "path": path, "content": text });
+            if call(agent, sid, "fs/write_text_file", params, cancel).await?.is_some() {
+                agent.say(sid, format!("wrote: {path}"));
+            }
+        }
+        Command::Terminal { command, args } => terminal(agent, sid, command, args, cancel).await?,
+        Command::Ext => {
+            if let Some(result) = call(agent, sid, "_scripted/ping", json!({ "n": 1 }), cancel).await? {
+                agent.say(sid, format!("ext: {result}"));
+            }
+        }
+        Command::WaitForCancel => {
+            cancel.cancelled().await;
+            return Err(cancelled());
+        }
+        Command::Sleep(ms) => {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                _ = cancel.cancelled() => return Err(cancelled()),
+            }
+        }
+        Command::Crash => {
+            agent.out.exit(3);
+            // The writer task ends the process after flushing; this turn never answers.
+            std::future::pending::<()>().await;
+        }
+        Command::UnknownUpdate => agent.emit(
+            sid,
+            json!({
+                "sessionUpdate": "acpd_test_unknown_kind",
+                "payload": { "x": 1 },
+                "_meta": { "scripted": { "kept": true } },
+            }),
+        ),
+        Command::Title(title) => {
+            agent.emit(sid, json!({ "sessionUpdate": "session_info_update", "title": title }))
+        }
+        Command::Caps => {
+            let caps = agent.client_caps.lock().unwrap().clone();
+            agent.say(sid, format!("caps: {caps}"));
+        }
+        Command::Stop(reason) => return Err(TurnEnd::Stop(reason)),
+        Command::Error { code, message } => return Err(TurnEnd::Error(RpcError::new(code, message))),
+    }
+    Ok(())
+}
+
+fn next_tool(agent: &Agent, sid: &str) -> u64 {
+    agent
+        .with_session(sid, |s| {
+            s.tool_n += 1;
+            s.tool_n
+        })
+        .unwrap_or(0)
+}
+
+/// Calls the client. `Err(flow)` ends the turn (cancelled); `Ok(None)` means the client
+/// answered with an error, already reported as an `error: CODE MESSAGE` chunk.
+async fn call(
+    agent: &Arc<Agent>,
+    sid: &str,
+    method: &str,
+    params: Value,
+    cancel: &CancellationToken,
+) -> Result<Option<Value>, TurnEnd> {
+    match agent.peer.call(&agent.out, method, params, cancel).await {
+        CallOutcome::Ok(v) => Ok(Some(v)),
+        CallOutcome::Err(e) => {
+            agent.say(sid, format!("error: {} {}", e.code, e.message));
+            Ok(None)
+        }
+        CallOutcome::Cancelled => Err(cancelled()),
+    }
+}
+
+async fn permission(agent: &Arc<Agent>, sid: &str, cancel: &CancellationToken) -> Flow {
+    let id = format!("perm-{}", next_tool(agent, sid));
+    let options: Vec<Value> = [
+        ("allow-once", "Allow once", "allow_once"),
+        ("allow-always", "Allow always", "allow_always"),
+        ("reject-once", "Reject once", "reject_once"),
+        ("reject-always", "Reject always", "reject_always"),
+    ]
+    .iter()
+    .map(|(id, name, kind)| json!({ "optionId": id, "name": name, "kind": kind }))
+    .collect();
+    let params = json!({
+        "sessionId": sid,
+        "toolCall": { "toolCallId": id, "title": "Run a scripted action", "kind": "other", "status": "pending" },
+        "options": options,
+    });
+    match agent
+        .peer
+        .call(&agent.out, "session/request_permission", params, cancel)
+        .await
+    {
+        CallOutcome::Ok(result) => {
+            let outcome = &result["outcome"];
+            match (outcome["outcome"].as_str(), outcome["optionId"].as_str()) {
+                (Some("selected"), Some(option)) => {
+                    agent.say(sid, format!("permission: selected {option}"));
+                    Ok(())
+                }
+                (Some("cancelled"), _) => {
+                    agent.say(sid, "permission: cancelled");
+                    Err(cancelled())
+                }
+                _ => {
+                    agent.say(
+                        sid,
+                        format!("error: -32602 invalid permission outcome {result}"),
+                    );
+                    Ok(())
+                }
+            }
+        }
+        CallOutcome::Err(e) => {
+            agent.say(sid, format!("error: {} {}", e.code, e.message));
+            Ok(())
+        }
+        CallOutcome::Cancelled => {
+            agent.say(sid, "permission: cancelled");
+            Err(cancelled())
+        }
+    }
+}
+
+async fn terminal(
+    agent: &Arc<Agent>,
+    sid: &str,
+    command: String,
+    args: Vec<String>,
+    cancel: &CancellationToken,
+) -> Flow {
+    let params = json!({ "sessionId": sid, "command": command, "args": args });
+    let Some(created) = call(agent, sid, "terminal/create", params, cancel).await? else {
+        return Ok(());
+    };
+    let Some(tid) = created["terminalId"].as_str().map(str::to_string) else {
+        agent.say(
+            sid,
+            format!("error: -32602 terminal/create returned no terminalId: {created}"),
+        );
+        return Ok(());
+    };
+    let ids = json!({ "sessionId": sid, "terminalId": tid });
+    let flow = async {
+        let exit = call(agent, sid, "terminal/wait_for_exit", ids.clone(), cancel).await?;
+        let output = call(agent, sid, "terminal/output", ids.clone(), cancel).await?;
+        if let (Some(exit), Some(output)) = (exit, output) {
+            let code = exit.get("exitCode").cloned().unwrap_or(Value::Null);
+            let text = output["output"].as_str().unwrap_or("");
+            agent.say(sid, format!("terminal: exit {code} output {text}"));
+        }
+        Ok::<(), TurnEnd>(())
+    }
+    .await;
+    match flow {
+        Ok(()) => {
+            // Release is awaited on the normal path so a test sees it happen before the turn ends.
+            call(agent, sid, "terminal/release", ids, cancel).await?;
+            Ok(())
+        }
+        Err(end) => {
+            // Cancelled: the agent still must release, but waits for nothing any more.
+            agent
+                .peer
+                .fire_and_forget(&agent.out, "terminal/release", ids);
+            Err(end)
+        }
+    }
+}

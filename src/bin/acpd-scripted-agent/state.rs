@@ -1,0 +1,188 @@
+//! What the scripted agent remembers: its sessions, each with the history it would replay on
+//! `session/load`, its mode and config values, and the running turn's cancellation token.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::io::{Out, Peer, RpcError};
+
+pub const MODES: [(&str, &str); 2] = [("default", "Default"), ("plan", "Plan")];
+pub const VERBOSITY: [(&str, &str); 2] = [("low", "Low"), ("high", "High")];
+
+/// Command-line switches.
+#[derive(Debug, Default, Clone)]
+pub struct Flags {
+    pub no_load: bool,
+    pub no_resume: bool,
+}
+
+pub struct Session {
+    /// Every update sent for this session, plus the user's prompts, in order.
+    pub history: Vec<Value>,
+    /// Counter stamped into `agent_message_chunk`s (`_meta.scripted.n`).
+    chunk_n: u64,
+    /// Counter for tool call and permission ids.
+    pub tool_n: u64,
+    pub mode: String,
+    pub verbosity: String,
+    /// Running (or queued) turns: number and cancellation token.
+    turns: Vec<(u64, CancellationToken)>,
+    /// Serializes turns of one session: a second prompt waits for the first.
+    pub turn_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Session {
+    fn new() -> Session {
+        Session {
+            history: Vec::new(),
+            chunk_n: 0,
+            tool_n: 0,
+            mode: "default".into(),
+            verbosity: "low".into(),
+            turns: Vec::new(),
+            turn_lock: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    pub fn modes(&self) -> Value {
+        let available: Vec<Value> = MODES
+            .iter()
+            .map(|(id, name)| json!({ "id": id, "name": name }))
+            .collect();
+        json!({ "currentModeId": self.mode, "availableModes": available })
+    }
+
+    pub fn config_options(&self) -> Value {
+        let options: Vec<Value> = VERBOSITY
+            .iter()
+            .map(|(v, name)| json!({ "value": v, "name": name }))
+            .collect();
+        json!([{
+            "id": "verbosity",
+            "name": "Verbosity",
+            "type": "select",
+            "currentValue": self.verbosity,
+            "options": options,
+        }])
+    }
+
+    /// The result of `session/load` and `session/resume`.
+    pub fn setup_result(&self) -> Value {
+        json!({ "modes": self.modes(), "configOptions": self.config_options() })
+    }
+}
+
+/// The whole agent, shared by the stdin loop and the turn tasks.
+pub struct Agent {
+    pub out: Out,
+    pub peer: Peer,
+    pub flags: Flags,
+    pub sessions: Mutex<HashMap<String, Session>>,
+    /// `clientCapabilities` exactly as received in `initialize`.
+    pub client_caps: Mutex<Value>,
+    next_session: AtomicU64,
+    next_turn: AtomicU64,
+}
+
+impl Agent {
+    pub fn new(out: Out, flags: Flags) -> Agent {
+        Agent {
+            out,
+            peer: Peer::new(),
+            flags,
+            sessions: Mutex::new(HashMap::new()),
+            client_caps: Mutex::new(Value::Null),
+            next_session: AtomicU64::new(1),
+            next_turn: AtomicU64::new(1),
+        }
+    }
+
+    /// Creates a session with a fresh id `sa-<counter>-<pid>`.
+    pub fn create_session(&self) -> String {
+        let n = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let id = format!("sa-{n}-{}", std::process::id());
+        self.sessions
+            .lock()
+            .unwrap()
+            .insert(id.clone(), Session::new());
+        id
+    }
+
+    /// Creates empty state under a caller-chosen id unless it exists (`session/resume`).
+    pub fn ensure_session(&self, id: &str) {
+        self.sessions
+            .lock()
+            .unwrap()
+            .entry(id.to_string())
+            .or_insert_with(Session::new);
+    }
+
+    /// Runs `f` on a session, or fails with -32002.
+    pub fn with_session<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Session) -> T,
+    ) -> Result<T, RpcError> {
+        let mut sessions = self.sessions.lock().unwrap();
+        let session = sessions
+            .get_mut(id)
+            .ok_or_else(|| RpcError::session_not_found(id))?;
+        Ok(f(session))
+    }
+
+    /// Sends a `session/update` and records it in the session's history. Both happen under
+    /// the sessions lock so that history order is send order.
+    pub fn emit(&self, session_id: &str, mut update: Value) {
+        let mut sessions = self.sessions.lock().unwrap();
+        let Some(session) = sessions.get_mut(session_id) else {
+            return;
+        };
+        if update["sessionUpdate"] == "agent_message_chunk" {
+            session.chunk_n += 1;
+            update["_meta"] = json!({ "scripted": { "n": session.chunk_n } });
+        }
+        self.out.notify(
+            "session/update",
+            json!({ "sessionId": session_id, "update": update }),
+        );
+        session.history.push(update);
+    }
+
+    /// Sends an `agent_message_chunk` with plain text.
+    pub fn say(&self, session_id: &str, text: impl Into<String>) {
+        let text: String = text.into();
+        let update = json!({
+            "sessionUpdate": "agent_message_chunk",
+            "content": { "type": "text", "text": text },
+        });
+        self.emit(session_id, update);
+    }
+
+    /// Registers a new turn; returns its number and token. Done on the stdin task, before the
+    /// turn task is spawned, so a `session/cancel` read right after the prompt finds it.
+    pub fn begin_turn(&self, session_id: &str) -> Result<(u64, CancellationToken), RpcError> {
+        let n = self.next_turn.fetch_add(1, Ordering::Relaxed);
+        let token = CancellationToken::new();
+        self.with_session(session_id, |s| {
+            s.turns.push((n, token.clone()));
+        })?;
+        Ok((n, token))
+    }
+
+    pub fn end_turn(&self, session_id: &str, n: u64) {
+        let _ = self.with_session(session_id, |s| s.turns.retain(|(m, _)| *m != n));
+    }
+
+    /// `session/cancel`: stops the running turn's waits, and any queued turn of the session.
+    pub fn cancel(&self, session_id: &str) {
+        let _ = self.with_session(session_id, |s| {
+            for (_, token) in &s.turns {
+                token.cancel();
+            }
+        });
+    }
+}
