@@ -77,6 +77,8 @@ pub struct Config {
     pub sessions: SessionSettings,
     /// How long a drain waits for running work before cancelling it.
     pub shutdown_grace: Duration,
+    /// The `[builtin]` table of the config file, for the built-in agent to read.
+    pub builtin: toml::Table,
 }
 
 /// Options shared by `serve`, `stdio` and the admin subcommands.
@@ -140,6 +142,8 @@ struct FileConfig {
     shutdown_grace_secs: Option<u64>,
     #[serde(default)]
     agents: BTreeMap<String, FileAgent>,
+    #[serde(default)]
+    builtin: toml::Table,
 }
 
 #[derive(Debug, Deserialize)]
@@ -292,6 +296,7 @@ impl Config {
                     .or(file.shutdown_grace_secs)
                     .unwrap_or(30),
             ),
+            builtin: file.builtin,
         })
     }
 

@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{AgentError, AgentEvent, AgentHandle};
 use crate::config::AgentProfile;
-use crate::jsonrpc::{self, Incoming, ResponseError};
+use crate::jsonrpc::{self, Incoming, Link, ResponseError};
 
 /// Longest an agent may take to answer `initialize`.
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -68,16 +68,39 @@ pub(super) async fn start(
             tracing::info!(target: "acpd::agent_stderr", agent = %name, "{line}");
         }
     });
-
     let io_cancel = CancellationToken::new();
     let (link, pump) =
         crate::transport::lines::pump(stdout, stdin, MAX_AGENT_LINE, io_cancel.clone());
     tasks.spawn(pump);
+    connect(
+        &profile.name,
+        link,
+        Process::Child(child),
+        io_cancel,
+        client_init,
+        generation,
+        tasks,
+        shutdown,
+    )
+    .await
+}
+
+/// Speaks ACP as a client to an agent over `link`: initializes it and starts its router.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn connect(
+    name: &str,
+    link: Link,
+    mut process: Process,
+    io_cancel: CancellationToken,
+    client_init: &Value,
+    generation: u64,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> Result<AgentHandle, AgentError> {
     let (peer, incoming, peer_task) = jsonrpc::spawn(link, io_cancel.clone());
     tasks.spawn(async move {
         let _ = peer_task.await;
     });
-
     let init_params = initialize_params(client_init);
     let init = match tokio::time::timeout(
         INITIALIZE_TIMEOUT,
@@ -86,33 +109,29 @@ pub(super) async fn start(
     .await
     {
         Ok(Ok(v)) => v,
-        Ok(Err(e)) => {
-            kill_group(&mut child).await;
+        failed => {
+            process.kill().await;
             io_cancel.cancel();
+            let message = match failed {
+                Ok(Err(e)) => e.to_string(),
+                _ => "no answer to initialize".into(),
+            };
             return Err(AgentError::Initialize {
-                profile: profile.name.clone(),
-                message: e.to_string(),
-            });
-        }
-        Err(_) => {
-            kill_group(&mut child).await;
-            io_cancel.cancel();
-            return Err(AgentError::Initialize {
-                profile: profile.name.clone(),
-                message: "no answer to initialize".into(),
+                profile: name.to_owned(),
+                message,
             });
         }
     };
     let (router_tx, router_rx) = mpsc::unbounded_channel();
     let exited = CancellationToken::new();
     let router = Router {
-        agent: profile.name.clone(),
+        agent: name.to_owned(),
         routes: HashMap::new(),
         by_agent_sid: HashMap::new(),
         early: HashMap::new(),
     };
     tasks.spawn(router.run(
-        child,
+        process,
         incoming,
         router_rx,
         exited.clone(),
@@ -126,6 +145,44 @@ pub(super) async fn start(
         exited,
         generation,
     })
+}
+
+/// What runs the agent: a child process, or a task inside acpd (the built-in agent).
+pub(super) enum Process {
+    Child(Child),
+    Task {
+        join: tokio::task::JoinHandle<()>,
+        cancel: CancellationToken,
+    },
+}
+
+impl Process {
+    /// Waits for the end; says how it ended.
+    async fn wait(&mut self) -> String {
+        match self {
+            Process::Child(c) => match c.wait().await {
+                Ok(s) => s.to_string(),
+                Err(e) => e.to_string(),
+            },
+            Process::Task { join, .. } => match join.await {
+                Ok(()) => "the built-in agent stopped".into(),
+                Err(e) => format!("the built-in agent failed: {e}"),
+            },
+        }
+    }
+
+    /// Stops it: SIGTERM to the process group then SIGKILL, or cancels the task.
+    async fn kill(&mut self) {
+        match self {
+            Process::Child(c) => kill_group(c).await,
+            Process::Task { join, cancel } => {
+                cancel.cancel();
+                if tokio::time::timeout(KILL_GRACE, &mut *join).await.is_err() {
+                    join.abort();
+                }
+            }
+        }
+    }
 }
 
 /// What acpd tells a hosted agent in `initialize`: the first client's capabilities, minus
@@ -207,7 +264,7 @@ struct Router {
 impl Router {
     async fn run(
         mut self,
-        mut child: Child,
+        mut process: Process,
         mut incoming: mpsc::Receiver<Incoming>,
         mut commands: mpsc::UnboundedReceiver<RouterCommand>,
         exited: CancellationToken,
@@ -217,15 +274,10 @@ impl Router {
         let status = loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
-                    kill_group(&mut child).await;
+                    process.kill().await;
                     break "acpd shut down".to_owned();
                 }
-                status = child.wait() => {
-                    break match status {
-                        Ok(s) => s.to_string(),
-                        Err(e) => e.to_string(),
-                    };
-                }
+                status = process.wait() => break status,
                 cmd = commands.recv() => match cmd {
                     Some(RouterCommand::Register { route, agent_session_id, events }) => {
                         if let Some(asid) = agent_session_id {
@@ -243,7 +295,7 @@ impl Router {
                     }
                     // Every handle is gone: nobody can use this agent any more.
                     None => {
-                        kill_group(&mut child).await;
+                        process.kill().await;
                         break "no longer used".to_owned();
                     }
                 },
@@ -251,10 +303,10 @@ impl Router {
                     Some(m) => self.route(m).await,
                     // stdout closed: wait for the exit status on the next turn.
                     None => {
-                        let status = match tokio::time::timeout(KILL_GRACE, child.wait()).await {
-                            Ok(Ok(s)) => s.to_string(),
-                            _ => {
-                                kill_group(&mut child).await;
+                        let status = match tokio::time::timeout(KILL_GRACE, process.wait()).await {
+                            Ok(s) => s,
+                            Err(_) => {
+                                process.kill().await;
                                 "closed its stdout".to_owned()
                             }
                         };

@@ -519,3 +519,38 @@ impl PeerTask {
         }
     }
 }
+
+/// Two links joined back to back in memory, for an agent that runs inside acpd.
+pub fn memory_pair() -> (Link, Link, impl Future<Output = ()> + Send) {
+    let (a_out, mut a_out_rx) = mpsc::channel::<String>(crate::transport::LINK_QUEUE);
+    let (b_out, mut b_out_rx) = mpsc::channel::<String>(crate::transport::LINK_QUEUE);
+    let (a_in_tx, a_in) = mpsc::channel(crate::transport::LINK_QUEUE);
+    let (b_in_tx, b_in) = mpsc::channel(crate::transport::LINK_QUEUE);
+    // One task carries both directions; it ends when both sides have hung up.
+    let carry = async move {
+        let (mut a_open, mut b_open) = (true, true);
+        while a_open || b_open {
+            tokio::select! {
+                m = a_out_rx.recv(), if a_open => match m {
+                    Some(t) => { let _ = b_in_tx.send(InFrame::Text(t)).await; }
+                    None => a_open = false,
+                },
+                m = b_out_rx.recv(), if b_open => match m {
+                    Some(t) => { let _ = a_in_tx.send(InFrame::Text(t)).await; }
+                    None => b_open = false,
+                },
+            }
+        }
+    };
+    (
+        Link {
+            incoming: a_in,
+            outgoing: a_out,
+        },
+        Link {
+            incoming: b_in,
+            outgoing: b_out,
+        },
+        carry,
+    )
+}
