@@ -1,4 +1,21 @@
 //! The one integration-test binary: real sockets, a real daemon, a real store.
+//!
+//! `scripted_agent` tests the stand-in agent alone; every other module drives `acpd` end to
+//! end (see `support/daemon.rs` for the store choice: `ACPD_TEST_E2E_STORE=postgres`).
 
 #[allow(dead_code)]
 mod pgtest;
+mod support;
+
+mod agent_processes;
+mod bad_input;
+mod cancel;
+mod client_requests;
+mod durability;
+mod handshake;
+mod load_resume;
+mod new_session;
+mod prompt_turn;
+mod scripted_agent;
+mod session_list;
+mod transports;
