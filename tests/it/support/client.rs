@@ -122,18 +122,20 @@ impl Client {
 
     // ----- sending -----
 
+    /// Sends one text message (WebSocket frame or line). A peer that stops reading makes a
+    /// send block: that, too, runs into the deadline.
     pub async fn send_text(&mut self, text: &str) {
-        self.conn
-            .send_text(text)
-            .await
-            .expect("send a text message");
+        match tokio::time::timeout(self.timeout, self.conn.send_text(text)).await {
+            Ok(sent) => sent.expect("send a text message"),
+            Err(_) => panic!("timed out after {:?} sending a message", self.timeout),
+        }
     }
 
     pub async fn send_binary(&mut self, bytes: Vec<u8>) {
-        self.conn
-            .send_binary(bytes)
-            .await
-            .expect("send a binary frame");
+        match tokio::time::timeout(self.timeout, self.conn.send_binary(bytes)).await {
+            Ok(sent) => sent.expect("send a binary frame"),
+            Err(_) => panic!("timed out after {:?} sending a binary frame", self.timeout),
+        }
     }
 
     pub async fn send_json(&mut self, msg: &Value) {
@@ -166,8 +168,9 @@ impl Client {
         self.send_json(&msg).await;
     }
 
+    /// Closes politely; best effort, so a peer that does not answer the close just times out.
     pub async fn close(&mut self) {
-        self.conn.close().await;
+        let _ = tokio::time::timeout(self.timeout, self.conn.close()).await;
     }
 
     // ----- receiving -----
