@@ -179,7 +179,7 @@ impl Connection {
                     responder: Some(responder),
                 };
                 self.handlers
-                    .spawn(send_to_session(hub, sid, principal, cmd));
+                    .spawn(send_send_session(hub, sid, principal, cmd));
             }
             _ => {
                 let Some(sid) = session_id(&params) else {
@@ -212,7 +212,7 @@ impl Connection {
                         responder,
                     },
                 };
-                self.to_session(sid, cmd, &init).await;
+                self.send_session(sid, cmd, &init).await;
             }
         }
     }
@@ -232,7 +232,7 @@ impl Connection {
                         params,
                     }
                 };
-                self.to_session(sid, cmd, &init).await;
+                self.send_session(sid, cmd, &init).await;
             }
             None => {
                 let agent = self.agent(init);
@@ -247,7 +247,7 @@ impl Connection {
     }
 
     /// Sends a session-scoped command, in order when this connection is attached already.
-    async fn to_session(&mut self, sid: String, cmd: SessionCommand, init: &Arc<Value>) {
+    async fn send_session(&mut self, sid: String, cmd: SessionCommand, init: &Arc<Value>) {
         let cmd = match self.attached.get(&sid) {
             Some(h) => match h.send(cmd).await {
                 Ok(()) => return,
@@ -284,9 +284,19 @@ impl Connection {
             responder: None,
         };
         self.handlers.spawn(async move {
-            let handle =
-                send_to_session(hub.clone(), sid.clone(), principal.clone(), attach).await?;
-            match handle.send(cmd).await {
+            let handle = match hub.open(&sid, &principal).await {
+                Ok(h) => h,
+                Err(e) => {
+                    reject(cmd, e).await;
+                    return None;
+                }
+            };
+            // Attach first, so what the command causes reaches this connection.
+            let sent = match handle.send(attach).await {
+                Ok(()) => handle.send(cmd).await,
+                Err(_) => Err(cmd),
+            };
+            match sent {
                 Ok(()) => Some(handle),
                 Err(cmd) => {
                     reject(cmd, AcpError::SessionGone).await;
@@ -322,7 +332,7 @@ impl Connection {
 }
 
 /// Opens a session and sends it a command; answers the command's responder on failure.
-async fn send_to_session(
+async fn send_send_session(
     hub: SessionHub,
     sid: String,
     principal: String,

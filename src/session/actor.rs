@@ -639,7 +639,13 @@ impl Session {
                         .await;
                     return;
                 }
-                let params = with_session_id(req.params.unwrap_or(Value::Null), &self.id);
+                let params = req.params.unwrap_or(Value::Null);
+                // Rewrite the agent's session id; a request without one stays without.
+                let params = if params.get("sessionId").is_some() {
+                    with_session_id(params, &self.id)
+                } else {
+                    params
+                };
                 let deadline = Instant::now() + self.shared.settings.pending_request_timeout;
                 let id =
                     self.pending

@@ -123,7 +123,7 @@ pub(crate) enum HubCommand {
         reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
     },
     Spawn {
-        row: SessionRow,
+        row: Box<SessionRow>,
         agent: Option<(AgentHandle, String)>,
         reply: oneshot::Sender<SessionHandle>,
     },
@@ -280,7 +280,7 @@ impl SessionHub {
             .shared
             .hub
             .send(HubCommand::Spawn {
-                row,
+                row: Box::new(row),
                 agent: Some((agent, agent_sid)),
                 reply,
             })
@@ -363,7 +363,7 @@ impl HubTask {
                     let _ = reply.send(r);
                 }
                 HubCommand::Spawn { row, agent, reply } => {
-                    let _ = reply.send(self.start(row, agent));
+                    let _ = reply.send(self.start(*row, agent));
                 }
                 HubCommand::Ended { id, serial } => {
                     if self.live.get(&id).is_some_and(|(s, _)| *s == serial) {

@@ -127,7 +127,7 @@ async fn extension_request_round_trip() {
     assert_eq!(result.unwrap()["stopReason"], "end_turn");
     assert_eq!(
         agent_texts(&updates),
-        [r#"ext: {"from":"test editor","pong":true}"#]
+        [r#"ext: {"pong":true,"from":"test editor"}"#]
     );
     let ping = requests_of(&client.received_requests, "_scripted/ping");
     assert_eq!(ping[0]["params"]["n"], 1);
