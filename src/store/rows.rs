@@ -7,8 +7,9 @@ use sqlx::sqlite::SqliteRow;
 use super::{JournalEntry, PrincipalRow, SessionRow, StoreError, TokenRow};
 
 /// Column list matching `session_row`; every session query selects exactly these.
-pub(crate) const SESSION_COLUMNS: &str = "id, principal_id, agent, agent_session_id, cwd, additional_dirs, title, \
-     mode_id, config_values, meta, created_at_ms, updated_at_ms, closed, last_seq, owner_instance, lease_until_ms";
+pub(crate) const SESSION_COLUMNS: &str = "id, principal_id, agent, agent_session_id, cwd, \
+     additional_dirs, title, mode_id, config_values, meta, created_at_ms, updated_at_ms, closed, \
+     last_seq, owner_instance, lease_until_ms";
 
 /// Typed column access, implemented once per backend so the decoders below are written once.
 pub(crate) trait Columns {
@@ -125,7 +126,9 @@ pub(crate) fn decode_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
         .collect::<Result<Vec<u8>, StoreError>>()?;
     let raw = String::from_utf8(bytes).map_err(|_| StoreError::InvalidCursor)?;
     let (created, id) = raw.split_once(':').ok_or(StoreError::InvalidCursor)?;
-    let created = created.parse::<i64>().map_err(|_| StoreError::InvalidCursor)?;
+    let created = created
+        .parse::<i64>()
+        .map_err(|_| StoreError::InvalidCursor)?;
     if id.is_empty() {
         return Err(StoreError::InvalidCursor);
     }
@@ -139,14 +142,23 @@ mod tests {
     #[test]
     fn cursor_round_trips() {
         let c = encode_cursor(1_700_000_000_123, "a:b-ü");
-        assert_eq!(decode_cursor(&c).ok(), Some((1_700_000_000_123, "a:b-ü".to_owned())));
-        assert_eq!(decode_cursor(&c.to_uppercase()).ok(), Some((1_700_000_000_123, "a:b-ü".to_owned())));
+        assert_eq!(
+            decode_cursor(&c).ok(),
+            Some((1_700_000_000_123, "a:b-ü".to_owned()))
+        );
+        assert_eq!(
+            decode_cursor(&c.to_uppercase()).ok(),
+            Some((1_700_000_000_123, "a:b-ü".to_owned()))
+        );
     }
 
     #[test]
     fn bad_cursors_are_rejected() {
         for bad in ["", "0", "zz", "3a", &encode_cursor(1, "")[..], "78797a"] {
-            assert!(matches!(decode_cursor(bad), Err(StoreError::InvalidCursor)), "{bad}");
+            assert!(
+                matches!(decode_cursor(bad), Err(StoreError::InvalidCursor)),
+                "{bad}"
+            );
         }
     }
 }
