@@ -18,4 +18,5 @@ mod new_session;
 mod prompt_turn;
 mod scripted_agent;
 mod session_list;
+mod store;
 mod transports;
