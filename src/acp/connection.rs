@@ -41,6 +41,8 @@ pub async fn run(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) {
 async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) {
     let (peer, mut incoming, peer_task) = jsonrpc::spawn(link, shutdown.child_token());
     tracing::debug!("connected");
+    metrics::counter!(crate::metrics::CONNECTIONS_TOTAL).increment(1);
+    metrics::gauge!(crate::metrics::CONNECTIONS_LIVE).increment(1);
     let mut conn = Connection {
         ctx,
         peer,
@@ -73,6 +75,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
     }
     conn.handlers.abort_all();
     let _ = peer_task.await;
+    metrics::gauge!(crate::metrics::CONNECTIONS_LIVE).decrement(1);
     tracing::debug!("disconnected");
 }
 

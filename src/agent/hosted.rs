@@ -60,6 +60,7 @@ pub(super) async fn start(
     })?;
     let pid = child.id();
     tracing::info!(agent = %profile.name, pid, generation, "agent process started");
+    metrics::counter!(crate::metrics::AGENT_STARTS_TOTAL).increment(1);
     let (stdin, stdout, stderr) =
         match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
             (Some(i), Some(o), Some(e)) => (i, o, e),
@@ -280,6 +281,7 @@ impl Router {
         io_cancel: CancellationToken,
         shutdown: CancellationToken,
     ) {
+        metrics::gauge!(crate::metrics::AGENT_PROCESSES).increment(1);
         let status = loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
@@ -326,6 +328,8 @@ impl Router {
             }
         };
         tracing::warn!(agent = %self.agent, %status, "agent process ended");
+        metrics::counter!(crate::metrics::AGENT_EXITS_TOTAL).increment(1);
+        metrics::gauge!(crate::metrics::AGENT_PROCESSES).decrement(1);
         exited.cancel();
         io_cancel.cancel();
         for (_, tx) in self.routes.drain() {

@@ -144,6 +144,11 @@ impl Session {
         mut events: mpsc::Receiver<AgentEvent>,
         serial: u64,
     ) {
+        metrics::gauge!(crate::metrics::SESSIONS_LIVE).increment(1);
+        // Whether this session counts as detached (live, no client) in the gauge.
+        let mut detached = false;
+        // Turns of this session counted in `shared.turns`.
+        let mut turns = 0usize;
         let shutdown = self.shared.shutdown.clone();
         let idle = self.shared.settings.idle_evict;
         let mut idle_since = Instant::now();
@@ -178,6 +183,34 @@ impl Session {
             if !self.is_idle() {
                 idle_since = Instant::now();
             }
+            let now_turns = self
+                .inflight
+                .values()
+                .filter(|f| matches!(f, Inflight::Prompt { .. }))
+                .count();
+            if now_turns != turns {
+                use std::sync::atomic::Ordering::Relaxed;
+                self.shared.turns.fetch_add(now_turns, Relaxed);
+                self.shared.turns.fetch_sub(turns, Relaxed);
+                turns = now_turns;
+            }
+            let now_detached = self.outbox.clients_len() == 0;
+            if now_detached != detached {
+                detached = now_detached;
+                let g = metrics::gauge!(crate::metrics::SESSIONS_DETACHED);
+                if detached {
+                    g.increment(1)
+                } else {
+                    g.decrement(1)
+                }
+            }
+        }
+        metrics::gauge!(crate::metrics::SESSIONS_LIVE).decrement(1);
+        self.shared
+            .turns
+            .fetch_sub(turns, std::sync::atomic::Ordering::Relaxed);
+        if detached {
+            metrics::gauge!(crate::metrics::SESSIONS_DETACHED).decrement(1);
         }
         self.flush().await;
         if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } = &self.agent {
@@ -658,6 +691,16 @@ impl Session {
                         Err(_) if self.cancel_requested => Ok(json!({ "stopReason": "cancelled" })),
                         r => r,
                     };
+                    let reason = match &result {
+                        Ok(v) => v
+                            .get("stopReason")
+                            .and_then(Value::as_str)
+                            .unwrap_or("unknown")
+                            .to_owned(),
+                        Err(_) => "error".to_owned(),
+                    };
+                    metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason)
+                        .increment(1);
                     self.save(self.patch()).await;
                     self.outbox.push(Out::Reply { responder, result });
                 }

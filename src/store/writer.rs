@@ -144,8 +144,15 @@ impl Writer {
         let mut backoff = BACKOFF_START;
         let mut attempt = 1u32;
         loop {
+            let started = std::time::Instant::now();
             match write(&self.pool, items).await {
                 Ok(()) => {
+                    metrics::histogram!(crate::metrics::JOURNAL_APPEND_SECONDS)
+                        .record(started.elapsed().as_secs_f64());
+                    metrics::histogram!(crate::metrics::JOURNAL_BATCH_SIZE)
+                        .record(items.len() as f64);
+                    metrics::counter!(crate::metrics::JOURNAL_ENTRIES_TOTAL)
+                        .increment(items.len() as u64);
                     if attempt > 1 {
                         tracing::info!(
                             attempt,
@@ -157,6 +164,7 @@ impl Writer {
                 }
                 Err(e) if classify(&e) == Failure::Data => return Err(e),
                 Err(e) => {
+                    metrics::counter!(crate::metrics::STORE_ERRORS_TOTAL).increment(1);
                     tracing::warn!(
                         error = %e,
                         attempt,
