@@ -15,6 +15,7 @@ mod durability;
 mod handshake;
 mod load_resume;
 mod new_session;
+mod operations;
 mod prompt_turn;
 mod scripted_agent;
 mod session_list;

@@ -112,3 +112,8 @@ pub fn is_rfc3339(s: &str) -> bool {
 pub fn scripted_agent_bin() -> &'static str {
     env!("CARGO_BIN_EXE_acpd-scripted-agent")
 }
+
+/// Path of the acpd binary.
+pub fn acpd_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_acpd")
+}
