@@ -20,4 +20,5 @@ mod prompt_turn;
 mod scripted_agent;
 mod session_list;
 mod store;
+mod tidy;
 mod transports;
