@@ -288,7 +288,17 @@ impl Router {
                     process.kill().await;
                     break "acpd shut down".to_owned();
                 }
-                status = process.wait() => break status,
+                status = process.wait() => {
+                    // What the agent wrote before it died still counts: route it before
+                    // telling sessions it is gone (bounded: a grandchild may hold stdout).
+                    let drain = async {
+                        while let Some(m) = incoming.recv().await {
+                            self.route(m).await;
+                        }
+                    };
+                    let _ = tokio::time::timeout(KILL_GRACE, drain).await;
+                    break status;
+                }
                 cmd = commands.recv() => match cmd {
                     Some(RouterCommand::Register { route, agent_session_id, events }) => {
                         if let Some(asid) = agent_session_id {

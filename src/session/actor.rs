@@ -61,6 +61,8 @@ pub(super) fn spawn(
         tasks: JoinSet::new(),
         last_init: None,
         ending: false,
+        compacting: false,
+        retention_wanted: false,
     };
     if let Some((agent, agent_sid)) = agent {
         agent.register(&session.id, Some(&agent_sid), session.events.clone());
@@ -103,6 +105,7 @@ enum Inflight {
 /// Completions of the actor's helper tasks.
 enum TaskDone {
     AgentReady(Result<AgentHandle, Arc<AgentError>>),
+    Retention(Result<Option<super::retention::Outcome>, StoreError>),
     ClientAnswer {
         pending: u64,
         conn: ConnId,
@@ -135,6 +138,10 @@ pub(super) struct Session {
     /// The newest client `initialize` params, to start the agent with.
     last_init: Option<Arc<Value>>,
     ending: bool,
+    /// A retention pass is running.
+    compacting: bool,
+    /// Another pass is due when the running one ends.
+    retention_wanted: bool,
 }
 
 impl Session {
@@ -703,6 +710,7 @@ impl Session {
                         .increment(1);
                     self.save(self.patch()).await;
                     self.outbox.push(Out::Reply { responder, result });
+                    self.retention();
                 }
                 Some(Inflight::Relay { responder }) => {
                     self.outbox.push(Out::Reply { responder, result })
@@ -750,6 +758,25 @@ impl Session {
     async fn on_task(&mut self, done: TaskDone) {
         match done {
             TaskDone::AgentReady(Ok(agent)) => self.restore_step(agent, None).await,
+            TaskDone::Retention(r) => {
+                self.compacting = false;
+                if self.retention_wanted {
+                    self.retention();
+                }
+                match r {
+                    Ok(Some(o)) => tracing::info!(
+                        session = %self.id,
+                        before = o.before,
+                        after = o.after,
+                        dropped_oldest = o.dropped_oldest,
+                        "journal compacted"
+                    ),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(session = %self.id, error = %e, "journal retention failed")
+                    }
+                }
+            }
             TaskDone::AgentReady(Err(e)) => {
                 self.agent = AgentState::Unbound;
                 let err: ResponseError = AcpError::Agent(e).into();
@@ -785,6 +812,31 @@ impl Session {
                 Err(PeerError::Remote(e)) => self.pending.answer(pending, Err(e)).await,
             },
         }
+    }
+
+    /// Starts a retention pass after a turn, unless one is running or no cap is set.
+    fn retention(&mut self) {
+        let (entries, bytes) = (
+            self.shared.settings.journal_max_entries,
+            self.shared.settings.journal_max_bytes,
+        );
+        if entries == 0 && bytes == 0 {
+            return;
+        }
+        // One pass at a time; a turn that ends during a pass gets another pass after it.
+        self.retention_wanted = true;
+        if self.compacting {
+            return;
+        }
+        self.compacting = true;
+        self.retention_wanted = false;
+        let (store, id) = (self.shared.store.clone(), self.id.clone());
+        // Compact what the turns wrote once it is all committed.
+        let (mut durable, upto) = (self.durable_rx.clone(), self.next_seq - 1);
+        self.tasks.spawn(async move {
+            let _ = durable.wait_for(|d| *d >= upto).await;
+            TaskDone::Retention(super::retention::enforce(store, id, entries, bytes).await)
+        });
     }
 
     /// Relays a pending agent request to a client, if one is attached.

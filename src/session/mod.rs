@@ -6,6 +6,7 @@ mod actor;
 pub mod compaction;
 mod outbox;
 mod pending;
+mod retention;
 
 use std::collections::HashMap;
 use std::sync::Arc;

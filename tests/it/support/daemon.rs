@@ -25,12 +25,19 @@ pub struct DaemonOptions {
     pub tcp: bool,
     /// Extra arguments, e.g. `["--list-page-size", "3"]`.
     pub args: Vec<String>,
+    /// Store sessions in a fresh Postgres database whatever `ACPD_TEST_E2E_STORE` says.
+    pub postgres: bool,
 }
 
 impl DaemonOptions {
     pub fn arg(mut self, name: &str, value: impl ToString) -> DaemonOptions {
         self.args.push(name.to_string());
         self.args.push(value.to_string());
+        self
+    }
+
+    pub fn postgres(mut self) -> DaemonOptions {
+        self.postgres = true;
         self
     }
 
@@ -46,7 +53,10 @@ enum Store {
 }
 
 impl Store {
-    async fn create(dir: &Path) -> Store {
+    async fn create(dir: &Path, postgres: bool) -> Store {
+        if postgres {
+            return Store::Postgres(Some(TestDb::create().await));
+        }
         match std::env::var("ACPD_TEST_E2E_STORE").as_deref() {
             Ok("postgres") => Store::Postgres(Some(TestDb::create().await)),
             Ok("sqlite") | Ok("") | Err(_) => {
@@ -125,7 +135,7 @@ impl Daemon {
         std::fs::create_dir_all(dir.path().join("work")).expect("work dir");
         std::fs::create_dir_all(dir.path().join("pids")).expect("pid dir");
         std::fs::create_dir_all(dir.path().join("data")).expect("data dir");
-        let store = Store::create(dir.path()).await;
+        let store = Store::create(dir.path(), opts.postgres).await;
         Daemon {
             dir,
             store,
@@ -235,6 +245,14 @@ impl Daemon {
                 "acpd did not listen on {addr} within 10 s"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The Postgres database of this daemon, when it stores sessions in Postgres.
+    pub fn postgres_db(&self) -> Option<&TestDb> {
+        match &self.store {
+            Store::Postgres(db) => db.as_ref(),
+            Store::Sqlite(_) => None,
         }
     }
 
