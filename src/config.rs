@@ -77,6 +77,10 @@ pub struct Config {
     pub sessions: SessionSettings,
     /// How long a drain waits for running work before cancelling it.
     pub shutdown_grace: Duration,
+    /// How long a resumable link (`acpd.resume.v1`) waits for its client to reconnect.
+    pub resume_grace: Duration,
+    /// Ping interval on resumable links; about three silent intervals mean a dead socket.
+    pub keepalive: Duration,
 }
 
 /// Options shared by `serve`, `stdio` and the admin subcommands.
@@ -121,6 +125,12 @@ pub struct Args {
     /// How long a drain waits for running turns, in seconds.
     #[arg(long, env = "ACPD_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
+    /// How long a resumable link waits for its client to reconnect, in seconds.
+    #[arg(long, env = "ACPD_RESUME_GRACE_SECS")]
+    pub resume_grace_secs: Option<u64>,
+    /// Keepalive ping interval on resumable links, in milliseconds.
+    #[arg(long, env = "ACPD_KEEPALIVE_MS")]
+    pub keepalive_ms: Option<u64>,
 }
 
 /// The TOML file; every field optional.
@@ -138,6 +148,8 @@ struct FileConfig {
     bootstrap_delay_ms: Option<u64>,
     list_page_size: Option<u32>,
     shutdown_grace_secs: Option<u64>,
+    resume_grace_secs: Option<u64>,
+    keepalive_ms: Option<u64>,
     #[serde(default)]
     agents: BTreeMap<String, FileAgent>,
 }
@@ -268,6 +280,13 @@ impl Config {
         }
         let ms =
             |a: Option<u64>, f: Option<u64>, d: u64| Duration::from_millis(a.or(f).unwrap_or(d));
+        let keepalive = ms(args.keepalive_ms, file.keepalive_ms, 15_000);
+        if keepalive < Duration::from_millis(50) {
+            return Err(ConfigError::Invalid {
+                what: "keepalive_ms",
+                message: "must be at least 50".into(),
+            });
+        }
         Ok(Config {
             listen,
             tcp_listen,
@@ -292,6 +311,12 @@ impl Config {
                     .or(file.shutdown_grace_secs)
                     .unwrap_or(30),
             ),
+            resume_grace: Duration::from_secs(
+                args.resume_grace_secs
+                    .or(file.resume_grace_secs)
+                    .unwrap_or(120),
+            ),
+            keepalive,
         })
     }
 

@@ -9,5 +9,6 @@ pub mod config;
 pub mod jsonrpc;
 pub mod server;
 pub mod session;
+pub mod shim;
 pub mod store;
 pub mod transport;

@@ -1,1 +1,5 @@
-fn main() {}
+//! acp-shim: stdio ACP agent command that relays to acpd. See `acpd::shim`.
+
+fn main() -> std::process::ExitCode {
+    acpd::shim::main()
+}

@@ -10,7 +10,11 @@ use serde_json::Value;
 use crate::store::JournalEntry;
 
 /// `sessionUpdate` kinds whose text chunks concatenate into one message.
-const MERGEABLE: [&str; 3] = ["user_message_chunk", "agent_message_chunk", "agent_thought_chunk"];
+const MERGEABLE: [&str; 3] = [
+    "user_message_chunk",
+    "agent_message_chunk",
+    "agent_thought_chunk",
+];
 
 /// Merges runs of consecutive `session/update` text chunks of the same kind, session and
 /// `messageId` (or both without one) into one entry with the concatenated text.
@@ -129,7 +133,10 @@ impl Run<'_> {
 fn merged_body(body: &str, text: String, seq: i64) -> Option<String> {
     let mut body: Value = serde_json::from_str(body).ok()?;
     let params = body.get_mut("params")?.as_object_mut()?;
-    let content = params.get_mut("update")?.get_mut("content")?.as_object_mut()?;
+    let content = params
+        .get_mut("update")?
+        .get_mut("content")?
+        .as_object_mut()?;
     content.insert("text".to_owned(), Value::String(text));
     let meta = params
         .entry("_meta")
@@ -151,7 +158,10 @@ mod tests {
     use crate::store::JournalEntry;
 
     fn entry(seq: i64, body: Value) -> JournalEntry {
-        let kind = body["params"]["update"]["sessionUpdate"].as_str().unwrap_or("other").to_owned();
+        let kind = body["params"]["update"]["sessionUpdate"]
+            .as_str()
+            .unwrap_or("other")
+            .to_owned();
         JournalEntry {
             session_id: "s1".into(),
             seq,
@@ -185,7 +195,10 @@ mod tests {
             chunk(3, "agent_message_chunk", "wörld", None),
         ]);
         assert_eq!(out.len(), 1);
-        assert_eq!((out[0].seq, out[0].at_ms, out[0].kind.as_str()), (3, 1003, "agent_message_chunk"));
+        assert_eq!(
+            (out[0].seq, out[0].at_ms, out[0].kind.as_str()),
+            (3, 1003, "agent_message_chunk")
+        );
         let b = body(&out[0]);
         assert_eq!(b["params"]["update"]["content"]["text"], "Hello, wörld");
         assert_eq!(b["params"]["_meta"]["acpd"]["seq"], 3);

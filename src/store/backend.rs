@@ -79,10 +79,14 @@ impl Pool {
                     .connect_with(opts)
                     .await
             } else {
-                if let Some(dir) = opts.get_filename().parent().filter(|d| !d.as_os_str().is_empty()) {
-                    tokio::fs::create_dir_all(dir)
-                        .await
-                        .map_err(|e| StoreError::Unavailable(format!("creating {}: {e}", dir.display())))?;
+                if let Some(dir) = opts
+                    .get_filename()
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                {
+                    tokio::fs::create_dir_all(dir).await.map_err(|e| {
+                        StoreError::Unavailable(format!("creating {}: {e}", dir.display()))
+                    })?;
                 }
                 // WAL lets readers run beside the journal writer. synchronous=NORMAL in WAL mode
                 // fsyncs at checkpoints, not at every commit: a commit survives an acpd crash
@@ -183,10 +187,12 @@ impl Pool {
         if !exists {
             return Ok(None);
         }
-        on_pool!(self, |p| sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
-            .fetch_one(p)
-            .await
-            .map_err(db))
+        on_pool!(self, |p| sqlx::query_scalar(
+            "SELECT MAX(version) FROM _sqlx_migrations"
+        )
+        .fetch_one(p)
+        .await
+        .map_err(db))
     }
 
     pub(crate) async fn close(&self) {
@@ -203,7 +209,12 @@ fn redact(url: &str) -> String {
     let host_start = rest.find('/').unwrap_or(rest.len());
     match rest[..host_start].rfind('@') {
         Some(at) => match rest[..at].find(':') {
-            Some(colon) => format!("{}{}:***{}", &url[..scheme_end], &rest[..colon], &rest[at..]),
+            Some(colon) => format!(
+                "{}{}:***{}",
+                &url[..scheme_end],
+                &rest[..colon],
+                &rest[at..]
+            ),
             None => url.to_owned(),
         },
         None => url.to_owned(),
@@ -280,7 +291,10 @@ mod tests {
 
     #[test]
     fn redact_hides_password_only() {
-        assert_eq!(redact("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact("postgres://h/db"), "postgres://h/db");
         assert_eq!(redact("nonsense"), "nonsense");

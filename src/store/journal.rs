@@ -81,7 +81,12 @@ impl JournalSql for SqliteConnection {
             let (chunk, rest) = rows.split_at(n);
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sqlite_insert_sql(n)));
             for r in chunk {
-                q = q.bind(r.session_id).bind(r.seq).bind(r.kind).bind(r.body).bind(r.at_ms);
+                q = q
+                    .bind(r.session_id)
+                    .bind(r.seq)
+                    .bind(r.kind)
+                    .bind(r.body)
+                    .bind(r.at_ms);
             }
             q.execute(&mut *self).await?;
             rows = rest;

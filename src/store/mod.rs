@@ -29,7 +29,9 @@ pub use backend::JOURNAL_FORMAT;
 pub enum StoreError {
     #[error("invalid store url: {0}")]
     InvalidUrl(String),
-    #[error("the store's schema version {found} is newer than this acpd knows ({known}); upgrade acpd")]
+    #[error(
+        "the store's schema version {found} is newer than this acpd knows ({known}); upgrade acpd"
+    )]
     SchemaTooNew { found: i64, known: i64 },
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -237,7 +239,11 @@ impl Store {
 
     /// Cheap round trip, for readiness.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        on_pool!(&self.inner.pool, |p| sqlx::query("SELECT 1").execute(p).await.map(drop).map_err(db))
+        on_pool!(&self.inner.pool, |p| sqlx::query("SELECT 1")
+            .execute(p)
+            .await
+            .map(drop)
+            .map_err(db))
     }
 
     /// Flushes the journal writer (every queued append committed or reported) and closes.
@@ -246,7 +252,13 @@ impl Store {
     /// unreachable the writer keeps retrying, so callers bound this with their own deadline.
     pub async fn close(&self) {
         let (ack, flushed) = oneshot::channel();
-        if self.inner.appends.send(writer::Msg::Close(ack)).await.is_ok() {
+        if self
+            .inner
+            .appends
+            .send(writer::Msg::Close(ack))
+            .await
+            .is_ok()
+        {
             // An error means the writer is already gone, which is just as final.
             let _ = flushed.await;
         }
@@ -255,7 +267,8 @@ impl Store {
 
     /// Fails with `Conflict` when a session with that id exists (even a deleted one).
     pub async fn insert_session(&self, row: &SessionRow) -> Result<(), StoreError> {
-        on_pool!(&self.inner.pool, |p| sqlx::query(
+        on_pool!(&self.inner.pool, |p| {
+            sqlx::query(
             "INSERT INTO sessions (id, principal_id, agent, agent_session_id, cwd, additional_dirs, title, \
              mode_id, config_values, meta, created_at_ms, updated_at_ms, closed, last_seq, owner_instance, \
              lease_until_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
@@ -279,7 +292,8 @@ impl Store {
         .execute(p)
         .await
         .map(drop)
-        .map_err(conflict_or_db(|| format!("session {} already exists", row.id))))
+        .map_err(conflict_or_db(|| format!("session {} already exists", row.id)))
+        })
     }
 
     /// A session that exists and is not deleted.
@@ -352,7 +366,9 @@ impl Store {
         // uses the matching index.
         let sql = match (&q.cwd, &after) {
             (None, None) => "principal_id = $1 ORDER BY created_at_ms DESC, id DESC LIMIT $2",
-            (Some(_), None) => "principal_id = $1 AND cwd = $3 ORDER BY created_at_ms DESC, id DESC LIMIT $2",
+            (Some(_), None) => {
+                "principal_id = $1 AND cwd = $3 ORDER BY created_at_ms DESC, id DESC LIMIT $2"
+            }
             (None, Some(_)) => {
                 "principal_id = $1 AND (created_at_ms, id) < ($3, $4) ORDER BY created_at_ms DESC, id DESC LIMIT $2"
             }
@@ -361,9 +377,12 @@ impl Store {
                  ORDER BY created_at_ms DESC, id DESC LIMIT $2"
             }
         };
-        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE deleted_at_ms IS NULL AND {sql}");
+        let sql =
+            format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE deleted_at_ms IS NULL AND {sql}");
         let mut sessions = on_pool!(&self.inner.pool, |p| {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(&q.principal_id).bind(limit + 1);
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(&q.principal_id)
+                .bind(limit + 1);
             if let Some(cwd) = &q.cwd {
                 query = query.bind(cwd);
             }
@@ -371,7 +390,11 @@ impl Store {
                 query = query.bind(*created).bind(id);
             }
             let found = query.fetch_all(p).await.map_err(db)?;
-            found.iter().map(rows::session_row).collect::<Result<Vec<_>, _>>().map_err(db)
+            found
+                .iter()
+                .map(rows::session_row)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db)
         })?;
         let more = sessions.len() > q.limit.max(1) as usize;
         sessions.truncate(q.limit.max(1) as usize);
@@ -379,7 +402,10 @@ impl Store {
             Some(last) if more => Some(rows::encode_cursor(last.created_at_ms, &last.id)),
             _ => None,
         };
-        Ok(SessionPage { sessions, next_cursor })
+        Ok(SessionPage {
+            sessions,
+            next_cursor,
+        })
     }
 
     /// Marks the session deleted and removes its journal and agent state. `false` if unknown.
@@ -389,13 +415,15 @@ impl Store {
             let mut tx = p.begin_with(begin_write(pool)).await.map_err(db)?;
             // The update comes first: it row-locks the session, so the writer cannot add
             // entries between it and the journal delete (see `JournalSql::raise_last_seq`).
-            let marked = sqlx::query("UPDATE sessions SET deleted_at_ms = $2 WHERE id = $1 AND deleted_at_ms IS NULL")
-                .bind(id)
-                .bind(now_ms())
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?
-                .rows_affected();
+            let marked = sqlx::query(
+                "UPDATE sessions SET deleted_at_ms = $2 WHERE id = $1 AND deleted_at_ms IS NULL",
+            )
+            .bind(id)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?
+            .rows_affected();
             if marked == 0 {
                 return Ok(false);
             }
@@ -419,7 +447,11 @@ impl Store {
     ///
     /// Entries of a deleted session are discarded (and acknowledged). An entry the database
     /// rejects (e.g. its session never existed) is logged and never acknowledged.
-    pub async fn append(&self, entry: NewEntry, durable: Arc<DurableSeq>) -> Result<(), StoreError> {
+    pub async fn append(
+        &self,
+        entry: NewEntry,
+        durable: Arc<DurableSeq>,
+    ) -> Result<(), StoreError> {
         self.inner
             .appends
             .send(writer::Msg::Append(entry, durable))
@@ -445,7 +477,11 @@ impl Store {
             .fetch_all(p)
             .await
             .map_err(db)?;
-            found.iter().map(rows::journal_entry).collect::<Result<Vec<_>, _>>().map_err(db)
+            found
+                .iter()
+                .map(rows::journal_entry)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db)
         })
     }
 
@@ -463,7 +499,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut prev = i64::MIN;
         for e in entries {
-            if e.session_id != session_id || e.seq < first_seq || e.seq > last_seq || e.seq <= prev {
+            if e.session_id != session_id || e.seq < first_seq || e.seq > last_seq || e.seq <= prev
+            {
                 return Err(StoreError::Conflict(format!(
                     "replacement entry {}#{} is outside {session_id}#{first_seq}..={last_seq} or out of order",
                     e.session_id, e.seq
@@ -502,17 +539,24 @@ impl Store {
 
     /// Count and total body bytes of a session's journal.
     pub async fn journal_size(&self, session_id: &str) -> Result<(i64, i64), StoreError> {
-        on_pool!(&self.inner.pool, |p| sqlx::query_as(
+        on_pool!(&self.inner.pool, |p| {
+            sqlx::query_as(
             "SELECT COUNT(*), COALESCE(SUM(OCTET_LENGTH(body)), 0) FROM journal WHERE session_id = $1"
         )
         .bind(session_id)
         .fetch_one(p)
         .await
-        .map_err(db))
+        .map_err(db)
+        })
     }
 
     /// Sets one agent-private value; `Conflict` when the session is unknown or deleted.
-    pub async fn put_agent_state(&self, session_id: &str, key: &str, value: &str) -> Result<(), StoreError> {
+    pub async fn put_agent_state(
+        &self,
+        session_id: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), StoreError> {
         let written = on_pool!(&self.inner.pool, |p| sqlx::query(
             "INSERT INTO agent_state (session_id, key, value) \
              SELECT $1, $2, $3 WHERE EXISTS \
@@ -532,7 +576,11 @@ impl Store {
         Ok(())
     }
 
-    pub async fn agent_state(&self, session_id: &str, key: &str) -> Result<Option<String>, StoreError> {
+    pub async fn agent_state(
+        &self,
+        session_id: &str,
+        key: &str,
+    ) -> Result<Option<String>, StoreError> {
         on_pool!(&self.inner.pool, |p| sqlx::query_scalar(
             "SELECT value FROM agent_state WHERE session_id = $1 AND key = $2"
         )
@@ -563,7 +611,12 @@ impl Store {
     }
 
     /// Stores a token (only its hash). `Conflict` for an unknown principal or a hash in use.
-    pub async fn insert_token(&self, principal_id: &str, name: &str, hash: &str) -> Result<TokenRow, StoreError> {
+    pub async fn insert_token(
+        &self,
+        principal_id: &str,
+        name: &str,
+        hash: &str,
+    ) -> Result<TokenRow, StoreError> {
         let token = TokenRow {
             id: uuid::Uuid::new_v4().to_string(),
             principal_id: principal_id.to_owned(),
@@ -572,7 +625,8 @@ impl Store {
             last_used_ms: None,
             revoked: false,
         };
-        on_pool!(&self.inner.pool, |p| sqlx::query(
+        on_pool!(&self.inner.pool, |p| {
+            sqlx::query(
             "INSERT INTO tokens (id, principal_id, name, hash, created_at_ms, last_used_ms, revoked) \
              VALUES ($1, $2, $3, $4, $5, NULL, FALSE)"
         )
@@ -586,12 +640,16 @@ impl Store {
         .map(drop)
         .map_err(conflict_or_db(|| {
             format!("token not stored: unknown principal {principal_id} or hash already in use")
-        })))?;
+        }))
+        })?;
         Ok(token)
     }
 
     /// The live (not revoked) token with that hash and its principal; marks it used.
-    pub async fn token_by_hash(&self, hash: &str) -> Result<Option<(TokenRow, PrincipalRow)>, StoreError> {
+    pub async fn token_by_hash(
+        &self,
+        hash: &str,
+    ) -> Result<Option<(TokenRow, PrincipalRow)>, StoreError> {
         on_pool!(&self.inner.pool, |p| {
             let Some(token) = sqlx::query(
                 "UPDATE tokens SET last_used_ms = $2 WHERE hash = $1 AND NOT revoked \
@@ -606,11 +664,12 @@ impl Store {
                 return Ok(None);
             };
             let token = rows::token_row(&token).map_err(db)?;
-            let principal = sqlx::query("SELECT id, name, created_at_ms FROM principals WHERE id = $1")
-                .bind(&token.principal_id)
-                .fetch_optional(p)
-                .await
-                .map_err(db)?;
+            let principal =
+                sqlx::query("SELECT id, name, created_at_ms FROM principals WHERE id = $1")
+                    .bind(&token.principal_id)
+                    .fetch_optional(p)
+                    .await
+                    .map_err(db)?;
             match principal {
                 Some(principal) => Ok(Some((token, rows::principal_row(&principal).map_err(db)?))),
                 None => Ok(None),
@@ -628,7 +687,11 @@ impl Store {
             .fetch_all(p)
             .await
             .map_err(db)?;
-            found.iter().map(rows::token_row).collect::<Result<Vec<_>, _>>().map_err(db)
+            found
+                .iter()
+                .map(rows::token_row)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db)
         })
     }
 

@@ -125,7 +125,9 @@ pub(crate) fn decode_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
         .collect::<Result<Vec<u8>, StoreError>>()?;
     let raw = String::from_utf8(bytes).map_err(|_| StoreError::InvalidCursor)?;
     let (created, id) = raw.split_once(':').ok_or(StoreError::InvalidCursor)?;
-    let created = created.parse::<i64>().map_err(|_| StoreError::InvalidCursor)?;
+    let created = created
+        .parse::<i64>()
+        .map_err(|_| StoreError::InvalidCursor)?;
     if id.is_empty() {
         return Err(StoreError::InvalidCursor);
     }
@@ -139,14 +141,23 @@ mod tests {
     #[test]
     fn cursor_round_trips() {
         let c = encode_cursor(1_700_000_000_123, "a:b-ü");
-        assert_eq!(decode_cursor(&c).ok(), Some((1_700_000_000_123, "a:b-ü".to_owned())));
-        assert_eq!(decode_cursor(&c.to_uppercase()).ok(), Some((1_700_000_000_123, "a:b-ü".to_owned())));
+        assert_eq!(
+            decode_cursor(&c).ok(),
+            Some((1_700_000_000_123, "a:b-ü".to_owned()))
+        );
+        assert_eq!(
+            decode_cursor(&c.to_uppercase()).ok(),
+            Some((1_700_000_000_123, "a:b-ü".to_owned()))
+        );
     }
 
     #[test]
     fn bad_cursors_are_rejected() {
         for bad in ["", "0", "zz", "3a", &encode_cursor(1, "")[..], "78797a"] {
-            assert!(matches!(decode_cursor(bad), Err(StoreError::InvalidCursor)), "{bad}");
+            assert!(
+                matches!(decode_cursor(bad), Err(StoreError::InvalidCursor)),
+                "{bad}"
+            );
         }
     }
 }

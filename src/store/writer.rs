@@ -134,14 +134,21 @@ impl Writer {
     }
 
     /// Retries transient failures forever with capped backoff; returns a data error.
-    async fn commit_with_retry(&self, items: &[(NewEntry, Arc<DurableSeq>)]) -> Result<(), sqlx::Error> {
+    async fn commit_with_retry(
+        &self,
+        items: &[(NewEntry, Arc<DurableSeq>)],
+    ) -> Result<(), sqlx::Error> {
         let mut backoff = BACKOFF_START;
         let mut attempt = 1u32;
         loop {
             match write(&self.pool, items).await {
                 Ok(()) => {
                     if attempt > 1 {
-                        tracing::info!(attempt, entries = items.len(), "journal batch committed after retrying");
+                        tracing::info!(
+                            attempt,
+                            entries = items.len(),
+                            "journal batch committed after retrying"
+                        );
                     }
                     return Ok(());
                 }
