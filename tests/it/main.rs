@@ -2,3 +2,5 @@
 
 #[allow(dead_code)]
 mod pgtest;
+mod shim;
+mod shim_support;
