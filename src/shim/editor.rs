@@ -126,7 +126,7 @@ impl Tracker {
     }
 
     /// Notes an editor message; `None` when it must not go to the daemon.
-    pub fn from_editor(&mut self, line: String) -> Option<String> {
+    pub fn note_editor(&mut self, line: String) -> Option<String> {
         let Some(p) = peek(&line) else {
             return Some(line);
         };
@@ -181,7 +181,7 @@ impl Tracker {
     }
 
     /// Notes a daemon message and says what to do with it.
-    pub fn from_daemon(&mut self, text: &str) -> FromDaemon {
+    pub fn note_daemon(&mut self, text: &str) -> FromDaemon {
         let Some(p) = peek(text) else {
             return FromDaemon::Forward(None);
         };
@@ -388,18 +388,18 @@ mod tests {
     use super::*;
 
     fn fwd(t: &mut Tracker, m: &str) {
-        assert_eq!(t.from_daemon(m), FromDaemon::Forward(None), "{m}");
+        assert_eq!(t.note_daemon(m), FromDaemon::Forward(None), "{m}");
     }
 
     #[test]
     fn restart_plan_reattaches_and_answers() {
         let mut t = Tracker::new();
-        t.from_editor(
+        t.note_editor(
             r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#
                 .into(),
         );
         fwd(&mut t, r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
-        t.from_editor(r#"{"jsonrpc":"2.0","id":1,"method":"session/new","params":{}}"#.into());
+        t.note_editor(r#"{"jsonrpc":"2.0","id":1,"method":"session/new","params":{}}"#.into());
         fwd(
             &mut t,
             r#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"s1"}}"#,
@@ -408,17 +408,17 @@ mod tests {
             &mut t,
             r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{},"_meta":{"acpd":{"seq":7}}}}"#,
         );
-        t.from_editor(
+        t.note_editor(
             r#"{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"s1"}}"#
                 .into(),
         );
-        t.from_editor(
+        t.note_editor(
             r#"{"jsonrpc":"2.0","id":3,"method":"session/set_mode","params":{"sessionId":"s1"}}"#
                 .into(),
         );
         let queued =
             r#"{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":"s1"}}"#;
-        t.from_editor(queued.into());
+        t.note_editor(queued.into());
         let r = t.on_restart(vec![
             queued.into(),
             r#"{"jsonrpc":"2.0","id":9,"result":{}}"#.into(),
@@ -436,7 +436,7 @@ mod tests {
         assert!(r.answers[0].contains(r#""id":2,"result":{"stopReason":"cancelled"}"#));
         assert!(r.answers[1].contains(r#""id":3,"error":{"code":-32603"#));
         let FromDaemon::Private { ok: true, .. } =
-            t.from_daemon(r#"{"jsonrpc":"2.0","id":"acp-shim:2","result":{"lastSeq":7}}"#)
+            t.note_daemon(r#"{"jsonrpc":"2.0","id":"acp-shim:2","result":{"lastSeq":7}}"#)
         else {
             panic!("not private")
         };
@@ -452,19 +452,19 @@ mod tests {
         t.on_restart(vec![]);
         // A late answer to the dead daemon's request 3 is dropped...
         assert_eq!(
-            t.from_editor(r#"{"jsonrpc":"2.0","id":3,"result":{}}"#.into()),
+            t.note_editor(r#"{"jsonrpc":"2.0","id":3,"result":{}}"#.into()),
             None
         );
         // ...and the new daemon's request 3 reaches the editor under another id.
         let FromDaemon::Forward(Some(m)) =
-            t.from_daemon(r#"{"jsonrpc":"2.0","id":3,"method":"fs/read_text_file","params":{}}"#)
+            t.note_daemon(r#"{"jsonrpc":"2.0","id":3,"method":"fs/read_text_file","params":{}}"#)
         else {
             panic!("not rewritten")
         };
         let shown = serde_json::from_str::<Value>(&m).unwrap()["id"].clone();
         assert_eq!(shown, json!(EPOCH_STRIDE + 3));
         let back = t
-            .from_editor(format!(r#"{{"jsonrpc":"2.0","id":{shown},"result":{{}}}}"#))
+            .note_editor(format!(r#"{{"jsonrpc":"2.0","id":{shown},"result":{{}}}}"#))
             .unwrap();
         assert_eq!(
             serde_json::from_str::<Value>(&back).unwrap()["id"],
@@ -475,10 +475,10 @@ mod tests {
     #[test]
     fn closed_sessions_are_not_reattached() {
         let mut t = Tracker::new();
-        t.from_editor(
+        t.note_editor(
             r#"{"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":"a"}}"#.into(),
         );
-        t.from_editor(
+        t.note_editor(
             r#"{"jsonrpc":"2.0","id":2,"method":"session/close","params":{"sessionId":"a"}}"#
                 .into(),
         );

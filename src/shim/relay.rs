@@ -206,7 +206,7 @@ impl Relay {
             self.to_stdout.push_back(msg.to_string());
             return;
         }
-        let Some(line) = self.tracker.from_editor(line) else {
+        let Some(line) = self.tracker.note_editor(line) else {
             return;
         };
         if self.recovering.is_empty() {
@@ -255,7 +255,7 @@ impl Relay {
                     self.window.on_ack(a)?;
                 }
                 if self.window.on_data(seq)? {
-                    self.from_daemon(msg.get());
+                    self.deliver(msg.get());
                 }
             }
             Frame::Ack(a) => self.window.on_ack(a)?,
@@ -269,8 +269,8 @@ impl Relay {
         Ok(())
     }
 
-    fn from_daemon(&mut self, m: &str) {
-        match self.tracker.from_daemon(m) {
+    fn deliver(&mut self, m: &str) {
+        match self.tracker.note_daemon(m) {
             FromDaemon::Forward(None) => self.to_stdout.push_back(one_line(m)),
             FromDaemon::Forward(Some(rewritten)) => self.to_stdout.push_back(rewritten),
             FromDaemon::Private { id, ok } => {

@@ -180,7 +180,7 @@ impl Resumer {
         let mut resp = ws.on_upgrade(move |socket| {
             tasks.track_future(async move {
                 let attach = Control::Attach {
-                    socket,
+                    socket: Box::new(socket),
                     peer_received: last_seq,
                 };
                 let _ = ctl.send(attach).await;
@@ -237,7 +237,7 @@ impl Resumer {
         let mut resp = ws.on_upgrade(move |socket| {
             tasks.track_future(async move {
                 let attach = Control::Attach {
-                    socket,
+                    socket: Box::new(socket),
                     peer_received: 0,
                 };
                 if ctl_tx.send(attach).await.is_ok() {

@@ -255,6 +255,37 @@ async fn daemon_restart_mid_turn_is_recovered() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_daemon_restart_is_recovered() -> Result<()> {
+    let d = Daemon::start(false).await?;
+    let port = d.port;
+    let mut shim = Shim::spawn(&d.url(), &[], d.dir.path())?;
+    let sid = shim.open_session().await?;
+    let id = shim
+        .request("session/prompt", prompt(&sid, "echo one"))
+        .await?;
+    shim.until_response(id).await?;
+    // The drain closes resumable links too (their tasks are tracked), and quickly.
+    let started = std::time::Instant::now();
+    let (code, dir) = d.terminate().await?;
+    assert_eq!(code, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let _d2 = Daemon::start_in(dir, port, false).await?;
+    let id = shim
+        .request("session/prompt", prompt(&sid, "echo two"))
+        .await?;
+    let (done, msgs) = shim.until_response(id).await?;
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    assert_eq!(chunk_texts(&updates(&msgs, &sid)), vec!["two".to_owned()]);
+    let log = shim.stderr();
+    assert!(log.contains("acpd is restarting"), "{log}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn stdin_closed_exits_zero_and_stdout_is_protocol_only() -> Result<()> {
     let d = Daemon::start(false).await?;
@@ -320,6 +351,7 @@ async fn nothing_listening_exits_69_and_bad_usage_64() -> Result<()> {
 
 /// A TLS WebSocket server speaking just enough acpd.resume.v1 to greet: the pin verifier is
 /// tested end to end without the daemon (whose TLS is another issue).
+#[allow(clippy::result_large_err)] // tungstenite's handshake callback signature
 async fn tls_greeter() -> Result<(u16, [u8; 32])> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};

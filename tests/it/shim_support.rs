@@ -95,6 +95,17 @@ impl Daemon {
         std::fs::read_to_string(self.dir.path().join("acpd.log")).unwrap_or_default()
     }
 
+    /// SIGTERM and wait: the graceful drain. Returns the exit code.
+    pub async fn terminate(mut self) -> Result<(i32, Arc<tempfile::TempDir>)> {
+        let pid = self.child.id().context("acpd already gone")?;
+        // SAFETY: kill(2) on our own child's pid has no memory effects.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        let status = tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .context("acpd did not drain in time")??;
+        Ok((status.code().unwrap_or(-1), self.dir.clone()))
+    }
+
     /// SIGKILL: no drain, no close frames; sessions survive only in the store.
     pub async fn kill(mut self) -> Arc<tempfile::TempDir> {
         let _ = self.child.kill().await;

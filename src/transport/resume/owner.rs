@@ -32,7 +32,7 @@ pub(super) enum Control {
     },
     /// The upgraded socket of a new link (`peer_received` 0) or of a reserved resume.
     Attach {
-        socket: WebSocket,
+        socket: Box<WebSocket>,
         peer_received: u64,
     },
 }
@@ -142,7 +142,7 @@ impl Owner {
                             continue;
                         }
                         sock_no += 1;
-                        socket = Some(self.start_socket(ws, sock_no, ev_tx.clone()));
+                        socket = Some(self.start_socket(*ws, sock_no, ev_tx.clone()));
                         detached_at = None;
                         last_heard = Instant::now();
                         tracing::debug!(link = %self.id, sock_no, from = peer_received, "socket attached");
