@@ -183,12 +183,12 @@ async fn acp_upgrade(
     // Frames somewhat over the limit are read and answered with an error; far over it the
     // socket is closed (1009) rather than buffering without bound.
     let hard_cap = max.saturating_mul(4).max(max + 1024 * 1024);
-    let ws = ws.max_message_size(hard_cap).max_frame_size(hard_cap);
     // acp-shim asks for a resumable link; plain RFD clients take the path below.
     let resumable = ws
         .requested_protocols()
         .any(|p| p.as_bytes() == transport::resume::SUBPROTOCOL.as_bytes());
     if resumable || headers.contains_key(transport::resume::RESUME_HEADER) {
+        let ws = ws.max_message_size(hard_cap).max_frame_size(hard_cap);
         let principal = ctx.principal.clone();
         let cancel = st.shutdown.child_token();
         let start = move |link| connection::run(link, ctx, cancel);
@@ -199,15 +199,18 @@ async fn acp_upgrade(
     }
     let tasks = st.tasks.clone();
     let shutdown = st.shutdown.clone();
-    let mut resp = ws.on_upgrade(move |socket| {
-        tasks.track_future(async move {
-            let cancel = shutdown.child_token();
-            let (link, pump) = transport::ws::pump(socket, max, cancel.clone());
-            let pump = tokio::spawn(pump);
-            connection::run(link, ctx, cancel).await;
-            let _ = pump.await;
-        })
-    });
+    let mut resp = ws
+        .max_message_size(hard_cap)
+        .max_frame_size(hard_cap)
+        .on_upgrade(move |socket| {
+            tasks.track_future(async move {
+                let cancel = shutdown.child_token();
+                let (link, pump) = transport::ws::pump(socket, max, cancel.clone());
+                let pump = tokio::spawn(pump);
+                connection::run(link, ctx, cancel).await;
+                let _ = pump.await;
+            })
+        });
     if let Ok(v) = HeaderValue::from_str(&conn_id) {
         resp.headers_mut().insert("acp-connection-id", v);
     }
