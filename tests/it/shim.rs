@@ -197,6 +197,53 @@ async fn blackholed_link_is_noticed_and_resumed() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_link_falls_back_to_reattach() -> Result<()> {
+    let dir = Arc::new(tempfile::tempdir()?);
+    let d = Daemon::start_with(dir, free_port(), false, &["--resume-grace-secs", "1"]).await?;
+    let proxy = Proxy::start(([127, 0, 0, 1], d.port).into()).await?;
+    let mut shim = Shim::spawn(&proxy.url(), &[], d.dir.path())?;
+    let sid = shim.open_session().await?;
+    let id = shim
+        .request(
+            "session/prompt",
+            prompt(&sid, "echo early\nsleep 3000\necho late"),
+        )
+        .await?;
+    let early = loop {
+        let m = shim.recv().await?;
+        if m["params"]["update"]["content"]["text"] == "early" {
+            break m["params"]["_meta"]["acpd"]["seq"]
+                .as_i64()
+                .context("seq")?;
+        }
+    };
+    // Dead network for longer than keepalive detection plus the grace period: the daemon
+    // forgets the link while the turn goes on.
+    proxy.blackhole();
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    proxy.heal();
+    // The prompt's own answer went to the forgotten link: the shim answers it...
+    let (done, _) = shim.until_response(id).await?;
+    assert_eq!(done["result"]["stopReason"], "cancelled", "{done}");
+    // ...and the re-attached session still gets the rest of the turn, once.
+    let late = loop {
+        let m = shim.recv().await?;
+        if m["params"]["update"]["content"]["text"] == "late" {
+            break m["params"]["_meta"]["acpd"]["seq"]
+                .as_i64()
+                .context("seq")?;
+        }
+        assert_ne!(
+            m["params"]["update"]["content"]["text"], "early",
+            "replayed twice"
+        );
+    };
+    assert!(late > early);
+    assert!(shim.stderr().contains("re-attaching"), "{}", shim.stderr());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_restart_mid_turn_is_recovered() -> Result<()> {
     let d = Daemon::start(false).await?;
     let port = d.port;

@@ -42,6 +42,15 @@ impl Daemon {
 
     /// Starts (again) on the given data dir and port.
     pub async fn start_in(dir: Arc<tempfile::TempDir>, port: u16, auth: bool) -> Result<Daemon> {
+        Daemon::start_with(dir, port, auth, &[]).await
+    }
+
+    pub async fn start_with(
+        dir: Arc<tempfile::TempDir>,
+        port: u16,
+        auth: bool,
+        extra: &[&str],
+    ) -> Result<Daemon> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -66,6 +75,7 @@ impl Daemon {
         if !auth {
             cmd.arg("--no-auth");
         }
+        cmd.args(extra);
         let child = cmd.spawn().context("spawn acpd")?;
         let d = Daemon { dir, port, child };
         d.wait_ready().await?;
