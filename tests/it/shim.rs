@@ -333,6 +333,65 @@ async fn graceful_daemon_restart_is_recovered() -> Result<()> {
     Ok(())
 }
 
+/// A resume attempt with raw headers; returns the HTTP status (101 on success).
+async fn resume_status(url: &str, auth: &str, link: &str, with_proto: bool) -> Result<u16> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = url.into_client_request()?;
+    let h = req.headers_mut();
+    h.insert("authorization", format!("Bearer {auth}").parse()?);
+    h.insert("acpd-resume", link.parse()?);
+    h.insert("acpd-last-seq", "0".parse()?);
+    if with_proto {
+        h.insert("sec-websocket-protocol", "acpd.resume.v1".parse()?);
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((_, resp)) => Ok(resp.status().as_u16()),
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Ok(resp.status().as_u16()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[tokio::test]
+async fn resume_is_refused_for_unknown_links_and_other_principals() -> Result<()> {
+    let d = Daemon::start(true).await?;
+    let token = std::fs::read_to_string(d.token_file())?.trim().to_owned();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_acpd"))
+        .args(["token", "create", "--name", "mallory", "--data-dir"])
+        .arg(d.dir.path())
+        .output()
+        .await?;
+    let other = String::from_utf8(out.stdout)?.trim().to_owned();
+    assert!(other.starts_with("acpd_"), "token create printed {other:?}");
+    let token_file = d.token_file();
+    let args = ["--token-file", token_file.to_str().context("path")?];
+    let mut shim = Shim::spawn(&d.url(), &args, d.dir.path())?;
+    let id = shim
+        .request(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        )
+        .await?;
+    let (init, _) = shim.until_response(id).await?;
+    let link = init["result"]["_meta"]["acpd"]["connectionId"]
+        .as_str()
+        .context("connectionId")?
+        .to_owned();
+    // Someone else's token cannot take the link over, and does not learn that it exists.
+    assert_eq!(resume_status(&d.url(), &other, &link, true).await?, 410);
+    assert_eq!(
+        resume_status(&d.url(), &token, "no-such-link", true).await?,
+        410
+    );
+    let plain = resume_status(&d.url(), &token, &link, false).await?;
+    assert_eq!(plain, 400, "a resume needs the subprotocol");
+    // The shim's link was not disturbed by any of that.
+    let id = shim
+        .request("session/new", json!({"cwd": "/tmp", "mcpServers": []}))
+        .await?;
+    assert!(shim.until_response(id).await?.0.get("result").is_some());
+    Ok(())
+}
+
 #[tokio::test]
 async fn stdin_closed_exits_zero_and_stdout_is_protocol_only() -> Result<()> {
     let d = Daemon::start(false).await?;

@@ -85,12 +85,24 @@ impl Daemon {
     async fn wait_ready(&self) -> Result<()> {
         let deadline = tokio::time::Instant::now() + WAIT;
         while tokio::time::Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).await.is_ok() {
+            if self.healthy().await {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         bail!("acpd did not start; log:\n{}", self.log())
+    }
+
+    /// `/healthz` answers only once auth and the store are set up (the port opens earlier).
+    async fn healthy(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)).await else {
+            return false;
+        };
+        let req = b"GET /healthz HTTP/1.0\r\n\r\n";
+        let mut resp = Vec::new();
+        s.write_all(req).await.is_ok()
+            && s.read_to_end(&mut resp).await.is_ok()
+            && resp.starts_with(b"HTTP/1.0 200") | resp.starts_with(b"HTTP/1.1 200")
     }
 
     pub fn url(&self) -> String {
