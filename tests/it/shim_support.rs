@@ -177,8 +177,12 @@ impl Shim {
     }
 
     pub async fn send(&mut self, msg: &Value) -> Result<()> {
+        self.send_line(&msg.to_string()).await
+    }
+
+    pub async fn send_line(&mut self, line: &str) -> Result<()> {
         let stdin = self.stdin.as_mut().context("stdin closed")?;
-        stdin.write_all(format!("{msg}\n").as_bytes()).await?;
+        stdin.write_all(format!("{line}\n").as_bytes()).await?;
         stdin.flush().await?;
         Ok(())
     }
