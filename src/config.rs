@@ -84,6 +84,10 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The `[builtin]` table of the config file, for the built-in agent to read.
     pub builtin: toml::Table,
+    /// How long a resumable link (`acpd.resume.v1`) waits for its client to reconnect.
+    pub resume_grace: Duration,
+    /// Ping interval on resumable links; about three silent intervals mean a dead socket.
+    pub keepalive: Duration,
 }
 
 /// Options shared by `serve`, `stdio` and the admin subcommands.
@@ -134,6 +138,12 @@ pub struct Args {
     /// How long a drain waits for running turns, in seconds.
     #[arg(long, env = "ACPD_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
+    /// How long a resumable link waits for its client to reconnect, in seconds.
+    #[arg(long, env = "ACPD_RESUME_GRACE_SECS")]
+    pub resume_grace_secs: Option<u64>,
+    /// Keepalive ping interval on resumable links, in milliseconds.
+    #[arg(long, env = "ACPD_KEEPALIVE_MS")]
+    pub keepalive_ms: Option<u64>,
 }
 
 /// The TOML file; every field optional.
@@ -153,6 +163,8 @@ struct FileConfig {
     shutdown_grace_secs: Option<u64>,
     journal_max_entries: Option<u64>,
     journal_max_bytes: Option<u64>,
+    resume_grace_secs: Option<u64>,
+    keepalive_ms: Option<u64>,
     #[serde(default)]
     agents: BTreeMap<String, FileAgent>,
     #[serde(default)]
@@ -285,6 +297,13 @@ impl Config {
         }
         let ms =
             |a: Option<u64>, f: Option<u64>, d: u64| Duration::from_millis(a.or(f).unwrap_or(d));
+        let keepalive = ms(args.keepalive_ms, file.keepalive_ms, 15_000);
+        if keepalive < Duration::from_millis(50) {
+            return Err(ConfigError::Invalid {
+                what: "keepalive_ms",
+                message: "must be at least 50".into(),
+            });
+        }
         Ok(Config {
             listen,
             tcp_listen,
@@ -318,6 +337,12 @@ impl Config {
                     .unwrap_or(30),
             ),
             builtin: file.builtin,
+            resume_grace: Duration::from_secs(
+                args.resume_grace_secs
+                    .or(file.resume_grace_secs)
+                    .unwrap_or(120),
+            ),
+            keepalive,
         })
     }
 

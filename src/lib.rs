@@ -10,5 +10,6 @@ pub mod jsonrpc;
 pub mod metrics;
 pub mod server;
 pub mod session;
+pub mod shim;
 pub mod store;
 pub mod transport;

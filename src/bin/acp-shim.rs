@@ -1,3 +1,5 @@
-//! `acp-shim`: the stdio agent command an editor launches (placeholder until the shim lands).
+//! acp-shim: stdio ACP agent command that relays to acpd. See `acpd::shim`.
 
-fn main() {}
+fn main() -> std::process::ExitCode {
+    acpd::shim::main()
+}

@@ -49,6 +49,8 @@ struct AppState {
     tasks: TaskTracker,
     shutdown: CancellationToken,
     store: Store,
+    /// Resumable links (`acpd.resume.v1`, used by acp-shim).
+    resume: transport::resume::Resumer,
 }
 
 /// The running core without listeners: store, agent pool, session hub. `acpd stdio` uses it
@@ -163,6 +165,16 @@ pub async fn serve(
         tasks: core.tasks.clone(),
         shutdown: core.drain.clone(),
         store: core.store.clone(),
+        resume: transport::resume::Resumer::spawn(
+            transport::resume::ResumeSettings {
+                grace: core.config.resume_grace,
+                keepalive: core.config.keepalive,
+                max_buffer_bytes: 64 * 1024 * 1024,
+                max_message_bytes: core.config.limits.max_message_bytes,
+            },
+            core.tasks.clone(),
+            core.stop.clone(),
+        ),
     };
     if let Some(tcp) = tcp {
         tracing::info!(addr = %tcp.local_addr()?, "newline-delimited TCP listener");
@@ -214,6 +226,20 @@ async fn acp_upgrade(
     // Frames somewhat over the limit are read and answered with an error; far over it the
     // socket is closed (1009) rather than buffering without bound.
     let hard_cap = max.saturating_mul(4).max(max + 1024 * 1024);
+    // acp-shim asks for a resumable link; plain RFD clients take the path below.
+    let resumable = ws
+        .requested_protocols()
+        .any(|p| p.as_bytes() == transport::resume::SUBPROTOCOL.as_bytes());
+    if resumable || headers.contains_key(transport::resume::RESUME_HEADER) {
+        let ws = ws.max_message_size(hard_cap).max_frame_size(hard_cap);
+        let principal = ctx.principal.clone();
+        let cancel = st.shutdown.child_token();
+        let start = move |link| connection::run(link, ctx, cancel);
+        return st
+            .resume
+            .upgrade(ws, &headers, &principal, conn_id, start)
+            .await;
+    }
     let tasks = st.tasks.clone();
     let shutdown = st.shutdown.clone();
     let mut resp = ws

@@ -2,6 +2,7 @@
 //! by one pump task. They frame and limit sizes; they know nothing of ACP.
 
 pub mod lines;
+pub mod resume;
 pub mod ws;
 
 /// Depth of the channels between a pump and its peer: enough to keep a socket busy, small

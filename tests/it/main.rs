@@ -24,3 +24,5 @@ mod store;
 mod store_failures;
 mod tidy;
 mod transports;
+mod shim;
+mod shim_support;

@@ -1,0 +1,491 @@
+//! The little the shim knows about ACP: enough to survive a daemon restart without the editor
+//! noticing. It reads ids, methods, session ids and `_meta.acpd.seq`; everything else is
+//! relayed as the bytes it came in.
+//!
+//! After a restart the shim re-sends the cached `initialize`, re-attaches every open session
+//! from the last seq the editor was given, and answers the editor's requests that died with
+//! the old daemon. Requests the new daemon makes get ids of a new range, so a late answer to a
+//! request of the dead daemon can never be taken for an answer to a new one.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+/// Ids of the shim's own requests; answers with such an id are not the editor's.
+pub const PRIVATE_PREFIX: &str = "acp-shim:";
+
+/// Ids of requests from a daemon after a restart are moved by this much per restart.
+const EPOCH_STRIDE: u64 = 1 << 40;
+
+#[derive(Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    method: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    params: Option<PeekParams<'a>>,
+    #[serde(borrow, default)]
+    result: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct PeekParams<'a> {
+    #[serde(rename = "sessionId", borrow, default)]
+    session_id: Option<Cow<'a, str>>,
+    #[serde(rename = "_meta", default)]
+    meta: Option<Meta>,
+}
+
+#[derive(Deserialize)]
+struct Meta {
+    #[serde(default)]
+    acpd: Option<AcpdMeta>,
+}
+
+#[derive(Deserialize)]
+struct AcpdMeta {
+    #[serde(default)]
+    seq: Option<i64>,
+}
+
+/// Just the envelope of a message, for shapes `Peek` does not fit (e.g. array params).
+#[derive(Deserialize)]
+struct Bare<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    method: Option<Cow<'a, str>>,
+}
+
+fn peek(text: &str) -> Option<Peek<'_>> {
+    serde_json::from_str::<Peek<'_>>(text).ok().or_else(|| {
+        let b = serde_json::from_str::<Bare<'_>>(text).ok()?;
+        Some(Peek {
+            id: b.id,
+            method: b.method,
+            params: None,
+            result: None,
+        })
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Initialize,
+    Prompt,
+    New,
+    Other,
+}
+
+/// What to do with a message from the daemon.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FromDaemon {
+    /// Relay it; `Some` when its id had to be rewritten.
+    Forward(Option<String>),
+    /// The answer to one of the shim's own requests; `ok` false for an error.
+    Private { id: String, ok: bool },
+}
+
+/// What a restart asks of the shim.
+#[derive(Debug, Default)]
+pub struct Restart {
+    /// Answers for the editor: its requests that died with the old daemon.
+    pub answers: Vec<String>,
+    /// The shim's own requests for the new link, in order: initialize, then attaches.
+    pub resend: Vec<String>,
+    /// Ids of those whose answers must arrive before the editor's messages go on.
+    pub private: HashSet<String>,
+    /// The editor's messages that never reached the old daemon, to send after re-attach.
+    pub requeued: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Tracker {
+    /// The editor's `initialize`: its id and params, raw.
+    init: Option<(String, String)>,
+    init_answered: bool,
+    /// The editor's requests the daemon has not answered, by raw id.
+    pending: HashMap<String, Kind>,
+    /// Open sessions and the last `_meta.acpd.seq` the editor was given for each.
+    sessions: HashMap<String, i64>,
+    closed: HashSet<String>,
+    /// How many times the daemon restarted under this shim.
+    epoch: u64,
+    /// The daemon's requests to the editor: id the editor sees -> (epoch, id the daemon used).
+    daemon_reqs: HashMap<String, (u64, String)>,
+    next_private: u64,
+}
+
+impl Tracker {
+    pub fn new() -> Tracker {
+        Tracker::default()
+    }
+
+    /// Notes an editor message; `None` when it must not go to the daemon.
+    pub fn note_editor(&mut self, line: String) -> Option<String> {
+        let Some(p) = peek(&line) else {
+            return Some(line);
+        };
+        match (p.method.as_deref(), p.id) {
+            (Some(method), Some(id)) => {
+                let id = id.get().to_owned();
+                let sid = p
+                    .params
+                    .as_ref()
+                    .and_then(|p| p.session_id.as_deref())
+                    .map(str::to_owned);
+                let kind = match method {
+                    "initialize" => {
+                        self.init = init_params(&line).map(|params| (id.clone(), params));
+                        self.init_answered = false;
+                        Kind::Initialize
+                    }
+                    "session/prompt" => Kind::Prompt,
+                    "session/new" => Kind::New,
+                    "session/load" | "session/resume" | "_acpd/session/attach" => {
+                        if let Some(sid) = sid {
+                            self.closed.remove(&sid);
+                            self.sessions.entry(sid).or_insert(0);
+                        }
+                        Kind::Other
+                    }
+                    "session/close" | "session/delete" => {
+                        if let Some(sid) = sid {
+                            self.sessions.remove(&sid);
+                            self.closed.insert(sid);
+                        }
+                        Kind::Other
+                    }
+                    _ => Kind::Other,
+                };
+                self.pending.insert(id, kind);
+                Some(line)
+            }
+            (None, Some(id)) => match self.daemon_reqs.remove(id.get()) {
+                Some((epoch, _)) if epoch != self.epoch => {
+                    tracing::debug!(
+                        id = id.get(),
+                        "answer to a request of a restarted daemon dropped"
+                    );
+                    None
+                }
+                Some((_, orig)) if orig != id.get() => Some(set_id(&line, &orig)),
+                _ => Some(line),
+            },
+            _ => Some(line),
+        }
+    }
+
+    /// Notes a daemon message and says what to do with it.
+    pub fn note_daemon(&mut self, text: &str) -> FromDaemon {
+        let Some(p) = peek(text) else {
+            return FromDaemon::Forward(None);
+        };
+        match (p.method.as_deref(), p.id) {
+            (Some("session/update"), None) => {
+                let params = p.params.as_ref();
+                let sid = params.and_then(|p| p.session_id.as_deref());
+                let seq = params
+                    .and_then(|p| p.meta.as_ref())
+                    .and_then(|m| m.acpd.as_ref())
+                    .and_then(|a| a.seq);
+                if let (Some(sid), Some(seq)) = (sid, seq)
+                    && !self.closed.contains(sid)
+                {
+                    let last = self.sessions.entry(sid.to_owned()).or_insert(0);
+                    *last = (*last).max(seq);
+                }
+                FromDaemon::Forward(None)
+            }
+            (Some("$/cancel_request"), None) if self.epoch > 0 => {
+                FromDaemon::Forward(self.remap_cancel(text))
+            }
+            (Some(_), Some(id)) => {
+                let orig = id.get().to_owned();
+                if self.epoch == 0 {
+                    self.daemon_reqs.insert(orig.clone(), (0, orig));
+                    return FromDaemon::Forward(None);
+                }
+                let shown = self.shown_id(&orig);
+                self.daemon_reqs.insert(shown.clone(), (self.epoch, orig));
+                FromDaemon::Forward(Some(set_id(text, &shown)))
+            }
+            (None, Some(id)) => {
+                let raw = id.get();
+                if let Ok(s) = serde_json::from_str::<&str>(raw)
+                    && s.starts_with(PRIVATE_PREFIX)
+                {
+                    let ok = p.result.is_some();
+                    return FromDaemon::Private {
+                        id: raw.to_owned(),
+                        ok,
+                    };
+                }
+                match self.pending.remove(raw) {
+                    Some(Kind::New) => {
+                        if let Some(sid) = p.result.and_then(new_session_id) {
+                            self.closed.remove(&sid);
+                            self.sessions.entry(sid).or_insert(0);
+                        }
+                    }
+                    Some(Kind::Initialize) => self.init_answered = true,
+                    _ => {}
+                }
+                FromDaemon::Forward(None)
+            }
+            _ => FromDaemon::Forward(None),
+        }
+    }
+
+    /// The daemon restarted (or forgot the link): plan the recovery. `unsent` are the editor's
+    /// messages that never left the shim.
+    pub fn on_restart(&mut self, unsent: Vec<String>) -> Restart {
+        self.epoch += 1;
+        let mut r = Restart::default();
+        let mut requeued_ids = HashSet::new();
+        for m in unsent {
+            let Some(p) = peek(&m) else {
+                r.requeued.push(m);
+                continue;
+            };
+            match (p.method.as_deref(), p.id) {
+                // Answers to the dead daemon's requests, and the shim's own earlier requests,
+                // mean nothing to the new daemon.
+                (None, Some(_)) => continue,
+                (Some(_), Some(id)) if is_private(id.get()) => continue,
+                (Some(_), Some(id)) => {
+                    requeued_ids.insert(id.get().to_owned());
+                }
+                _ => {}
+            }
+            r.requeued.push(m);
+        }
+        if let Some((id, params)) = self.init.clone() {
+            if self.init_answered {
+                let pid = self.private_id();
+                r.resend.push(request(&pid, "initialize", &params));
+                r.private.insert(pid);
+            } else if !requeued_ids.contains(&id) {
+                // The editor's own initialize died unanswered: it goes again, as the editor's.
+                r.resend.push(request(&id, "initialize", &params));
+                requeued_ids.insert(id);
+            }
+        }
+        let mut sessions: Vec<(&String, &i64)> = self.sessions.iter().collect();
+        sessions.sort();
+        let attaches: Vec<(String, i64)> =
+            sessions.into_iter().map(|(s, n)| (s.clone(), *n)).collect();
+        for (sid, after) in attaches {
+            let pid = self.private_id();
+            let params = json!({ "sessionId": sid, "afterSeq": after }).to_string();
+            r.resend
+                .push(request(&pid, "_acpd/session/attach", &params));
+            r.private.insert(pid);
+        }
+        let mut dead: Vec<(String, Kind)> = self
+            .pending
+            .iter()
+            .filter(|(id, _)| !requeued_ids.contains(*id))
+            .map(|(id, k)| (id.clone(), *k))
+            .collect();
+        dead.sort();
+        for (id, kind) in dead {
+            self.pending.remove(&id);
+            r.answers.push(match kind {
+                Kind::Prompt => format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"stopReason":"cancelled"}}}}"#),
+                _ => format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32603,"message":"acpd restarted; please retry"}}}}"#
+                ),
+            });
+        }
+        r
+    }
+
+    /// How many sessions a restart would re-attach.
+    pub fn open_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    fn private_id(&mut self) -> String {
+        self.next_private += 1;
+        format!("\"{PRIVATE_PREFIX}{}\"", self.next_private)
+    }
+
+    /// The id the editor sees for a daemon request made in the current epoch.
+    fn shown_id(&self, orig: &str) -> String {
+        match orig.parse::<u64>() {
+            Ok(n) if n < EPOCH_STRIDE => (n + self.epoch * EPOCH_STRIDE).to_string(),
+            _ => {
+                let inner =
+                    serde_json::from_str::<String>(orig).unwrap_or_else(|_| orig.to_owned());
+                Value::String(format!("{PRIVATE_PREFIX}e{}:{inner}", self.epoch)).to_string()
+            }
+        }
+    }
+
+    fn remap_cancel(&self, text: &str) -> Option<String> {
+        let mut v: Value = serde_json::from_str(text).ok()?;
+        let orig = v.pointer("/params/requestId")?.to_string();
+        let shown = self.shown_id(&orig);
+        if !self.daemon_reqs.contains_key(&shown) {
+            return None;
+        }
+        v["params"]["requestId"] = serde_json::from_str(&shown).ok()?;
+        Some(v.to_string())
+    }
+}
+
+fn is_private(raw_id: &str) -> bool {
+    serde_json::from_str::<&str>(raw_id).is_ok_and(|s| s.starts_with(PRIVATE_PREFIX))
+}
+
+fn request(id: &str, method: &str, params: &str) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#)
+}
+
+fn init_params(line: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct P<'a> {
+        #[serde(borrow)]
+        params: Option<&'a RawValue>,
+    }
+    let p: P<'_> = serde_json::from_str(line).ok()?;
+    Some(
+        p.params
+            .map_or_else(|| "{}".to_owned(), |r| r.get().to_owned()),
+    )
+}
+
+fn new_session_id(result: &RawValue) -> Option<String> {
+    #[derive(Deserialize)]
+    struct R {
+        #[serde(rename = "sessionId")]
+        session_id: Option<String>,
+    }
+    serde_json::from_str::<R>(result.get()).ok()?.session_id
+}
+
+/// The same message with another id (rare: only around restarts).
+fn set_id(text: &str, raw_id: &str) -> String {
+    match (
+        serde_json::from_str::<Value>(text),
+        serde_json::from_str::<Value>(raw_id),
+    ) {
+        (Ok(mut v), Ok(id)) => {
+            v["id"] = id;
+            v.to_string()
+        }
+        _ => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fwd(t: &mut Tracker, m: &str) {
+        assert_eq!(t.note_daemon(m), FromDaemon::Forward(None), "{m}");
+    }
+
+    #[test]
+    fn restart_plan_reattaches_and_answers() {
+        let mut t = Tracker::new();
+        t.note_editor(
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#
+                .into(),
+        );
+        fwd(&mut t, r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
+        t.note_editor(r#"{"jsonrpc":"2.0","id":1,"method":"session/new","params":{}}"#.into());
+        fwd(
+            &mut t,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"s1"}}"#,
+        );
+        fwd(
+            &mut t,
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{},"_meta":{"acpd":{"seq":7}}}}"#,
+        );
+        t.note_editor(
+            r#"{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"s1"}}"#
+                .into(),
+        );
+        t.note_editor(
+            r#"{"jsonrpc":"2.0","id":3,"method":"session/set_mode","params":{"sessionId":"s1"}}"#
+                .into(),
+        );
+        let queued =
+            r#"{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":"s1"}}"#;
+        t.note_editor(queued.into());
+        let r = t.on_restart(vec![
+            queued.into(),
+            r#"{"jsonrpc":"2.0","id":9,"result":{}}"#.into(),
+        ]);
+        assert_eq!(r.requeued, vec![queued.to_string()]);
+        assert_eq!(r.resend.len(), 2);
+        assert!(
+            r.resend[0].contains(
+                r#""id":"acp-shim:1","method":"initialize","params":{"protocolVersion":1}"#
+            )
+        );
+        assert!(r.resend[1].contains(r#""afterSeq":7"#), "{}", r.resend[1]);
+        assert_eq!(r.private.len(), 2);
+        assert_eq!(r.answers.len(), 2);
+        assert!(r.answers[0].contains(r#""id":2,"result":{"stopReason":"cancelled"}"#));
+        assert!(r.answers[1].contains(r#""id":3,"error":{"code":-32603"#));
+        let FromDaemon::Private { ok: true, .. } =
+            t.note_daemon(r#"{"jsonrpc":"2.0","id":"acp-shim:2","result":{"lastSeq":7}}"#)
+        else {
+            panic!("not private")
+        };
+    }
+
+    #[test]
+    fn daemon_request_ids_move_after_a_restart() {
+        let mut t = Tracker::new();
+        fwd(
+            &mut t,
+            r#"{"jsonrpc":"2.0","id":3,"method":"session/request_permission","params":{}}"#,
+        );
+        t.on_restart(vec![]);
+        // A late answer to the dead daemon's request 3 is dropped...
+        assert_eq!(
+            t.note_editor(r#"{"jsonrpc":"2.0","id":3,"result":{}}"#.into()),
+            None
+        );
+        // ...and the new daemon's request 3 reaches the editor under another id.
+        let FromDaemon::Forward(Some(m)) =
+            t.note_daemon(r#"{"jsonrpc":"2.0","id":3,"method":"fs/read_text_file","params":{}}"#)
+        else {
+            panic!("not rewritten")
+        };
+        let shown = serde_json::from_str::<Value>(&m).unwrap()["id"].clone();
+        assert_eq!(shown, json!(EPOCH_STRIDE + 3));
+        let back = t
+            .note_editor(format!(r#"{{"jsonrpc":"2.0","id":{shown},"result":{{}}}}"#))
+            .unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&back).unwrap()["id"],
+            json!(3)
+        );
+    }
+
+    #[test]
+    fn closed_sessions_are_not_reattached() {
+        let mut t = Tracker::new();
+        t.note_editor(
+            r#"{"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":"a"}}"#.into(),
+        );
+        t.note_editor(
+            r#"{"jsonrpc":"2.0","id":2,"method":"session/close","params":{"sessionId":"a"}}"#
+                .into(),
+        );
+        fwd(
+            &mut t,
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"a","_meta":{"acpd":{"seq":3}}}}"#,
+        );
+        assert_eq!(t.open_sessions(), 0);
+    }
+}
