@@ -8,6 +8,7 @@ Measured, per relay (median of runs):
   start      process start -> `initialize` answered (daemon and agent already warm)
   stream     `session/prompt` of `stream N 64` -> its answer (N updates relayed)
   peak RSS   VmHWM of the relay process at the end of the stream
+  CPU        user+sys CPU time of the relay process for the whole run (its own cost)
 websocat is a bare relay: no resumption, no parsing. Its numbers are the floor.
 """
 
@@ -63,6 +64,12 @@ class Relay:
                     return int(line.split()[1])
         return 0
 
+    def cpu_ms(self):
+        with open(f"/proc/{self.p.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime
+        return ticks * 1000 / os.sysconf("SC_CLK_TCK")
+
     def close(self):
         self.p.stdin.close()
         try:
@@ -84,10 +91,11 @@ def one_run(argv):
     _, seen = r.until(rid)
     stream = time.perf_counter() - t
     rss = r.peak_rss_kib()
+    cpu = r.cpu_ms()
     r.close()
     if seen < CHUNKS:
         raise RuntimeError(f"only {seen} updates relayed")
-    return start, stream, rss
+    return start, stream, rss, cpu
 
 
 def main():
@@ -120,12 +128,13 @@ def main():
         version_ms = (time.perf_counter() - t) * 1000
         print(f"{CHUNKS} updates of 64 bytes per stream, median of {RUNS} runs, "
               f"`acp-shim --version` {version_ms:.1f} ms")
-        print(f"{'relay':10} {'start ms':>9} {'stream ms':>10} {'updates/s':>10} {'peak RSS MiB':>13}")
+        print(f"{'relay':10} {'start ms':>9} {'stream ms':>10} {'updates/s':>10} {'peak RSS MiB':>13} {'CPU ms':>7}")
         for name, rs in results.items():
             start = statistics.median(r[0] for r in rs) * 1000
             stream = statistics.median(r[1] for r in rs)
             rss = statistics.median(r[2] for r in rs) / 1024
-            print(f"{name:10} {start:9.1f} {stream * 1000:10.0f} {CHUNKS / stream:10.0f} {rss:13.1f}")
+            cpu = statistics.median(r[3] for r in rs)
+            print(f"{name:10} {start:9.1f} {stream * 1000:10.0f} {CHUNKS / stream:10.0f} {rss:13.1f} {cpu:7.0f}")
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)
