@@ -2,3 +2,6 @@
 
 #[allow(dead_code)]
 mod pgtest;
+
+mod builtin;
+mod builtin_support;

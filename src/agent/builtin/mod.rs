@@ -10,6 +10,7 @@ pub mod client;
 pub mod config;
 mod content;
 mod options;
+mod permission;
 pub mod provider;
 mod session;
 mod state;

@@ -2,7 +2,6 @@
 //! turn is cancelled. The turn task owns the session's transcript while it runs and hands
 //! it back at the end, whatever happened; every wait is one `select!` against `cancel`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -10,9 +9,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{ClientCaps, ClientLink};
-use super::config::{BuiltinConfig, ToolPolicy};
+use super::config::BuiltinConfig;
 use super::content;
 use super::options::PLAN;
+use super::permission::{Permission, permission};
 use super::provider::{self, Delta, Finish, ModelRequest, ProviderError, Thought};
 use super::state::{SavedSession, Settings};
 use super::tools::{self, Roots, ToolEnv, ToolError};
@@ -486,75 +486,6 @@ async fn run_call(
             CallEnd::Cancelled
         }
         Err(e) => refuse(e.to_string()).await,
-    }
-}
-
-enum Permission {
-    Allow,
-    Reject(String),
-    Cancelled,
-}
-
-/// The policy, then what the user said "always" to, then the user.
-#[allow(clippy::too_many_arguments)]
-async fn permission(
-    ctx: &TurnCtx,
-    remembered: &mut BTreeMap<String, ToolPolicy>,
-    id: &str,
-    name: &str,
-    title: &str,
-    kind: &str,
-    input: &Value,
-    mutating: bool,
-) -> Permission {
-    match ctx.config.policy(name, mutating) {
-        ToolPolicy::Allow => return Permission::Allow,
-        ToolPolicy::Deny => {
-            return Permission::Reject(format!("{name} is denied by the acpd configuration"));
-        }
-        ToolPolicy::Ask => {}
-    }
-    match remembered.get(name) {
-        Some(ToolPolicy::Allow) => return Permission::Allow,
-        Some(ToolPolicy::Deny) => {
-            return Permission::Reject(format!(
-                "the user rejected all {name} calls in this session"
-            ));
-        }
-        _ => {}
-    }
-    let params = json!({
-        "toolCall": { "toolCallId": id, "title": title, "kind": kind, "status": "pending", "rawInput": input },
-        "options": [
-            { "optionId": "allow_once", "name": "Allow", "kind": "allow_once" },
-            { "optionId": "allow_always", "name": format!("Always allow {name}"), "kind": "allow_always" },
-            { "optionId": "reject_once", "name": "Reject", "kind": "reject_once" },
-            { "optionId": "reject_always", "name": format!("Always reject {name}"), "kind": "reject_always" },
-        ],
-    });
-    let answer = match ctx
-        .client
-        .request("session/request_permission", params, &ctx.cancel)
-        .await
-    {
-        Ok(a) => a,
-        Err(super::client::ClientError::Cancelled) => return Permission::Cancelled,
-        Err(e) => return Permission::Reject(format!("no permission: {e}")),
-    };
-    let outcome = answer.pointer("/outcome/outcome").and_then(Value::as_str);
-    let option = answer.pointer("/outcome/optionId").and_then(Value::as_str);
-    match (outcome, option) {
-        (Some("selected"), Some("allow_once")) => Permission::Allow,
-        (Some("selected"), Some("allow_always")) => {
-            remembered.insert(name.to_owned(), ToolPolicy::Allow);
-            Permission::Allow
-        }
-        (Some("selected"), Some("reject_always")) => {
-            remembered.insert(name.to_owned(), ToolPolicy::Deny);
-            Permission::Reject("the user rejected this tool call".into())
-        }
-        (Some("selected"), _) => Permission::Reject("the user rejected this tool call".into()),
-        _ => Permission::Cancelled,
     }
 }
 
