@@ -575,3 +575,67 @@ async fn builtin_session_continues_after_a_daemon_restart() {
         "still in plan mode"
     );
 }
+
+#[tokio::test]
+async fn builtin_uses_mcp_server_tools() {
+    use crate::builtin_support::mcp::{McpHttpServer, stdio_server};
+    let model = ModelServer::start().await;
+    let acpd = Acpd::start(&builtin_config(model.addr, "")).await;
+    let http = McpHttpServer::start().await;
+    let script = stdio_server(acpd.dir());
+    let mut ed = acpd.editor(no_caps()).await;
+    let servers = json!({ "mcpServers": [
+        { "type": "http", "name": "calc", "url": http.url, "headers": [{ "name": "x-test", "value": "1" }] },
+        { "name": "local", "command": script, "args": [], "env": [] },
+    ] });
+    let (sid, _) = ed.new_session(&acpd.work(), servers).await;
+    model.push_stream(vec![tool("mcp__calc__add", json!({ "a": 2, "b": 3 }))]);
+    model.push_stream(vec![tool(
+        "mcp__local__note",
+        json!({ "text": "remember" }),
+    )]);
+    model.push_stream(vec![text("5, noted")]);
+    assert_eq!(
+        ed.prompt(&sid, "add and note").await.unwrap()["stopReason"],
+        "end_turn"
+    );
+    let reqs = model.wait_requests(3).await;
+    let names = reqs[0].tool_names();
+    for n in [
+        "mcp__calc__add",
+        "mcp__calc__note",
+        "mcp__local__add",
+        "mcp__local__note",
+    ] {
+        assert!(names.contains(&n.to_owned()), "{n} not offered: {names:?}");
+    }
+    assert!(reqs[1].text().contains("sum=5"), "{}", reqs[1].text());
+    assert!(reqs[2].text().contains("stdio says hi"));
+    assert_eq!(http.calls()[0]["name"], "add");
+    let log =
+        std::fs::read_to_string(acpd.dir().join("calls.log")).expect("the stdio server was called");
+    assert!(log.contains("remember"));
+    // Only the tool without a read-only hint asked for permission.
+    assert_eq!(
+        ed.request_methods()
+            .iter()
+            .filter(|m| *m == "session/request_permission")
+            .count(),
+        1
+    );
+    // Plan mode keeps the read-only MCP tool and hides the other.
+    ed.request(
+        "session/set_mode",
+        json!({ "sessionId": sid, "modeId": "plan" }),
+    )
+    .await
+    .unwrap();
+    model.push_stream(vec![text("planned")]);
+    ed.prompt(&sid, "plan").await.unwrap();
+    let names = model.wait_requests(4).await[3].tool_names();
+    assert!(
+        names.contains(&"mcp__calc__add".to_owned())
+            && !names.contains(&"mcp__calc__note".to_owned()),
+        "{names:?}"
+    );
+}

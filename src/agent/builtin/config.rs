@@ -164,6 +164,8 @@ pub struct BuiltinConfig {
     pub extra_options: Vec<ExtraOption>,
     /// A session with no turn leaves memory after this long (its transcript stays on disk).
     pub idle_unload: Duration,
+    /// How long an MCP server may take to start and list its tools.
+    pub mcp_connect_timeout: Duration,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -190,6 +192,7 @@ struct FileBuiltin {
     #[serde(default)]
     config_options: Vec<ExtraOption>,
     idle_unload_secs: Option<u64>,
+    mcp_connect_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -323,6 +326,7 @@ impl BuiltinConfig {
             freeze_system_prompt: file.freeze_system_prompt.unwrap_or(true),
             extra_options,
             idle_unload: secs(file.idle_unload_secs, 1800),
+            mcp_connect_timeout: secs(file.mcp_connect_timeout_secs, 30),
         })
     }
 

@@ -9,6 +9,7 @@
 pub mod client;
 pub mod config;
 mod content;
+mod mcp;
 mod options;
 mod permission;
 pub mod provider;
@@ -46,6 +47,9 @@ pub struct Shared {
 /// Runs the agent on `link` until the link closes or `cancel` fires.
 pub async fn run(link: Link, config: Arc<BuiltinConfig>, cancel: CancellationToken) {
     let (peer, mut incoming, peer_task) = jsonrpc::spawn(link, cancel.clone());
+    // reqwest is built without a bundled TLS provider: ring is installed once per process
+    // (an error only means one is installed already).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let http = match reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs(30))
         .build()
@@ -154,11 +158,13 @@ impl Agent {
                         .respond(Err(ResponseError::invalid_params(m)))
                         .await;
                 }
+                let mcp_servers = params.get("mcpServers").and_then(Value::as_array).cloned();
                 let cmd = SessionCmd::Start {
                     responder,
                     result: json!({}),
                     replay: method == "session/load",
                     params,
+                    mcp_servers,
                 };
                 return self.dispatch(&shared, sid, cmd).await;
             }
@@ -307,6 +313,7 @@ impl Agent {
             result: json!({ "sessionId": &*sid }),
             replay: false,
             params: json!({}),
+            mcp_servers: params.get("mcpServers").and_then(Value::as_array).cloned(),
         };
         let _ = tx.send(cmd).await;
     }
@@ -385,7 +392,7 @@ fn initialize_result() -> Value {
         "agentCapabilities": {
             "loadSession": true,
             "promptCapabilities": { "image": true, "audio": false, "embeddedContext": true },
-            "mcpCapabilities": { "http": false, "sse": false },
+            "mcpCapabilities": { "http": true, "sse": false },
             "sessionCapabilities": { "resume": {}, "close": {}, "delete": {}, "additionalDirectories": {} },
         },
         "authMethods": [],

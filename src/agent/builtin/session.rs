@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::client::ClientLink;
 use super::content;
+use super::mcp::McpHub;
 use super::options;
 use super::state::{self, SavedSession, Settings};
 use super::tools::Roots;
@@ -31,6 +32,8 @@ pub enum SessionCmd {
         result: Value,
         replay: bool,
         params: Value,
+        /// The `mcpServers` to connect (replacing the current ones).
+        mcp_servers: Option<Vec<Value>>,
     },
     Prompt {
         params: Value,
@@ -71,6 +74,10 @@ pub struct Session {
     turn: Option<(CancellationToken, Responder)>,
     turns: JoinSet<TurnResult>,
     commands_at: Option<Instant>,
+    mcp: McpHub,
+    mcp_connected: bool,
+    /// Told to the user at the next prompt (e.g. an MCP server that did not start).
+    warnings: Vec<String>,
 }
 
 impl Session {
@@ -89,6 +96,9 @@ impl Session {
             turn: None,
             turns: JoinSet::new(),
             commands_at: None,
+            mcp: McpHub::default(),
+            mcp_connected: false,
+            warnings: vec![],
         }
     }
 
@@ -106,6 +116,7 @@ impl Session {
                     Some(SessionCmd::Close { responder, delete }) => {
                         self.close(responder, delete).await;
                         rx.close();
+                        std::mem::take(&mut self.mcp).shutdown().await;
                         return Ended { id: self.id.clone(), leftover: drain(&mut rx) };
                     }
                     Some(cmd) => self.on_command(cmd).await,
@@ -131,6 +142,7 @@ impl Session {
                 }
                 _ = tokio::time::sleep_until(idle_since + idle), if self.turn.is_none() => {
                     rx.close();
+                    std::mem::take(&mut self.mcp).shutdown().await;
                     return Ended { id: self.id.clone(), leftover: drain(&mut rx) };
                 }
             }
@@ -140,6 +152,7 @@ impl Session {
         }
         // Shutdown: the running turn stops and its transcript is saved.
         self.cancel_turn().await;
+        std::mem::take(&mut self.mcp).shutdown().await;
         Ended {
             id: self.id.clone(),
             leftover: vec![],
@@ -153,8 +166,15 @@ impl Session {
                 mut result,
                 replay,
                 params,
+                mcp_servers,
             } => {
                 self.adopt(&params).await;
+                if let Some(servers) = mcp_servers {
+                    if let Some(saved) = self.saved.as_mut() {
+                        saved.mcp_servers = servers;
+                    }
+                    self.connect_mcp().await;
+                }
                 let s = self.settings.borrow().clone();
                 result["modes"] = options::modes(&s);
                 result["configOptions"] = options::config_options(&self.shared.config, &s);
@@ -224,6 +244,28 @@ impl Session {
         }
     }
 
+    /// (Re)connects the MCP servers of the saved state.
+    async fn connect_mcp(&mut self) {
+        let Some(saved) = &self.saved else { return };
+        let servers = Value::Array(saved.mcp_servers.clone());
+        let cwd = saved.cwd.clone();
+        std::mem::take(&mut self.mcp).shutdown().await;
+        let (hub, warnings) = McpHub::connect(
+            &servers,
+            &cwd,
+            &self.shared.http,
+            self.shared.config.mcp_connect_timeout,
+        )
+        .await;
+        for w in &warnings {
+            tracing::warn!(session = %self.id, "{w}");
+        }
+        self.warnings.extend(warnings);
+        self.mcp = hub;
+        self.mcp_connected = true;
+        self.save().await;
+    }
+
     async fn prompt(&mut self, params: Value, responder: Responder) {
         if self.turn.is_some() {
             let e = ResponseError::invalid_request("a prompt is already running in this session");
@@ -252,6 +294,15 @@ impl Session {
             Some((name, _)) if name == "compact" => TurnKind::Compact,
             _ => TurnKind::Prompt(prompt),
         };
+        if !self.mcp_connected {
+            self.connect_mcp().await;
+        }
+        for w in std::mem::take(&mut self.warnings) {
+            let text = format!("⚠ {w}\n\n");
+            self.client
+                .update(json!({ "sessionUpdate": "agent_message_chunk", "content": { "type": "text", "text": text } }))
+                .await;
+        }
         let Some(saved) = self.saved.take() else {
             return responder
                 .respond(Err(ResponseError::internal("the session state is busy")))
@@ -266,6 +317,7 @@ impl Session {
             roots: self.roots.clone(),
             settings: self.settings.subscribe(),
             cancel: cancel.clone(),
+            mcp: self.mcp.tools.clone(),
         };
         self.turns.spawn(turn::run(ctx, saved, kind));
         self.turn = Some((cancel, responder));

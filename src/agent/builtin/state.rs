@@ -58,6 +58,9 @@ pub struct SavedSession {
     /// Client-declared tools (`_meta.acpd.clientTools`), as validated.
     #[serde(default)]
     pub client_tools: Vec<super::tools::ClientTool>,
+    /// The ACP `mcpServers` of the last new/load/resume.
+    #[serde(default)]
+    pub mcp_servers: Vec<serde_json::Value>,
 }
 
 impl SavedSession {
@@ -72,6 +75,7 @@ impl SavedSession {
             remembered: BTreeMap::new(),
             title: None,
             client_tools: vec![],
+            mcp_servers: vec![],
         }
     }
 }

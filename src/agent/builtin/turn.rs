@@ -42,6 +42,8 @@ pub struct TurnCtx {
     pub roots: Roots,
     pub settings: watch::Receiver<Settings>,
     pub cancel: CancellationToken,
+    /// Tools of the session's MCP servers.
+    pub mcp: Arc<Vec<super::mcp::McpTool>>,
 }
 
 pub type StopReason = &'static str;
@@ -98,7 +100,11 @@ async fn prompt_turn(
         requests += 1;
         let settings = ctx.settings.borrow().clone();
         let plan = settings.mode == PLAN;
-        let offered = tools::specs(&ctx.config, ctx.caps, plan, &conv.client_tools);
+        let extra = tools::Extra {
+            client: &conv.client_tools,
+            mcp: &ctx.mcp,
+        };
+        let offered = tools::specs(&ctx.config, ctx.caps, plan, extra);
         let (message, finish) = match model_call(ctx, conv, &settings, &offered).await? {
             Some(r) => r,
             None => {
@@ -406,6 +412,10 @@ async fn run_call(
     offered: bool,
     plan: bool,
 ) -> CallEnd {
+    let extra = tools::Extra {
+        client: &conv.client_tools,
+        mcp: &ctx.mcp,
+    };
     let (title, kind, locations) = tools::describe(name, input, &ctx.roots);
     ctx.client
         .update(json!({
@@ -425,14 +435,14 @@ async fn run_call(
         return refuse("the tool arguments were not valid JSON".into()).await;
     }
     if !offered {
-        let why = if plan && tools::is_mutating(name, &conv.client_tools) {
+        let why = if plan && tools::is_mutating(name, extra) {
             format!("{name} is not available in plan mode")
         } else {
             format!("there is no tool named {name:?}")
         };
         return refuse(why).await;
     }
-    let mutating = tools::is_mutating(name, &conv.client_tools);
+    let mutating = tools::is_mutating(name, extra);
     match permission(
         ctx,
         &mut conv.remembered,
@@ -463,7 +473,7 @@ async fn run_call(
         cancel: &ctx.cancel,
         tool_call_id: id,
     };
-    match tools::execute(&env, name, input, &conv.client_tools).await {
+    match tools::execute(&env, name, input, extra).await {
         Ok(out) => {
             let mut u = json!({
                 "sessionUpdate": "tool_call_update",

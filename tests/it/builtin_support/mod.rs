@@ -2,6 +2,7 @@
 //! pointing at a scripted model server, and an editor-like client over WebSocket.
 
 pub mod editor;
+pub mod mcp;
 pub mod model;
 
 use std::net::SocketAddr;

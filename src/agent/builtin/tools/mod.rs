@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{ClientCaps, ClientError, ClientLink};
 use super::config::BuiltinConfig;
+use super::mcp::McpTool;
 use super::provider::ToolSpec;
 pub use paths::Roots;
 
@@ -165,10 +166,20 @@ pub fn parse_client_tools(params: &Value) -> Result<Option<Vec<ClientTool>>, Str
     Ok(Some(out))
 }
 
-pub fn is_mutating(name: &str, client_tools: &[ClientTool]) -> bool {
+/// Tools beyond the built-in ones: declared by the client, or from MCP servers.
+#[derive(Clone, Copy)]
+pub struct Extra<'a> {
+    pub client: &'a [ClientTool],
+    pub mcp: &'a [McpTool],
+}
+
+pub fn is_mutating(name: &str, extra: Extra<'_>) -> bool {
     match name {
         "write_file" | "edit" | "shell" => true,
-        _ => client_tools.iter().any(|t| t.name == name && t.mutating),
+        _ => {
+            extra.client.iter().any(|t| t.name == name && t.mutating)
+                || extra.mcp.iter().any(|t| t.name == name && !t.read_only)
+        }
     }
 }
 
@@ -177,7 +188,7 @@ pub fn specs(
     config: &BuiltinConfig,
     caps: ClientCaps,
     plan: bool,
-    client_tools: &[ClientTool],
+    extra: Extra<'_>,
 ) -> Vec<ToolSpec> {
     let can_read = config.host_fs || (config.client_fs && caps.read_text_file);
     let can_write = config.host_fs || (config.client_fs && caps.write_text_file);
@@ -216,11 +227,17 @@ pub fn specs(
                 json!({"type":"object","properties":{"command":{"type":"string"},"timeout_secs":{"type":"integer","minimum":1}},"required":["command"]})));
         }
     }
-    for t in client_tools {
+    for t in extra.client {
         if plan && t.mutating {
             continue;
         }
         out.push(s(&t.name, &t.description, t.input_schema.clone()));
+    }
+    for t in extra.mcp {
+        if plan && !t.read_only {
+            continue;
+        }
+        out.push(s(&t.name, &t.description, t.schema.clone()));
     }
     out
 }
@@ -260,7 +277,10 @@ pub fn describe(name: &str, input: &Value, roots: &Roots) -> (String, &'static s
             let short: String = c.chars().take(80).collect();
             (format!("`{short}`"), "execute", vec![])
         }
-        other => (other.to_owned(), "other", vec![]),
+        other => match other.strip_prefix("mcp__") {
+            Some(rest) => (rest.replacen("__", ": ", 1), "other", vec![]),
+            None => (other.to_owned(), "other", vec![]),
+        },
     }
 }
 
@@ -269,7 +289,7 @@ pub async fn execute(
     env: &ToolEnv<'_>,
     name: &str,
     input: &Value,
-    client_tools: &[ClientTool],
+    extra: Extra<'_>,
 ) -> Result<Outcome, ToolError> {
     match name {
         "read_file" => files::read_file(env, input).await,
@@ -279,8 +299,11 @@ pub async fn execute(
         "glob" => files::glob(env, input).await,
         "grep" => files::grep(env, input).await,
         "shell" => shell::shell(env, input).await,
-        other if client_tools.iter().any(|t| t.name == other) => {
+        other if extra.client.iter().any(|t| t.name == other) => {
             client_tool(env, other, input).await
+        }
+        other if let Some(t) = extra.mcp.iter().find(|t| t.name == other) => {
+            super::mcp::call(t, input, env.cancel).await
         }
         other => Err(ToolError::Failed(format!(
             "there is no tool named {other:?}"
