@@ -639,3 +639,72 @@ async fn builtin_uses_mcp_server_tools() {
         "{names:?}"
     );
 }
+
+#[tokio::test]
+async fn builtin_from_environment_and_compact() {
+    let model = ModelServer::start().await;
+    let base = format!("http://{}", model.addr);
+    let acpd = Acpd::start_with_env(
+        "",
+        &[
+            ("ANTHROPIC_BASE_URL", &base),
+            ("ANTHROPIC_API_KEY", "env-key"),
+            ("ACPD_MODEL", "anthropic/claude-env"),
+        ],
+    )
+    .await;
+    let mut ed = acpd.editor(no_caps()).await;
+    let (sid, new) = ed.new_session(&acpd.work(), json!({})).await;
+    let model_opt = new["configOptions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["id"] == "model")
+        .cloned()
+        .unwrap();
+    assert_eq!(model_opt["currentValue"], "anthropic/claude-env");
+    model.push_stream(vec![text("hi there")]);
+    ed.prompt(&sid, "the secret is walrus").await.unwrap();
+    model.push_stream(vec![text("SUMMARY: the user said the secret is walrus")]);
+    assert_eq!(
+        ed.prompt(&sid, "/compact").await.unwrap()["stopReason"],
+        "end_turn"
+    );
+    model.push_stream(vec![text("walrus")]);
+    ed.prompt(&sid, "what was it?").await.unwrap();
+    let reqs = model.wait_requests(3).await;
+    assert_eq!(reqs[0].body["model"], "claude-env");
+    assert_eq!(reqs[0].auth.as_deref(), Some("env-key"));
+    assert!(
+        reqs[1].body.get("tools").is_none(),
+        "no tools while summarizing"
+    );
+    let last = reqs[2].text();
+    assert!(
+        last.contains("SUMMARY: the user said") && !last.contains("hi there"),
+        "{last}"
+    );
+
+    // A local OpenAI-compatible server needs no key.
+    let local = Acpd::start_with_env(
+        "",
+        &[
+            ("OPENAI_BASE_URL", &format!("{base}/v1")),
+            ("ACPD_MODEL", "openai/local-model"),
+        ],
+    )
+    .await;
+    let mut ed = local.editor(no_caps()).await;
+    let (sid, _) = ed.new_session(&local.work(), json!({})).await;
+    model.push_stream(vec![text("local hello")]);
+    assert_eq!(
+        ed.prompt(&sid, "hi").await.unwrap()["stopReason"],
+        "end_turn"
+    );
+    let r = &model.wait_requests(4).await[3];
+    assert_eq!(
+        (r.api, r.body["model"].as_str()),
+        ("openai", Some("local-model"))
+    );
+    assert_eq!(r.auth, None);
+}

@@ -248,12 +248,10 @@ async fn model_call(
             Some(Ok(d)) => d,
             Some(Err(e)) => {
                 // What streamed stays; the turn ends with the provider's error.
-                conv.messages
-                    .push(assemble(parts, false, &ctx.client).await.0);
-                transcript::close_dangling_tool_uses(
-                    &mut conv.messages,
-                    "not run: the model stream failed",
-                );
+                let (partial, _) = assemble(parts, false, &ctx.client).await;
+                if !partial.content.is_empty() {
+                    conv.messages.push(partial);
+                }
                 return Err(TurnError::Provider(e.to_string()));
             }
         };
@@ -281,7 +279,9 @@ async fn model_call(
             }
             Delta::RedactedThinking(d) => parts.push(Partial::Redacted(d)),
             Delta::ToolStart { index, id, name } => {
-                let id = if id.is_empty() {
+                // Some compatible servers send no id, or reuse ids across turns: the
+                // client would merge distinct calls, so those get a fresh one.
+                let id = if id.is_empty() || id_in_use(&conv.messages, &parts, &id) {
                     format!("call_{}", uuid::Uuid::new_v4().simple())
                 } else {
                     id
@@ -331,6 +331,17 @@ async fn model_call(
         return Ok(None);
     }
     Ok(Some((message, finish)))
+}
+
+fn id_in_use(messages: &[Message], parts: &[Partial], id: &str) -> bool {
+    let in_parts = parts
+        .iter()
+        .any(|p| matches!(p, Partial::Tool(t) if t.id == id));
+    in_parts
+        || messages
+            .iter()
+            .flat_map(|m| m.content.iter())
+            .any(|b| matches!(b, Block::ToolUse { id: used, .. } if used == id))
 }
 
 /// The assistant message from streamed parts. Tool calls are kept only when `complete`

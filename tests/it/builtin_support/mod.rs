@@ -55,6 +55,7 @@ pub struct Acpd {
     dir: tempfile::TempDir,
     pub addr: SocketAddr,
     child: Option<Child>,
+    env: Vec<(String, String)>,
 }
 
 impl Drop for Acpd {
@@ -73,6 +74,11 @@ fn free_port() -> SocketAddr {
 impl Acpd {
     /// Starts `acpd serve --no-auth` with `config` as its config file.
     pub async fn start(config: &str) -> Acpd {
+        Acpd::start_with_env(config, &[]).await
+    }
+
+    /// Like `start`, with extra environment variables for acpd.
+    pub async fn start_with_env(config: &str, env: &[(&str, &str)]) -> Acpd {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("work")).expect("work dir");
         std::fs::write(dir.path().join("acpd.toml"), config).expect("config file");
@@ -80,6 +86,10 @@ impl Acpd {
             dir,
             addr: free_port(),
             child: None,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         d.spawn().await;
         d
@@ -125,6 +135,7 @@ impl Acpd {
         ] {
             cmd.env_remove(k);
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         self.child = Some(cmd.spawn().expect("spawn acpd"));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while tokio::net::TcpStream::connect(self.addr).await.is_err() {
