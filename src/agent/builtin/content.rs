@@ -153,3 +153,59 @@ pub fn replay(messages: &[Message], roots: &Roots) -> Vec<Value> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_shows_thinking_and_final_tool_state() {
+        let roots = Roots::new(std::path::Path::new("/w"), &[]);
+        let messages = vec![
+            Message::user(vec![Block::Text { text: "hi".into() }]),
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    Block::Thinking {
+                        text: "hmm".into(),
+                        signature: None,
+                    },
+                    Block::ToolUse {
+                        id: "t1".into(),
+                        name: "read_file".into(),
+                        input: json!({ "path": "a" }),
+                    },
+                ],
+            },
+            Message::user(vec![Block::ToolResult {
+                tool_use_id: "t1".into(),
+                content: "nope".into(),
+                is_error: true,
+            }]),
+        ];
+        let u = replay(&messages, &roots);
+        let kinds: Vec<&str> = u
+            .iter()
+            .filter_map(|x| x["sessionUpdate"].as_str())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["user_message_chunk", "agent_thought_chunk", "tool_call"]
+        );
+        assert_eq!(u[2]["status"], "failed");
+        assert_eq!(u[2]["locations"][0]["path"], "/w/a");
+    }
+
+    #[test]
+    fn unsupported_blocks_become_text_with_a_warning() {
+        let (blocks, warnings) = prompt_blocks(
+            &[
+                json!({ "type": "audio", "data": "AA", "mimeType": "audio/wav" }),
+                json!({ "type": "resource", "resource": { "uri": "file:///a.rs", "text": "fn main() {}" } }),
+            ],
+            None,
+        );
+        assert_eq!(warnings.len(), 1);
+        assert!(matches!(&blocks[1], Block::Text { text } if text.contains("fn main")));
+    }
+}

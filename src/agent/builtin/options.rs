@@ -178,3 +178,76 @@ pub fn slash_command(prompt: &[Value]) -> Option<(String, String)> {
     let (name, arg) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
     matches!(name, "compact" | "mode" | "model").then(|| (name.to_owned(), arg.trim().to_owned()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> BuiltinConfig {
+        let table: toml::Table = toml::from_str(
+            r#"
+            [models.a]
+            provider = "anthropic"
+            model = "m-a"
+            reasoning = true
+            [models.b]
+            provider = "openai"
+            model = "m-b"
+            [[config_options]]
+            id = "model"
+            name = "collides"
+            values = [{ value = "x", name = "X" }]
+            [[config_options]]
+            id = "tone"
+            name = "Tone"
+            category = "style"
+            values = [{ value = "terse", name = "Terse" }, { value = "chatty", name = "Chatty" }]
+            default = "chatty"
+            "#,
+        )
+        .unwrap();
+        BuiltinConfig::parse(&table, std::path::Path::new("/tmp")).unwrap()
+    }
+
+    #[test]
+    fn generated_and_extra_options() {
+        let c = config();
+        let mut s = default_settings(&c);
+        assert_eq!(s.extra.get("tone").map(String::as_str), Some("chatty"));
+        let ids = |s: &Settings| -> Vec<String> {
+            config_options(&c, s)
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o["id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        // The colliding extra option is dropped; "a" reasons, so a thought level is offered.
+        assert_eq!(ids(&s), ["mode", "model", "thought_level", "tone"]);
+        set_option(&c, &mut s, "model", "b").unwrap();
+        assert_eq!(ids(&s), ["mode", "model", "tone"]);
+        set_option(&c, &mut s, "tone", "terse").unwrap();
+        assert!(set_option(&c, &mut s, "tone", "loud").is_err());
+        assert!(set_option(&c, &mut s, "nope", "x").is_err());
+        s.model = Some("gone".into());
+        s.extra.insert("tone".into(), "gone".into());
+        reconcile(&c, &mut s);
+        assert_eq!(s.model.as_deref(), Some("a"));
+        assert_eq!(s.extra.get("tone").map(String::as_str), Some("chatty"));
+    }
+
+    #[test]
+    fn slash_commands() {
+        let p = |t: &str| vec![serde_json::json!({ "type": "text", "text": t })];
+        assert_eq!(
+            slash_command(&p("/mode plan")),
+            Some(("mode".into(), "plan".into()))
+        );
+        assert_eq!(
+            slash_command(&p("/compact")),
+            Some(("compact".into(), String::new()))
+        );
+        assert_eq!(slash_command(&p("/unknown x")), None);
+        assert_eq!(slash_command(&p("not a command")), None);
+    }
+}
