@@ -205,7 +205,7 @@ async fn run_stdio(config: Config) -> Result<(), String> {
         profile,
         hub: core.hub.clone(),
     };
-    let cancel = core.stop.child_token();
+    let cancel = core.drain.child_token();
     let (link, pump) =
         crate::transport::lines::pump(tokio::io::stdin(), tokio::io::stdout(), max, cancel.clone());
     let pump = tokio::spawn(pump);

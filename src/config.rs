@@ -62,6 +62,11 @@ pub struct SessionSettings {
     pub list_page_size: u32,
     /// A session with no client and no running turn leaves memory after this long.
     pub idle_evict: Duration,
+    /// Retention cap per session journal, in entries (0: none). Over it, message chunks are
+    /// merged; if that is not enough, the oldest entries go.
+    pub journal_max_entries: u64,
+    /// Retention cap per session journal, in bytes of message text (0: none).
+    pub journal_max_bytes: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -120,6 +125,12 @@ pub struct Args {
     /// Sessions per `session/list` page.
     #[arg(long, env = "ACPD_LIST_PAGE_SIZE")]
     pub list_page_size: Option<u32>,
+    /// Retention: most journal entries kept per session (0: no cap).
+    #[arg(long, env = "ACPD_JOURNAL_MAX_ENTRIES")]
+    pub journal_max_entries: Option<u64>,
+    /// Retention: most journal bytes kept per session (0: no cap).
+    #[arg(long, env = "ACPD_JOURNAL_MAX_BYTES")]
+    pub journal_max_bytes: Option<u64>,
     /// How long a drain waits for running turns, in seconds.
     #[arg(long, env = "ACPD_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
@@ -140,6 +151,8 @@ struct FileConfig {
     bootstrap_delay_ms: Option<u64>,
     list_page_size: Option<u32>,
     shutdown_grace_secs: Option<u64>,
+    journal_max_entries: Option<u64>,
+    journal_max_bytes: Option<u64>,
     #[serde(default)]
     agents: BTreeMap<String, FileAgent>,
     #[serde(default)]
@@ -290,6 +303,14 @@ impl Config {
                 bootstrap_delay: ms(args.bootstrap_delay_ms, file.bootstrap_delay_ms, 100),
                 list_page_size,
                 idle_evict: Duration::from_secs(600),
+                journal_max_entries: args
+                    .journal_max_entries
+                    .or(file.journal_max_entries)
+                    .unwrap_or(100_000),
+                journal_max_bytes: args
+                    .journal_max_bytes
+                    .or(file.journal_max_bytes)
+                    .unwrap_or(256 * 1024 * 1024),
             },
             shutdown_grace: Duration::from_secs(
                 args.shutdown_grace_secs

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod jsonrpc;
+pub mod metrics;
 pub mod server;
 pub mod session;
 pub mod store;

@@ -41,6 +41,8 @@ pub async fn run(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) {
 async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) {
     let (peer, mut incoming, peer_task) = jsonrpc::spawn(link, shutdown.child_token());
     tracing::debug!("connected");
+    metrics::counter!(crate::metrics::CONNECTIONS_TOTAL).increment(1);
+    metrics::gauge!(crate::metrics::CONNECTIONS_LIVE).increment(1);
     let mut conn = Connection {
         ctx,
         peer,
@@ -73,6 +75,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
     }
     conn.handlers.abort_all();
     let _ = peer_task.await;
+    metrics::gauge!(crate::metrics::CONNECTIONS_LIVE).decrement(1);
     tracing::debug!("disconnected");
 }
 
@@ -179,7 +182,7 @@ impl Connection {
                     responder: Some(responder),
                 };
                 self.handlers
-                    .spawn(send_to_session(hub, sid, principal, cmd));
+                    .spawn(send_send_session(hub, sid, principal, cmd));
             }
             _ => {
                 let Some(sid) = session_id(&params) else {
@@ -212,7 +215,7 @@ impl Connection {
                         responder,
                     },
                 };
-                self.to_session(sid, cmd, &init).await;
+                self.send_session(sid, cmd, &init).await;
             }
         }
     }
@@ -232,7 +235,7 @@ impl Connection {
                         params,
                     }
                 };
-                self.to_session(sid, cmd, &init).await;
+                self.send_session(sid, cmd, &init).await;
             }
             None => {
                 let agent = self.agent(init);
@@ -247,7 +250,7 @@ impl Connection {
     }
 
     /// Sends a session-scoped command, in order when this connection is attached already.
-    async fn to_session(&mut self, sid: String, cmd: SessionCommand, init: &Arc<Value>) {
+    async fn send_session(&mut self, sid: String, cmd: SessionCommand, init: &Arc<Value>) {
         let cmd = match self.attached.get(&sid) {
             Some(h) => match h.send(cmd).await {
                 Ok(()) => return,
@@ -284,9 +287,19 @@ impl Connection {
             responder: None,
         };
         self.handlers.spawn(async move {
-            let handle =
-                send_to_session(hub.clone(), sid.clone(), principal.clone(), attach).await?;
-            match handle.send(cmd).await {
+            let handle = match hub.open(&sid, &principal).await {
+                Ok(h) => h,
+                Err(e) => {
+                    reject(cmd, e).await;
+                    return None;
+                }
+            };
+            // Attach first, so what the command causes reaches this connection.
+            let sent = match handle.send(attach).await {
+                Ok(()) => handle.send(cmd).await,
+                Err(_) => Err(cmd),
+            };
+            match sent {
                 Ok(()) => Some(handle),
                 Err(cmd) => {
                     reject(cmd, AcpError::SessionGone).await;
@@ -322,7 +335,7 @@ impl Connection {
 }
 
 /// Opens a session and sends it a command; answers the command's responder on failure.
-async fn send_to_session(
+async fn send_send_session(
     hub: SessionHub,
     sid: String,
     principal: String,

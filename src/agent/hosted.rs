@@ -40,6 +40,10 @@ pub(super) enum RouterCommand {
     Unregister {
         route: String,
     },
+    /// A session just sent the agent a request: it is the active one.
+    Active {
+        route: String,
+    },
 }
 
 /// Spawns the agent, initializes it, and starts its router.
@@ -56,6 +60,7 @@ pub(super) async fn start(
     })?;
     let pid = child.id();
     tracing::info!(agent = %profile.name, pid, generation, "agent process started");
+    metrics::counter!(crate::metrics::AGENT_STARTS_TOTAL).increment(1);
     let (stdin, stdout, stderr) =
         match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
             (Some(i), Some(o), Some(e)) => (i, o, e),
@@ -128,6 +133,7 @@ pub(super) async fn connect(
         agent: name.to_owned(),
         routes: HashMap::new(),
         by_agent_sid: HashMap::new(),
+        last_route: None,
         early: HashMap::new(),
     };
     tasks.spawn(router.run(
@@ -148,6 +154,7 @@ pub(super) async fn connect(
 }
 
 /// What runs the agent: a child process, or a task inside acpd (the built-in agent).
+#[allow(dead_code)] // `Task` runs the built-in agent once it lands (issue 5).
 pub(super) enum Process {
     Child(Child),
     Task {
@@ -257,6 +264,9 @@ struct Router {
     routes: HashMap<String, mpsc::Sender<AgentEvent>>,
     /// The agent's session id -> acpd session id.
     by_agent_sid: HashMap<String, String>,
+    /// The session the agent spoke about last: where a request without a `sessionId` (an
+    /// extension method, say) most likely belongs.
+    last_route: Option<String>,
     /// Messages for session ids not registered yet (the agent spoke before its response).
     early: HashMap<String, Vec<AgentEvent>>,
 }
@@ -271,13 +281,24 @@ impl Router {
         io_cancel: CancellationToken,
         shutdown: CancellationToken,
     ) {
+        metrics::gauge!(crate::metrics::AGENT_PROCESSES).increment(1);
         let status = loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
                     process.kill().await;
                     break "acpd shut down".to_owned();
                 }
-                status = process.wait() => break status,
+                status = process.wait() => {
+                    // What the agent wrote before it died still counts: route it before
+                    // telling sessions it is gone (bounded: a grandchild may hold stdout).
+                    let drain = async {
+                        while let Some(m) = incoming.recv().await {
+                            self.route(m).await;
+                        }
+                    };
+                    let _ = tokio::time::timeout(KILL_GRACE, drain).await;
+                    break status;
+                }
                 cmd = commands.recv() => match cmd {
                     Some(RouterCommand::Register { route, agent_session_id, events }) => {
                         if let Some(asid) = agent_session_id {
@@ -289,6 +310,7 @@ impl Router {
                         }
                         self.routes.insert(route, events);
                     }
+                    Some(RouterCommand::Active { route }) => self.last_route = Some(route),
                     Some(RouterCommand::Unregister { route }) => {
                         self.routes.remove(&route);
                         self.by_agent_sid.retain(|_, r| *r != route);
@@ -316,6 +338,8 @@ impl Router {
             }
         };
         tracing::warn!(agent = %self.agent, %status, "agent process ended");
+        metrics::counter!(crate::metrics::AGENT_EXITS_TOTAL).increment(1);
+        metrics::gauge!(crate::metrics::AGENT_PROCESSES).decrement(1);
         exited.cancel();
         io_cancel.cancel();
         for (_, tx) in self.routes.drain() {
@@ -333,6 +357,7 @@ impl Router {
                 if let Some(tx) = self.routes.get(&route) {
                     let _ = tx.send(AgentEvent::Response { tag, result }).await;
                 }
+                self.last_route = Some(route);
                 return;
             }
             Incoming::Notification(n) => {
@@ -349,9 +374,21 @@ impl Router {
             Incoming::Request(r) => {
                 let sid = r.params.as_ref().and_then(session_id_of);
                 if sid.is_none() {
-                    let e = ResponseError::method_not_found(&r.method);
-                    tracing::debug!(agent = %self.agent, method = %r.method, "agent request without a sessionId");
-                    r.responder.respond(Err(e)).await;
+                    let target = self
+                        .last_route
+                        .as_ref()
+                        .and_then(|route| self.routes.get(route));
+                    match target {
+                        Some(tx) => {
+                            let _ = tx.send(AgentEvent::Request(r)).await;
+                        }
+                        None => {
+                            tracing::debug!(agent = %self.agent, method = %r.method, "agent request with no session to route it to");
+                            r.responder
+                                .respond(Err(ResponseError::method_not_found(&r.method)))
+                                .await;
+                        }
+                    }
                     return;
                 }
                 (sid, AgentEvent::Request(r))
@@ -361,9 +398,14 @@ impl Router {
             tracing::debug!(agent = %self.agent, "agent notification without a sessionId dropped");
             return;
         };
-        match self.by_agent_sid.get(&sid).and_then(|r| self.routes.get(r)) {
-            Some(tx) => {
+        match self
+            .by_agent_sid
+            .get(&sid)
+            .and_then(|r| self.routes.get(r).map(|tx| (r, tx)))
+        {
+            Some((route, tx)) => {
                 let _ = tx.send(event).await;
+                self.last_route = Some(route.clone());
             }
             None => {
                 if self.early.len() > EARLY_LIMIT {

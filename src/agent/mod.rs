@@ -107,6 +107,9 @@ impl AgentHandle {
         session_id: &str,
         tag: u64,
     ) -> Result<u64, PeerError> {
+        let _ = self.router.send(hosted::RouterCommand::Active {
+            route: session_id.to_owned(),
+        });
         self.peer
             .request_in_band(method, Some(params), session_id, tag)
             .await

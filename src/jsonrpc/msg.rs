@@ -347,13 +347,14 @@ mod tests {
 
     #[test]
     fn ids_round_trip_exactly() {
-        let Ok(Message::Request(r)) = Message::parse(r#"{"jsonrpc":"2.0","id":-5,"method":"a"}"#)
-        else {
-            panic!()
-        };
-        assert_eq!(
-            Message::Request(r).to_text(),
-            r#"{"id":-5,"jsonrpc":"2.0","method":"a"}"#
-        );
+        for id in ["-5", "\"abc\"", "12345678901234"] {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"a"}}"#);
+            let Ok(m) = Message::parse(&text) else {
+                panic!("{text}")
+            };
+            let out = m.to_text();
+            assert!(out.contains(&format!(r#""id":{id}"#)), "{out}");
+            assert_eq!(Message::parse(&out), Ok(m));
+        }
     }
 }

@@ -444,6 +444,7 @@ impl PeerTask {
     }
 
     fn on_frame(&mut self, text: &str) {
+        tracing::trace!(frame = %text, "in");
         let msg = match Message::parse(text) {
             Ok(m) => m,
             Err(bad) => {
@@ -521,6 +522,7 @@ impl PeerTask {
 }
 
 /// Two links joined back to back in memory, for an agent that runs inside acpd.
+#[allow(dead_code)] // Used by the built-in agent once it lands (issue 5).
 pub fn memory_pair() -> (Link, Link, impl Future<Output = ()> + Send) {
     let (a_out, mut a_out_rx) = mpsc::channel::<String>(crate::transport::LINK_QUEUE);
     let (b_out, mut b_out_rx) = mpsc::channel::<String>(crate::transport::LINK_QUEUE);

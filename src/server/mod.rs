@@ -58,9 +58,16 @@ pub struct Core {
     pub store: Store,
     pub hub: SessionHub,
     pub tasks: TaskTracker,
-    /// Stops sessions and agents; fired after the listeners have stopped.
+    /// Closes client connections ("reconnect later"); fired first in a drain.
+    pub drain: CancellationToken,
+    /// Stops sessions and agents; fired once running turns are done or the grace is over.
     pub stop: CancellationToken,
 }
+
+/// How long cancelled turns get to wind down (the agent answering `cancelled`).
+const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long tasks get to end once everything has been told to stop.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Core {
     pub async fn start(config: Config) -> Result<Core, ServeError> {
@@ -87,21 +94,55 @@ impl Core {
             store,
             hub,
             tasks,
+            drain: CancellationToken::new(),
             stop,
         })
     }
 
-    /// Stops sessions and agents, waits for them up to the grace period, flushes the store.
+    /// The drain: close client connections (they reconnect later; turns keep running,
+    /// journaled), let running turns finish within `shutdown_grace`, cancel the rest, stop
+    /// sessions and agents, flush and close the store.
     pub async fn shutdown(self) {
+        self.drain.cancel();
+        let deadline = tokio::time::Instant::now() + self.config.shutdown_grace;
+        let turns_done = |hub: &SessionHub| hub.running_turns() == 0;
+        if !wait_until(deadline, || turns_done(&self.hub)).await {
+            tracing::warn!(
+                turns = self.hub.running_turns(),
+                "shutdown grace over: cancelling running turns"
+            );
+            self.hub.cancel_all().await;
+            let cancel_deadline = tokio::time::Instant::now() + CANCEL_GRACE;
+            if !wait_until(cancel_deadline, || turns_done(&self.hub)).await {
+                tracing::warn!(
+                    turns = self.hub.running_turns(),
+                    "turns did not end after cancel"
+                );
+            }
+        }
         self.stop.cancel();
         self.tasks.close();
-        if tokio::time::timeout(self.config.shutdown_grace, self.tasks.wait())
+        if tokio::time::timeout(STOP_GRACE, self.tasks.wait())
             .await
             .is_err()
         {
-            tracing::warn!("some tasks did not stop within the shutdown grace period");
+            tracing::warn!("some tasks did not stop in time");
         }
         self.store.close().await;
+        tracing::info!("shutdown complete");
+    }
+}
+
+/// Polls `done` until it holds or `deadline` passes; says whether it held.
+async fn wait_until(deadline: tokio::time::Instant, done: impl Fn() -> bool) -> bool {
+    loop {
+        if done() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
@@ -112,6 +153,7 @@ pub async fn serve(
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    crate::metrics::install();
     let core = Core::start(config).await?;
     let auth = Auth::setup(&core.config, core.store.clone()).await?;
     let state = AppState {
@@ -119,7 +161,7 @@ pub async fn serve(
         hub: core.hub.clone(),
         auth,
         tasks: core.tasks.clone(),
-        shutdown: core.stop.clone(),
+        shutdown: core.drain.clone(),
         store: core.store.clone(),
     };
     if let Some(tcp) = tcp {
@@ -131,6 +173,7 @@ pub async fn serve(
         .route("/acp", get(acp_upgrade))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
         .with_state(state);
     tracing::info!(addr = %listener.local_addr()?, "acpd listening: ws://{}/acp", listener.local_addr()?);
     axum::serve(listener, app)
@@ -189,6 +232,14 @@ async fn acp_upgrade(
         resp.headers_mut().insert("acp-connection-id", v);
     }
     resp
+}
+
+/// `GET /metrics`: Prometheus text format.
+async fn metrics_text() -> Response {
+    match crate::metrics::install() {
+        Some(h) => ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "metrics unavailable\n").into_response(),
+    }
 }
 
 async fn readyz(State(st): State<AppState>) -> Response {

@@ -61,6 +61,8 @@ pub(super) fn spawn(
         tasks: JoinSet::new(),
         last_init: None,
         ending: false,
+        compacting: false,
+        retention_wanted: false,
     };
     if let Some((agent, agent_sid)) = agent {
         agent.register(&session.id, Some(&agent_sid), session.events.clone());
@@ -103,6 +105,7 @@ enum Inflight {
 /// Completions of the actor's helper tasks.
 enum TaskDone {
     AgentReady(Result<AgentHandle, Arc<AgentError>>),
+    Retention(Result<Option<super::retention::Outcome>, StoreError>),
     ClientAnswer {
         pending: u64,
         conn: ConnId,
@@ -135,6 +138,10 @@ pub(super) struct Session {
     /// The newest client `initialize` params, to start the agent with.
     last_init: Option<Arc<Value>>,
     ending: bool,
+    /// A retention pass is running.
+    compacting: bool,
+    /// Another pass is due when the running one ends.
+    retention_wanted: bool,
 }
 
 impl Session {
@@ -144,6 +151,11 @@ impl Session {
         mut events: mpsc::Receiver<AgentEvent>,
         serial: u64,
     ) {
+        metrics::gauge!(crate::metrics::SESSIONS_LIVE).increment(1);
+        // Whether this session counts as detached (live, no client) in the gauge.
+        let mut detached = false;
+        // Turns of this session counted in `shared.turns`.
+        let mut turns = 0usize;
         let shutdown = self.shared.shutdown.clone();
         let idle = self.shared.settings.idle_evict;
         let mut idle_since = Instant::now();
@@ -178,6 +190,34 @@ impl Session {
             if !self.is_idle() {
                 idle_since = Instant::now();
             }
+            let now_turns = self
+                .inflight
+                .values()
+                .filter(|f| matches!(f, Inflight::Prompt { .. }))
+                .count();
+            if now_turns != turns {
+                use std::sync::atomic::Ordering::Relaxed;
+                self.shared.turns.fetch_add(now_turns, Relaxed);
+                self.shared.turns.fetch_sub(turns, Relaxed);
+                turns = now_turns;
+            }
+            let now_detached = self.outbox.clients_len() == 0;
+            if now_detached != detached {
+                detached = now_detached;
+                let g = metrics::gauge!(crate::metrics::SESSIONS_DETACHED);
+                if detached {
+                    g.increment(1)
+                } else {
+                    g.decrement(1)
+                }
+            }
+        }
+        metrics::gauge!(crate::metrics::SESSIONS_LIVE).decrement(1);
+        self.shared
+            .turns
+            .fetch_sub(turns, std::sync::atomic::Ordering::Relaxed);
+        if detached {
+            metrics::gauge!(crate::metrics::SESSIONS_DETACHED).decrement(1);
         }
         self.flush().await;
         if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } = &self.agent {
@@ -639,7 +679,13 @@ impl Session {
                         .await;
                     return;
                 }
-                let params = with_session_id(req.params.unwrap_or(Value::Null), &self.id);
+                let params = req.params.unwrap_or(Value::Null);
+                // Rewrite the agent's session id; a request without one stays without.
+                let params = if params.get("sessionId").is_some() {
+                    with_session_id(params, &self.id)
+                } else {
+                    params
+                };
                 let deadline = Instant::now() + self.shared.settings.pending_request_timeout;
                 let id =
                     self.pending
@@ -652,8 +698,19 @@ impl Session {
                         Err(_) if self.cancel_requested => Ok(json!({ "stopReason": "cancelled" })),
                         r => r,
                     };
+                    let reason = match &result {
+                        Ok(v) => v
+                            .get("stopReason")
+                            .and_then(Value::as_str)
+                            .unwrap_or("unknown")
+                            .to_owned(),
+                        Err(_) => "error".to_owned(),
+                    };
+                    metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason)
+                        .increment(1);
                     self.save(self.patch()).await;
                     self.outbox.push(Out::Reply { responder, result });
+                    self.retention();
                 }
                 Some(Inflight::Relay { responder }) => {
                     self.outbox.push(Out::Reply { responder, result })
@@ -701,6 +758,25 @@ impl Session {
     async fn on_task(&mut self, done: TaskDone) {
         match done {
             TaskDone::AgentReady(Ok(agent)) => self.restore_step(agent, None).await,
+            TaskDone::Retention(r) => {
+                self.compacting = false;
+                if self.retention_wanted {
+                    self.retention();
+                }
+                match r {
+                    Ok(Some(o)) => tracing::info!(
+                        session = %self.id,
+                        before = o.before,
+                        after = o.after,
+                        dropped_oldest = o.dropped_oldest,
+                        "journal compacted"
+                    ),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(session = %self.id, error = %e, "journal retention failed")
+                    }
+                }
+            }
             TaskDone::AgentReady(Err(e)) => {
                 self.agent = AgentState::Unbound;
                 let err: ResponseError = AcpError::Agent(e).into();
@@ -736,6 +812,31 @@ impl Session {
                 Err(PeerError::Remote(e)) => self.pending.answer(pending, Err(e)).await,
             },
         }
+    }
+
+    /// Starts a retention pass after a turn, unless one is running or no cap is set.
+    fn retention(&mut self) {
+        let (entries, bytes) = (
+            self.shared.settings.journal_max_entries,
+            self.shared.settings.journal_max_bytes,
+        );
+        if entries == 0 && bytes == 0 {
+            return;
+        }
+        // One pass at a time; a turn that ends during a pass gets another pass after it.
+        self.retention_wanted = true;
+        if self.compacting {
+            return;
+        }
+        self.compacting = true;
+        self.retention_wanted = false;
+        let (store, id) = (self.shared.store.clone(), self.id.clone());
+        // Compact what the turns wrote once it is all committed.
+        let (mut durable, upto) = (self.durable_rx.clone(), self.next_seq - 1);
+        self.tasks.spawn(async move {
+            let _ = durable.wait_for(|d| *d >= upto).await;
+            TaskDone::Retention(super::retention::enforce(store, id, entries, bytes).await)
+        });
     }
 
     /// Relays a pending agent request to a client, if one is attached.

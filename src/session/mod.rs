@@ -6,6 +6,7 @@ mod actor;
 pub mod compaction;
 mod outbox;
 mod pending;
+mod retention;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -114,6 +115,9 @@ pub(crate) struct Shared {
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
     pub hub: mpsc::Sender<HubCommand>,
+    /// Prompt turns running across all sessions. Each actor adds and removes its own; the
+    /// drain reads it to know when running turns are done. A counter, not shared state.
+    pub turns: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 pub(crate) enum HubCommand {
@@ -123,10 +127,12 @@ pub(crate) enum HubCommand {
         reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
     },
     Spawn {
-        row: SessionRow,
+        row: Box<SessionRow>,
         agent: Option<(AgentHandle, String)>,
         reply: oneshot::Sender<SessionHandle>,
     },
+    /// Cancel the running turn of every live session (the end of a drain).
+    CancelAll,
     Ended {
         id: Arc<str>,
         serial: u64,
@@ -155,6 +161,7 @@ impl SessionHub {
             tasks: tasks.clone(),
             shutdown,
             hub: tx,
+            turns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         };
         let task = HubTask {
             shared: shared.clone(),
@@ -167,6 +174,16 @@ impl SessionHub {
 
     pub fn pool(&self) -> &AgentPool {
         &self.shared.pool
+    }
+
+    /// Prompt turns running right now, across all sessions.
+    pub fn running_turns(&self) -> usize {
+        self.shared.turns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Asks every live session to cancel its running turn (`stopReason: cancelled`).
+    pub async fn cancel_all(&self) {
+        let _ = self.shared.hub.send(HubCommand::CancelAll).await;
     }
 
     /// The live actor of a session that `principal` owns, started from the store if needed.
@@ -280,7 +297,7 @@ impl SessionHub {
             .shared
             .hub
             .send(HubCommand::Spawn {
-                row,
+                row: Box::new(row),
                 agent: Some((agent, agent_sid)),
                 reply,
             })
@@ -363,7 +380,12 @@ impl HubTask {
                     let _ = reply.send(r);
                 }
                 HubCommand::Spawn { row, agent, reply } => {
-                    let _ = reply.send(self.start(row, agent));
+                    let _ = reply.send(self.start(*row, agent));
+                }
+                HubCommand::CancelAll => {
+                    for (_, h) in self.live.values() {
+                        let _ = h.send(SessionCommand::Cancel).await;
+                    }
                 }
                 HubCommand::Ended { id, serial } => {
                     if self.live.get(&id).is_some_and(|(s, _)| *s == serial) {

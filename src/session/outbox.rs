@@ -120,10 +120,11 @@ impl Outbox {
                 Out::Update { seq, text, exclude } => {
                     let mut dead = vec![];
                     for c in &mut self.clients {
-                        if c.sent_upto < seq && exclude.as_ref() != Some(&c.client.conn) {
-                            if c.client.peer.send_raw(text.to_string()).await.is_err() {
-                                dead.push(c.client.conn.clone());
-                            }
+                        if c.sent_upto < seq
+                            && exclude.as_ref() != Some(&c.client.conn)
+                            && c.client.peer.send_raw(text.to_string()).await.is_err()
+                        {
+                            dead.push(c.client.conn.clone());
                         }
                         c.sent_upto = c.sent_upto.max(seq);
                     }

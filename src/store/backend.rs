@@ -174,15 +174,18 @@ impl Pool {
     async fn applied_version(&self) -> Result<Option<i64>, StoreError> {
         let exists: bool = match self {
             Pool::Sqlite(p) => sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations')",
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master \
+                 WHERE type = 'table' AND name = '_sqlx_migrations')",
             )
             .fetch_one(p)
             .await
             .map_err(db)?,
-            Pool::Postgres(p) => sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-                .fetch_one(p)
-                .await
-                .map_err(db)?,
+            Pool::Postgres(p) => {
+                sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+                    .fetch_one(p)
+                    .await
+                    .map_err(db)?
+            }
         };
         if !exists {
             return Ok(None);
@@ -244,22 +247,24 @@ pub(crate) fn classify(e: &sqlx::Error) -> Failure {
         sqlx::Error::Encode(_) => Failure::Data,
         sqlx::Error::Database(d) => {
             let code = d.code().unwrap_or_default();
-            if let Ok(n) = code.parse::<i64>() {
-                // SQLite: an extended result code; the low byte is the primary code.
-                match n & 0xff {
-                    // BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN, PROTOCOL
-                    5 | 6 | 7 | 10 | 13 | 14 | 15 => Failure::Transient,
-                    // TOOBIG, CONSTRAINT, MISMATCH, RANGE
-                    18 | 19 | 20 | 25 => Failure::Data,
-                    _ => Failure::Other,
-                }
-            } else {
-                // Postgres SQLSTATE classes: 08 connection, 40 rollback (serialization,
-                // deadlock), 53 resources, 57 operator intervention (e.g. pg_terminate_backend,
-                // shutdown), 58 system I/O; 22 data exception, 23 integrity violation.
+            if d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some()
+            {
+                // SQLSTATE classes: 08 connection, 40 rollback (serialization, deadlock),
+                // 53 resources, 57 operator intervention (e.g. pg_terminate_backend, shutdown),
+                // 58 system I/O; 22 data exception, 23 integrity violation.
                 match code.get(..2) {
                     Some("08" | "40" | "53" | "57" | "58") => Failure::Transient,
                     Some("22" | "23") => Failure::Data,
+                    _ => Failure::Other,
+                }
+            } else {
+                // SQLite: an extended result code; the low byte is the primary code.
+                match code.parse::<i64>().map(|n| n & 0xff) {
+                    // BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN, PROTOCOL
+                    Ok(5 | 6 | 7 | 10 | 13 | 14 | 15) => Failure::Transient,
+                    // TOOBIG, CONSTRAINT, MISMATCH, RANGE
+                    Ok(18 | 19 | 20 | 25) => Failure::Data,
                     _ => Failure::Other,
                 }
             }
@@ -283,6 +288,27 @@ pub(crate) fn is_constraint(e: &sqlx::Error) -> bool {
         e.as_database_error().map(|d| d.kind()),
         Some(sqlx::error::ErrorKind::UniqueViolation | sqlx::error::ErrorKind::ForeignKeyViolation)
     )
+}
+
+/// Current time as Unix epoch milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A unique or foreign-key violation becomes `Conflict(what)`; anything else maps as usual.
+pub(crate) fn conflict_or_db(
+    what: impl FnOnce() -> String,
+) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |e| {
+        if is_constraint(&e) {
+            StoreError::Conflict(what())
+        } else {
+            db(e)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
-//! Bulk journal SQL per backend: many rows per statement, used by the writer and compaction.
+//! Journal SQL: reads, compaction's range replacement, and the bulk inserts the writer uses.
 
 use sqlx::{PgConnection, SqliteConnection};
+
+use super::backend::{Pool, begin_write, db, on_pool};
+use super::{JournalEntry, StoreError, rows};
 
 /// One journal row to insert, borrowed from a `NewEntry` or a `JournalEntry`.
 #[derive(Debug, Clone, Copy)]
@@ -26,6 +29,10 @@ pub(crate) trait JournalSql {
     async fn raise_last_seq(&mut self, marks: &[(&str, i64)]) -> Result<u64, sqlx::Error>;
     async fn insert_entries(&mut self, rows: &[Ins<'_>]) -> Result<(), sqlx::Error>;
 }
+
+/// Bytes, not characters: OCTET_LENGTH means the same in both databases.
+const JOURNAL_SIZE: &str = "SELECT COUNT(*), COALESCE(SUM(OCTET_LENGTH(body)), 0) \
+     FROM journal WHERE session_id = $1";
 
 const RAISE_LAST_SEQ: &str = "UPDATE sessions \
      SET last_seq = CASE WHEN last_seq > $2 THEN last_seq ELSE $2 END \
@@ -149,6 +156,86 @@ impl JournalSql for PgConnection {
         .await?;
         Ok(())
     }
+}
+
+pub(super) async fn journal_after(
+    pool: &Pool,
+    session_id: &str,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<JournalEntry>, StoreError> {
+    on_pool!(pool, |p| {
+        let found = sqlx::query(
+            "SELECT session_id, seq, kind, body, at_ms FROM journal \
+             WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(session_id)
+        .bind(after_seq)
+        .bind(limit.max(0))
+        .fetch_all(p)
+        .await
+        .map_err(db)?;
+        found
+            .iter()
+            .map(rows::journal_entry)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(db)
+    })
+}
+
+pub(super) async fn replace_journal_range(
+    pool: &Pool,
+    session_id: &str,
+    first_seq: i64,
+    last_seq: i64,
+    entries: &[JournalEntry],
+) -> Result<(), StoreError> {
+    let mut prev = i64::MIN;
+    for e in entries {
+        if e.session_id != session_id || e.seq < first_seq || e.seq > last_seq || e.seq <= prev {
+            return Err(StoreError::Conflict(format!(
+                "replacement entry {}#{} is outside {session_id}#{first_seq}..={last_seq} or out of order",
+                e.session_id, e.seq
+            )));
+        }
+        prev = e.seq;
+    }
+    let rows: Vec<Ins<'_>> = entries
+        .iter()
+        .map(|e| Ins {
+            session_id: &e.session_id,
+            seq: e.seq,
+            kind: &e.kind,
+            body: &e.body,
+            at_ms: e.at_ms,
+        })
+        .collect();
+    let mark = [(session_id, entries.last().map_or(0, |e| e.seq))];
+    on_pool!(pool, |p| {
+        let mut tx = p.begin_with(begin_write(pool)).await.map_err(db)?;
+        if tx.raise_last_seq(&mark).await.map_err(db)? == 0 {
+            return Err(StoreError::Conflict(format!("no session {session_id}")));
+        }
+        sqlx::query("DELETE FROM journal WHERE session_id = $1 AND seq >= $2 AND seq <= $3")
+            .bind(session_id)
+            .bind(first_seq)
+            .bind(last_seq)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        tx.insert_entries(&rows).await.map_err(db)?;
+        tx.commit().await.map_err(db)
+    })
+}
+
+pub(super) async fn journal_size(pool: &Pool, session_id: &str) -> Result<(i64, i64), StoreError> {
+    on_pool!(pool, |p| {
+        sqlx::query_as(JOURNAL_SIZE)
+            .bind(session_id)
+            .fetch_one(p)
+            .await
+            .map_err(db)
+    })
 }
 
 #[cfg(test)]

@@ -7,8 +7,9 @@ use sqlx::sqlite::SqliteRow;
 use super::{JournalEntry, PrincipalRow, SessionRow, StoreError, TokenRow};
 
 /// Column list matching `session_row`; every session query selects exactly these.
-pub(crate) const SESSION_COLUMNS: &str = "id, principal_id, agent, agent_session_id, cwd, additional_dirs, title, \
-     mode_id, config_values, meta, created_at_ms, updated_at_ms, closed, last_seq, owner_instance, lease_until_ms";
+pub(crate) const SESSION_COLUMNS: &str = "id, principal_id, agent, agent_session_id, cwd, \
+     additional_dirs, title, mode_id, config_values, meta, created_at_ms, updated_at_ms, closed, \
+     last_seq, owner_instance, lease_until_ms";
 
 /// Typed column access, implemented once per backend so the decoders below are written once.
 pub(crate) trait Columns {

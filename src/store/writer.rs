@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::backend::{Failure, Pool, begin_write, classify, on_pool};
@@ -22,24 +22,29 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 pub(crate) enum Msg {
     Append(NewEntry, Arc<DurableSeq>),
-    /// Stop accepting appends, commit everything already queued, then answer.
-    Close(oneshot::Sender<()>),
+    /// Stop accepting appends and commit everything already queued.
+    Close,
 }
+
+/// Resolves `changed()` with an error once the writer task has ended (its sender is dropped
+/// then, also if it panicked): every append it ever accepted is committed or reported.
+pub(crate) type Finished = watch::Receiver<()>;
 
 /// Starts the writer; it runs until a `Close` or until every sender is gone, and in both cases
 /// commits what was queued before it stops.
-pub(crate) fn spawn(pool: Pool, opts: &StoreOptions) -> mpsc::Sender<Msg> {
+pub(crate) fn spawn(pool: Pool, opts: &StoreOptions) -> (mpsc::Sender<Msg>, Finished) {
     let (tx, rx) = mpsc::channel(opts.journal_queue.max(1));
+    let (finished_tx, finished) = watch::channel(());
     let writer = Writer {
         pool,
         rx,
         batch_max: opts.journal_batch_max.max(1),
         batch_delay: opts.journal_batch_delay,
-        closers: Vec::new(),
         open: true,
+        _finished: finished_tx,
     };
     tokio::spawn(writer.run());
-    tx
+    (tx, finished)
 }
 
 struct Writer {
@@ -47,10 +52,10 @@ struct Writer {
     rx: mpsc::Receiver<Msg>,
     batch_max: usize,
     batch_delay: Duration,
-    /// Callers of `Store::close` waiting for the final flush.
-    closers: Vec<oneshot::Sender<()>>,
     /// False once the channel is closed and drained.
     open: bool,
+    /// Dropped with the writer; see `Finished`.
+    _finished: watch::Sender<()>,
 }
 
 type Batch = Vec<(NewEntry, Arc<DurableSeq>)>;
@@ -70,19 +75,13 @@ impl Writer {
                 batch.clear();
             }
         }
-        for closer in self.closers.drain(..) {
-            let _ = closer.send(());
-        }
     }
 
     fn accept(&mut self, msg: Msg, batch: &mut Batch) {
         match msg {
             Msg::Append(entry, durable) => batch.push((entry, durable)),
-            Msg::Close(ack) => {
-                // Refuse new appends; those already queued are still received and committed.
-                self.rx.close();
-                self.closers.push(ack);
-            }
+            // Refuse new appends; those already queued are still received and committed.
+            Msg::Close => self.rx.close(),
         }
     }
 
@@ -115,7 +114,11 @@ impl Writer {
             Err(e) => {
                 // Some row poisons the whole transaction: find it by committing one by one, so
                 // the good rows still go in.
-                tracing::warn!(error = %e, entries = batch.len(), "journal batch rejected; committing entries one by one");
+                tracing::warn!(
+                    error = %e,
+                    entries = batch.len(),
+                    "journal batch rejected; committing entries one by one"
+                );
                 let mut dropped = Vec::new();
                 for (i, item) in batch.iter().enumerate() {
                     if let Err(e) = self.commit_with_retry(std::slice::from_ref(item)).await {
@@ -141,8 +144,15 @@ impl Writer {
         let mut backoff = BACKOFF_START;
         let mut attempt = 1u32;
         loop {
+            let started = std::time::Instant::now();
             match write(&self.pool, items).await {
                 Ok(()) => {
+                    metrics::histogram!(crate::metrics::JOURNAL_APPEND_SECONDS)
+                        .record(started.elapsed().as_secs_f64());
+                    metrics::histogram!(crate::metrics::JOURNAL_BATCH_SIZE)
+                        .record(items.len() as f64);
+                    metrics::counter!(crate::metrics::JOURNAL_ENTRIES_TOTAL)
+                        .increment(items.len() as u64);
                     if attempt > 1 {
                         tracing::info!(
                             attempt,
@@ -154,8 +164,14 @@ impl Writer {
                 }
                 Err(e) if classify(&e) == Failure::Data => return Err(e),
                 Err(e) => {
-                    tracing::warn!(error = %e, attempt, entries = items.len(), retry_in_ms = backoff.as_millis() as u64,
-                        "journal commit failed; keeping the batch and retrying");
+                    metrics::counter!(crate::metrics::STORE_ERRORS_TOTAL).increment(1);
+                    tracing::warn!(
+                        error = %e,
+                        attempt,
+                        entries = items.len(),
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "journal commit failed; keeping the batch and retrying"
+                    );
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                     attempt = attempt.saturating_add(1);

@@ -50,8 +50,14 @@ pub fn pump(
                 _ = cancel.cancelled() => break Some(CloseReason::SHUTDOWN),
                 msg = stream.next(), if in_tx.is_some() => {
                     let frame = match msg {
-                        Some(Ok(Message::Text(t))) if t.len() > max_message_bytes => InFrame::TooLarge(t.len()),
-                        Some(Ok(Message::Text(t))) => InFrame::Text(t.to_string()),
+                        Some(Ok(Message::Text(t))) if t.len() > max_message_bytes => {
+                            metrics::counter!(crate::metrics::BYTES_IN_TOTAL).increment(t.len() as u64);
+                            InFrame::TooLarge(t.len())
+                        }
+                        Some(Ok(Message::Text(t))) => {
+                            metrics::counter!(crate::metrics::BYTES_IN_TOTAL).increment(t.len() as u64);
+                            InFrame::Text(t.to_string())
+                        }
                         Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => continue,
                         Some(Ok(Message::Close(_))) | None => {
                             in_tx = None;
@@ -70,6 +76,7 @@ pub fn pump(
                 }
                 out = out_rx.recv() => match out {
                     Some(text) => {
+                        metrics::counter!(crate::metrics::BYTES_OUT_TOTAL).increment(text.len() as u64);
                         if let Err(e) = sink.send(Message::Text(text.into())).await {
                             tracing::debug!(error = %e, "websocket write failed");
                             break None;

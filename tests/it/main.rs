@@ -1,7 +1,28 @@
 //! The one integration-test binary: real sockets, a real daemon, a real store.
+//!
+//! `scripted_agent` tests the stand-in agent alone; every other module drives `acpd` end to
+//! end (see `support/daemon.rs` for the store choice: `ACPD_TEST_E2E_STORE=postgres`).
 
 #[allow(dead_code)]
 mod pgtest;
+mod support;
 
+mod agent_processes;
+mod bad_input;
 mod builtin;
 mod builtin_support;
+mod cancel;
+mod client_requests;
+mod durability;
+mod handshake;
+mod journal_retention;
+mod load_resume;
+mod new_session;
+mod operations;
+mod prompt_turn;
+mod scripted_agent;
+mod session_list;
+mod store;
+mod store_failures;
+mod tidy;
+mod transports;

@@ -36,6 +36,16 @@ impl TestDb {
         &self.url
     }
 
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The server URL the database was created from (for admin statements).
+    pub fn admin_url(&self) -> &str {
+        &self.admin_url
+    }
+
     /// Drops the database, terminating leftover connections first.
     pub async fn drop_db(self) {
         if let Ok(mut conn) = PgConnection::connect(&self.admin_url).await {

@@ -1,0 +1,77 @@
+//! Prometheus metrics: names, descriptions, and the recorder behind `GET /metrics`.
+//!
+//! Code records with the `metrics` macros using the names below; nothing else is needed.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+pub const CONNECTIONS_LIVE: &str = "acpd_connections_live";
+pub const CONNECTIONS_TOTAL: &str = "acpd_connections_total";
+pub const CONNECTIONS_DETACHED: &str = "acpd_connections_detached";
+pub const SESSIONS_LIVE: &str = "acpd_sessions_live";
+pub const SESSIONS_DETACHED: &str = "acpd_sessions_detached";
+pub const PROMPTS_TOTAL: &str = "acpd_prompts_total";
+pub const JOURNAL_APPEND_SECONDS: &str = "acpd_journal_commit_seconds";
+pub const JOURNAL_BATCH_SIZE: &str = "acpd_journal_batch_size";
+pub const JOURNAL_ENTRIES_TOTAL: &str = "acpd_journal_entries_total";
+pub const STORE_ERRORS_TOTAL: &str = "acpd_store_errors_total";
+pub const AGENT_PROCESSES: &str = "acpd_agent_processes";
+pub const AGENT_STARTS_TOTAL: &str = "acpd_agent_starts_total";
+pub const AGENT_EXITS_TOTAL: &str = "acpd_agent_exits_total";
+pub const BYTES_IN_TOTAL: &str = "acpd_bytes_in_total";
+pub const BYTES_OUT_TOTAL: &str = "acpd_bytes_out_total";
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide recorder (once) and returns the handle that renders it.
+pub fn install() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(&[
+                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
+                ])
+                .ok()?
+                .build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
+                return None;
+            }
+            describe();
+            Some(handle)
+        })
+        .as_ref()
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(CONNECTIONS_LIVE, "Client connections with an open socket");
+    describe_counter!(CONNECTIONS_TOTAL, "Client connections accepted");
+    describe_gauge!(
+        CONNECTIONS_DETACHED,
+        "Resumable links waiting for their client to reconnect"
+    );
+    describe_gauge!(SESSIONS_LIVE, "Sessions with a live actor");
+    describe_gauge!(SESSIONS_DETACHED, "Live sessions with no client attached");
+    describe_counter!(
+        PROMPTS_TOTAL,
+        "Prompt turns ended, by stop reason (error: the turn failed)"
+    );
+    describe_histogram!(JOURNAL_APPEND_SECONDS, "Time to commit one journal batch");
+    describe_histogram!(JOURNAL_BATCH_SIZE, "Journal entries per committed batch");
+    describe_counter!(JOURNAL_ENTRIES_TOTAL, "Journal entries committed");
+    describe_counter!(
+        STORE_ERRORS_TOTAL,
+        "Failed store operations (retried or reported)"
+    );
+    describe_gauge!(AGENT_PROCESSES, "Hosted agent processes running");
+    describe_counter!(
+        AGENT_STARTS_TOTAL,
+        "Agent processes started (restarts included)"
+    );
+    describe_counter!(AGENT_EXITS_TOTAL, "Agent processes that ended");
+    describe_counter!(BYTES_IN_TOTAL, "Bytes received from clients");
+    describe_counter!(BYTES_OUT_TOTAL, "Bytes sent to clients");
+}

@@ -1,0 +1,96 @@
+//! `session/new` through acpd: acpd's own ids, early agent updates held until after the
+//! response, and the session's modes and config options relayed both ways.
+
+use serde_json::json;
+
+use crate::support::{Daemon, kind, seq};
+
+#[tokio::test]
+async fn session_id_is_acpds_own_and_setup_is_relayed() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let result = client.new_session_result(&daemon.work_dir()).await;
+    let sid = result["sessionId"].as_str().expect("sessionId");
+    assert!(
+        !sid.starts_with("sa-"),
+        "acpd must not hand out the agent's session id: {sid}"
+    );
+    assert_eq!(result["modes"]["currentModeId"], "default");
+    assert_eq!(
+        result["modes"]["availableModes"].as_array().map(Vec::len),
+        Some(2)
+    );
+    assert_eq!(result["configOptions"][0]["id"], "verbosity");
+    assert_eq!(result["configOptions"][0]["currentValue"], "low");
+    let other = client.new_session(&daemon.work_dir()).await;
+    assert_ne!(sid, other);
+}
+
+/// The scripted agent sends `available_commands_update` before its `session/new` response;
+/// acpd must deliver it after the response (Zed drops updates of sessions it does not know).
+#[tokio::test]
+async fn early_agent_updates_are_held_until_after_the_response() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let id = client
+        .send_request(
+            "session/new",
+            json!({ "cwd": daemon.work_dir(), "mcpServers": [] }),
+        )
+        .await;
+    let result = client.wait_response(&id).await.expect("session/new");
+    let sid = result["sessionId"].as_str().unwrap();
+    // Everything that arrived before the response is still buffered.
+    let early: Vec<_> = client.take_buffered_updates();
+    assert!(
+        early.is_empty(),
+        "updates arrived before the session/new response: {early:?}"
+    );
+    let update = client.next_update().await;
+    assert_eq!(update["sessionId"], sid);
+    assert_eq!(
+        update["update"],
+        json!({
+            "sessionUpdate": "available_commands_update",
+            "availableCommands": [{ "name": "echo", "description": "Echo text" }],
+        })
+    );
+    seq(&update);
+}
+
+#[tokio::test]
+async fn mode_and_config_changes_are_relayed() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let sid = client.open_session(&daemon.work_dir()).await;
+
+    let result = client
+        .request(
+            "session/set_mode",
+            json!({ "sessionId": sid, "modeId": "plan" }),
+        )
+        .await;
+    assert_eq!(result.unwrap(), json!({}));
+    let update = client.next_update().await;
+    assert_eq!(update["sessionId"], sid);
+    assert_eq!(
+        update["update"],
+        json!({ "sessionUpdate": "current_mode_update", "currentModeId": "plan" })
+    );
+    let mode_seq = seq(&update);
+
+    let params = json!({ "sessionId": sid, "configId": "verbosity", "value": "high" });
+    let result = client
+        .request("session/set_config_option", params)
+        .await
+        .unwrap();
+    assert_eq!(result["configOptions"][0]["currentValue"], "high");
+    let update = client.next_update().await;
+    assert_eq!(kind(&update), "config_option_update");
+    assert_eq!(update["update"]["configOptions"], result["configOptions"]);
+    assert!(seq(&update) > mode_seq);
+
+    // The agent's own refusal comes back as an error.
+    let bad = json!({ "sessionId": sid, "modeId": "no-such-mode" });
+    assert!(client.request("session/set_mode", bad).await.is_err());
+}

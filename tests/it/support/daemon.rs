@@ -1,0 +1,398 @@
+//! The acpd process under test: spawn, wait until it listens, kill, SIGTERM, restart on the
+//! same data dir and store. The only place that knows which store the e2e tests use:
+//! SQLite in the temp dir by default, a fresh Postgres database when
+//! `ACPD_TEST_E2E_STORE=postgres` (server from `ACPD_TEST_DATABASE_URL`).
+//!
+//! The daemon's stderr goes to one log file per daemon; it is printed when a test panics.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use super::client::Client;
+use super::conn::Conn;
+use super::scripted_agent_bin;
+use crate::pgtest::TestDb;
+
+/// What differs between daemons of different tests.
+#[derive(Debug, Clone, Default)]
+pub struct DaemonOptions {
+    /// Also listen for raw TCP (`--tcp-listen`).
+    pub tcp: bool,
+    /// Extra arguments, e.g. `["--list-page-size", "3"]`.
+    pub args: Vec<String>,
+    /// Store sessions in a fresh Postgres database whatever `ACPD_TEST_E2E_STORE` says.
+    pub postgres: bool,
+}
+
+impl DaemonOptions {
+    pub fn arg(mut self, name: &str, value: impl ToString) -> DaemonOptions {
+        self.args.push(name.to_string());
+        self.args.push(value.to_string());
+        self
+    }
+
+    pub fn postgres(mut self) -> DaemonOptions {
+        self.postgres = true;
+        self
+    }
+
+    pub fn tcp(mut self) -> DaemonOptions {
+        self.tcp = true;
+        self
+    }
+}
+
+enum Store {
+    Sqlite(String),
+    Postgres(Option<TestDb>),
+}
+
+impl Store {
+    async fn create(dir: &Path, postgres: bool) -> Store {
+        if postgres {
+            return Store::Postgres(Some(TestDb::create().await));
+        }
+        match std::env::var("ACPD_TEST_E2E_STORE").as_deref() {
+            Ok("postgres") => Store::Postgres(Some(TestDb::create().await)),
+            Ok("sqlite") | Ok("") | Err(_) => {
+                Store::Sqlite(format!("sqlite://{}", dir.join("acpd.db").display()))
+            }
+            Ok(other) => panic!("ACPD_TEST_E2E_STORE={other}: expected sqlite or postgres"),
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Store::Sqlite(url) => url.clone(),
+            Store::Postgres(db) => db
+                .as_ref()
+                .expect("database not dropped yet")
+                .url()
+                .to_string(),
+        }
+    }
+}
+
+/// How the daemon is reached.
+enum Mode {
+    Serve,
+    Stdio,
+}
+
+pub struct Daemon {
+    dir: tempfile::TempDir,
+    store: Store,
+    opts: DaemonOptions,
+    mode: Mode,
+    child: Option<Child>,
+    /// WebSocket listener (serve mode).
+    pub addr: SocketAddr,
+    /// Raw TCP listener, when `opts.tcp`.
+    pub tcp_addr: Option<SocketAddr>,
+    starts: u32,
+}
+
+/// A free loopback port: bind to port 0, read it, let it go.
+fn free_port() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr")
+}
+
+/// Single-quotes a word for the daemon's shell-like splitting of `--agent NAME=COMMAND`.
+fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+impl Daemon {
+    /// `acpd serve` with default options.
+    pub async fn start() -> Daemon {
+        Daemon::start_with(DaemonOptions::default()).await
+    }
+
+    pub async fn start_with(opts: DaemonOptions) -> Daemon {
+        let mut daemon = Daemon::prepare(opts, Mode::Serve).await;
+        daemon.spawn().await;
+        daemon
+    }
+
+    /// `acpd stdio`, with a client on its stdin/stdout.
+    pub async fn stdio(opts: DaemonOptions) -> (Daemon, Client) {
+        let mut daemon = Daemon::prepare(opts, Mode::Stdio).await;
+        let conn = daemon
+            .spawn()
+            .await
+            .expect("stdio mode yields a connection");
+        (daemon, Client::new(conn))
+    }
+
+    async fn prepare(opts: DaemonOptions, mode: Mode) -> Daemon {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir_all(dir.path().join("work")).expect("work dir");
+        std::fs::create_dir_all(dir.path().join("pids")).expect("pid dir");
+        std::fs::create_dir_all(dir.path().join("data")).expect("data dir");
+        let store = Store::create(dir.path(), opts.postgres).await;
+        Daemon {
+            dir,
+            store,
+            opts,
+            mode,
+            child: None,
+            addr: free_port(),
+            tcp_addr: None,
+            starts: 0,
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let pids = quote(&self.pid_dir().display().to_string());
+        let agent = quote(scripted_agent_bin());
+        let mut args = match self.mode {
+            Mode::Serve => vec![
+                "serve".to_string(),
+                "--listen".into(),
+                self.addr.to_string(),
+            ],
+            Mode::Stdio => vec!["stdio".to_string()],
+        };
+        if let Some(tcp) = self.tcp_addr {
+            args.extend(["--tcp-listen".into(), tcp.to_string()]);
+        }
+        args.extend([
+            "--store".into(),
+            self.store.url(),
+            "--data-dir".into(),
+            self.dir.path().join("data").display().to_string(),
+            "--agent".into(),
+            format!("scripted={agent} --pid-dir {pids}"),
+            "--agent".into(),
+            format!("noload={agent} --no-load --no-resume --pid-dir {pids}"),
+            "--default-agent".into(),
+            "scripted".into(),
+            "--no-auth".into(),
+        ]);
+        args.extend(self.opts.args.iter().cloned());
+        args
+    }
+
+    /// Spawns the process; in serve mode waits until it accepts connections, in stdio mode
+    /// returns the connection over its stdio.
+    async fn spawn(&mut self) -> Option<Conn> {
+        self.starts += 1;
+        if matches!(self.mode, Mode::Serve) && self.starts > 1 {
+            // Fresh ports on restart: the old ones may linger in TIME_WAIT.
+            self.addr = free_port();
+        }
+        if self.opts.tcp && matches!(self.mode, Mode::Serve) {
+            self.tcp_addr = Some(free_port());
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("daemon log file");
+        use std::io::Write;
+        let _ = writeln!(&log, "===== acpd start #{} =====", self.starts);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_acpd"));
+        cmd.args(self.args()).stderr(log).kill_on_drop(true);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        let stdio = matches!(self.mode, Mode::Stdio);
+        if stdio {
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        } else {
+            cmd.stdin(Stdio::null()).stdout(Stdio::null());
+        }
+        let mut child = cmd.spawn().expect("spawn acpd");
+        let conn = if stdio {
+            let stdin = child.stdin.take().expect("piped stdin");
+            let stdout = child.stdout.take().expect("piped stdout");
+            Some(Conn::lines(stdout, stdin))
+        } else {
+            None
+        };
+        self.child = Some(child);
+        if !stdio {
+            self.wait_listening(self.addr).await;
+            if let Some(tcp) = self.tcp_addr {
+                self.wait_listening(tcp).await;
+            }
+        }
+        conn
+    }
+
+    /// Polls until `addr` accepts a connection; panics if the daemon exits or 10 s pass.
+    async fn wait_listening(&mut self, addr: SocketAddr) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("acpd exited with {status} before listening on {addr}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "acpd did not listen on {addr} within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The Postgres database of this daemon, when it stores sessions in Postgres.
+    pub fn postgres_db(&self) -> Option<&TestDb> {
+        match &self.store {
+            Store::Postgres(db) => db.as_ref(),
+            Store::Sqlite(_) => None,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// An existing directory to use as a session's `cwd`.
+    pub fn work_dir(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    /// Where the scripted agents drop a file named after their pid.
+    pub fn pid_dir(&self) -> PathBuf {
+        self.dir.path().join("pids")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("acpd.log")
+    }
+
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/acp", self.addr)
+    }
+
+    /// A new WebSocket client (not initialized).
+    pub async fn connect(&self) -> Client {
+        Client::connect_ws(&self.ws_url())
+            .await
+            .expect("connect to acpd")
+    }
+
+    /// A new WebSocket client after `initialize`.
+    pub async fn client(&self) -> Client {
+        let mut client = self.connect().await;
+        client.initialize().await;
+        client
+    }
+
+    /// A new raw TCP client (not initialized).
+    pub async fn connect_tcp(&self) -> Client {
+        let addr = self
+            .tcp_addr
+            .expect("daemon started with DaemonOptions::tcp()");
+        Client::connect_tcp(addr)
+            .await
+            .expect("connect to acpd over tcp")
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .expect("acpd did not die of SIGKILL");
+        }
+    }
+
+    /// SIGTERM; returns the exit status (panics if acpd is not gone within 10 s).
+    pub async fn sigterm(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("acpd is running");
+        let pid = child.id().expect("acpd is running") as i32;
+        // SAFETY: plain syscall on a pid we own and have not reaped yet.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("acpd did not exit within 10 s of SIGTERM")
+            .expect("wait for acpd")
+    }
+
+    /// SIGKILL (if running) and start again on the same data dir and store.
+    pub async fn restart(&mut self) {
+        self.kill().await;
+        self.spawn().await;
+    }
+
+    /// Pids the scripted agents recorded in the pid dir.
+    pub fn agent_pids(&self) -> Vec<i32> {
+        let mut pids: Vec<i32> = std::fs::read_dir(self.pid_dir())
+            .expect("read pid dir")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        pids.sort();
+        pids
+    }
+}
+
+/// Whether `pid` names a live process (zombies count as dead: nobody may reap them here).
+pub fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the parenthesized command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Polls until none of `pids` is alive; returns the ones still alive after `within`.
+pub async fn wait_all_dead(pids: &[i32], within: Duration) -> Vec<i32> {
+    let deadline = Instant::now() + within;
+    loop {
+        let alive: Vec<i32> = pids.iter().copied().filter(|p| process_alive(*p)).collect();
+        if alive.is_empty() || Instant::now() >= deadline {
+            return alive;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+            eprintln!(
+                "----- acpd stderr ({}) -----\n{log}----- end of acpd stderr -----",
+                self.log_path().display()
+            );
+        }
+        if let Store::Postgres(db) = &mut self.store {
+            if let Some(db) = db.take() {
+                // Drop cannot await; a thread with its own runtime can.
+                let _ = std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build();
+                    if let Ok(rt) = rt {
+                        rt.block_on(db.drop_db());
+                    }
+                })
+                .join();
+            }
+        }
+    }
+}

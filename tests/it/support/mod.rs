@@ -1,0 +1,119 @@
+//! Test harness: the daemon under test, a scripted agent spoken to directly, and a client
+//! that plays the editor. Only `daemon.rs` knows which store the e2e tests run against.
+
+pub mod agent;
+pub mod client;
+pub mod conn;
+pub mod daemon;
+pub mod editor;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub use client::{Client, RpcError};
+pub use daemon::{Daemon, DaemonOptions};
+pub use editor::PermissionChoice;
+
+/// Deadline of a single wait unless a test sets another.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The params of a `session/update` notification, or `None` for any other message.
+pub fn session_update_params(msg: &Value) -> Option<&Value> {
+    (msg["method"] == "session/update").then(|| &msg["params"])
+}
+
+/// `update.sessionUpdate` of `session/update` params.
+pub fn kind(params: &Value) -> &str {
+    params["update"]["sessionUpdate"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+/// The text of a message/thought chunk, if `params` is one with a text block.
+pub fn chunk_text(params: &Value) -> Option<&str> {
+    params["update"]["content"]["text"].as_str()
+}
+
+/// Texts of the `agent_message_chunk`s among `updates`, in order.
+pub fn agent_texts(updates: &[Value]) -> Vec<String> {
+    updates
+        .iter()
+        .filter(|p| kind(p) == "agent_message_chunk")
+        .filter_map(|p| chunk_text(p).map(str::to_string))
+        .collect()
+}
+
+/// `_meta.acpd.seq` of `session/update` params; panics when missing, as the contract says it
+/// is on every update acpd sends.
+pub fn seq(params: &Value) -> i64 {
+    params["_meta"]["acpd"]["seq"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("session/update without integer _meta.acpd.seq: {params}"))
+}
+
+pub fn seqs(updates: &[Value]) -> Vec<i64> {
+    updates.iter().map(seq).collect()
+}
+
+/// Asserts that seqs increase by exactly one from each update to the next.
+pub fn assert_consecutive(updates: &[Value]) {
+    let seqs = seqs(updates);
+    for pair in seqs.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1, "seqs not consecutive: {seqs:?}");
+    }
+}
+
+/// Asserts that seqs strictly increase.
+pub fn assert_increasing(updates: &[Value]) {
+    let seqs = seqs(updates);
+    for pair in seqs.windows(2) {
+        assert!(pair[1] > pair[0], "seqs not strictly increasing: {seqs:?}");
+    }
+}
+
+/// Whether `s` is an RFC 3339 date-time (`2026-01-02T03:04:05[.frac](Z|±hh:mm)`).
+pub fn is_rfc3339(s: &str) -> bool {
+    let b = s.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| r.clone().all(|i| b.get(i).is_some_and(u8::is_ascii_digit));
+    let shape = b.len() >= 20
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && matches!(b[10], b'T' | b't')
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19);
+    if !shape {
+        return false;
+    }
+    let mut rest = &s[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return false;
+        }
+        rest = &frac[n..];
+    }
+    matches!(rest, "Z" | "z")
+        || (rest.len() == 6
+            && matches!(rest.as_bytes()[0], b'+' | b'-')
+            && rest[1..3].bytes().all(|c| c.is_ascii_digit())
+            && &rest[3..4] == ":"
+            && rest[4..6].bytes().all(|c| c.is_ascii_digit()))
+}
+
+/// Path of the scripted agent binary.
+pub fn scripted_agent_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_acpd-scripted-agent")
+}
+
+/// Path of the acpd binary.
+pub fn acpd_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_acpd")
+}
