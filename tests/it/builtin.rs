@@ -708,3 +708,29 @@ async fn builtin_from_environment_and_compact() {
     );
     assert_eq!(r.auth, None);
 }
+
+#[tokio::test]
+async fn builtin_cancel_during_a_client_terminal() {
+    let model = ModelServer::start().await;
+    let acpd = Acpd::start(&builtin_config(model.addr, "")).await;
+    let mut ed = acpd.editor(full_caps()).await;
+    let (sid, _) = ed.new_session(&acpd.work(), json!({})).await;
+    model.push_stream(vec![tool("shell", json!({ "command": "sleep 60" }))]);
+    let rx = ed.start_prompt(&sid, "sleep in the editor");
+    ed.wait_update("the terminal shown", |u| {
+        u["content"][0]["type"] == "terminal"
+    })
+    .await;
+    ed.notify("session/cancel", json!({ "sessionId": sid }));
+    assert_eq!(ed.finish(rx).await.unwrap()["stopReason"], "cancelled");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !ed.request_methods().iter().any(|m| m == "terminal/release") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "terminal not released: {:?}",
+            ed.request_methods()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ed.request_methods().iter().any(|m| m == "terminal/kill"));
+}
