@@ -526,14 +526,26 @@ async fn compact(ctx: &TurnCtx, conv: &mut SavedSession) -> Result<StopReason, T
     let mut scratch = conv.clone();
     transcript::close_dangling_tool_uses(&mut scratch.messages, "not run");
     transcript::push_user(&mut scratch.messages, vec![Block::Text {
-        text: "Summarize our conversation so far for your own future reference: the goal, decisions, files touched and their state, and open tasks. Be complete but concise.".into(),
+        text: "Do not call any tool now. Summarize our conversation so far for your own future reference: the goal, decisions, files touched and their state, and open tasks. Be complete but concise.".into(),
     }]);
     if scratch.system_prompt.is_none() {
         scratch.system_prompt = Some(content::system_prompt(&ctx.config, &ctx.roots));
     }
-    let Some((message, _)) = model_call(ctx, &mut scratch, &settings, &[]).await? else {
+    // The same tools as a normal turn: Anthropic requires them when the transcript has tool
+    // calls, and the cached prefix (tools, system, messages) stays identical.
+    let extra = tools::Extra {
+        client: &conv.client_tools,
+        mcp: &ctx.mcp,
+    };
+    let offered = tools::specs(&ctx.config, ctx.caps, settings.mode == PLAN, extra);
+    let Some((message, _)) = model_call(ctx, &mut scratch, &settings, &offered).await? else {
         return Ok("cancelled");
     };
+    for b in &message.content {
+        if let Block::ToolUse { id, .. } = b {
+            fail_call(&ctx.client, id, "not run while compacting").await;
+        }
+    }
     let summary: String = message
         .content
         .iter()

@@ -14,6 +14,8 @@ use super::{Outcome, ToolEnv, ToolError};
 const SKIP_DIRS: [&str; 4] = [".git", "node_modules", "target", ".hg"];
 const MAX_WALK: usize = 50_000;
 const MAX_SEARCH_FILE: u64 = 2 * 1024 * 1024;
+/// Largest file read whole on the host (edit needs all of it; reads are then cut).
+const MAX_READ: u64 = 32 * 1024 * 1024;
 
 fn arg<'a>(input: &'a Value, k: &str) -> Result<&'a str, ToolError> {
     input
@@ -60,9 +62,21 @@ async fn read_text(env: &ToolEnv<'_>, route: &Route) -> Result<String, ToolError
                 .unwrap_or_default()
                 .to_owned())
         }
-        Route::Host(p) => tokio::fs::read_to_string(p)
-            .await
-            .map_err(|e| ToolError::Io(env.roots.display(p), e)),
+        Route::Host(p) => {
+            let len = tokio::fs::metadata(p)
+                .await
+                .map_err(|e| ToolError::Io(env.roots.display(p), e))?
+                .len();
+            if len > MAX_READ {
+                return Err(ToolError::Failed(format!(
+                    "{} is {len} bytes, over the {MAX_READ}-byte limit for text files",
+                    env.roots.display(p)
+                )));
+            }
+            tokio::fs::read_to_string(p)
+                .await
+                .map_err(|e| ToolError::Io(env.roots.display(p), e))
+        }
     }
 }
 
