@@ -130,6 +130,17 @@ impl Session {
                             if let Some((_, responder)) = self.turn.take() {
                                 responder.respond(Err(ResponseError::internal("the turn failed"))).await;
                             }
+                            // The transcript went down with the turn: the last saved one is next.
+                            match state::load(&self.shared.config.state_dir, &self.id).await {
+                                Ok(mut saved) => {
+                                    saved.settings = self.settings.borrow().clone();
+                                    self.saved = Some(saved);
+                                }
+                                Err(e) => {
+                                    tracing::error!(session = %self.id, error = %e, "cannot reload the session state");
+                                    break;
+                                }
+                            }
                         }
                     }
                 }
