@@ -2,6 +2,7 @@
 //! profile), started on first use and restarted on the next use after it died.
 //! Each process is an ACP peer; `AgentHandle` is how sessions talk to it.
 
+pub mod builtin;
 pub mod hosted;
 
 use std::collections::HashMap;
@@ -262,11 +263,10 @@ impl PoolTask {
             _ => {}
         }
         let profile = if key.profile == BUILTIN_AGENT {
-            let _ = reply.send(Err(Arc::new(AgentError::BuiltinUnavailable)));
-            return;
+            None
         } else {
             match self.config.agents.get(&key.profile) {
-                Some(p) => p.clone(),
+                Some(p) => Some(p.clone()),
                 None => {
                     let _ = reply.send(Err(Arc::new(AgentError::UnknownProfile(
                         key.profile.clone(),
@@ -279,6 +279,7 @@ impl PoolTask {
         self.slots.insert(key.clone(), Slot::Starting(vec![reply]));
         let start = start(
             profile,
+            self.config.clone(),
             client_init,
             self.generation,
             self.tasks.clone(),
@@ -293,11 +294,52 @@ impl PoolTask {
 }
 
 async fn start(
-    profile: AgentProfile,
+    profile: Option<AgentProfile>,
+    config: Arc<Config>,
     client_init: Arc<Value>,
     generation: u64,
     tasks: TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<AgentHandle, AgentError> {
-    hosted::start(&profile, &client_init, generation, &tasks, shutdown).await
+    match profile {
+        Some(profile) => hosted::start(&profile, &client_init, generation, &tasks, shutdown).await,
+        None => start_builtin(&config, &client_init, generation, &tasks, shutdown).await,
+    }
+}
+
+/// The built-in agent: a task on an in-memory link, hosted like any agent process.
+async fn start_builtin(
+    config: &Config,
+    client_init: &Value,
+    generation: u64,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> Result<AgentHandle, AgentError> {
+    let builtin_config =
+        builtin::BuiltinConfig::parse(&config.builtin, &config.data_dir).map_err(|e| {
+            AgentError::Initialize {
+                profile: BUILTIN_AGENT.to_owned(),
+                message: e.to_string(),
+            }
+        })?;
+    let (acpd_side, agent_side, carry) = crate::jsonrpc::memory_pair();
+    tasks.spawn(carry);
+    let cancel = CancellationToken::new();
+    let join = tasks.spawn(builtin::run(
+        agent_side,
+        Arc::new(builtin_config),
+        cancel.clone(),
+    ));
+    let io_cancel = CancellationToken::new();
+    hosted::connect(
+        BUILTIN_AGENT,
+        acpd_side,
+        hosted::Process::Task { join, cancel },
+        io_cancel,
+        client_init,
+        generation,
+        tasks,
+        shutdown,
+    )
+    .await
 }

@@ -8,5 +8,5 @@ pub use msg::{
 };
 pub use peer::{
     InFrame, Incoming, IncomingRequest, Link, OutgoingRequest, PeerError, PeerHandle, Responder,
-    spawn,
+    memory_pair, spawn,
 };

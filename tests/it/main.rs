@@ -9,6 +9,8 @@ mod support;
 
 mod agent_processes;
 mod bad_input;
+mod builtin;
+mod builtin_support;
 mod cancel;
 mod client_requests;
 mod durability;
