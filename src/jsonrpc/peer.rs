@@ -88,6 +88,7 @@ enum Command {
         id: u64,
         notify_peer: bool,
     },
+    Close,
 }
 
 /// Sends requests and notifications to the other side. Cheap to clone.
@@ -192,6 +193,12 @@ impl PeerHandle {
             .map_err(|_| PeerError::Disconnected)
     }
 
+    /// Ends the link: the peer stops, pending requests fail, the transport closes. Used to
+    /// cut off a client that cannot keep up or whose token was revoked.
+    pub fn close(&self) {
+        let _ = self.tx.try_send(Command::Close);
+    }
+
     /// Fires when the peer task has ended.
     pub fn closed(&self) -> CancellationToken {
         self.closed.clone()
@@ -268,6 +275,11 @@ impl Responder {
 
     pub fn id(&self) -> Option<&RequestId> {
         self.id.as_ref()
+    }
+
+    /// Whether this answers a request that came over `peer`'s link.
+    pub fn is_for(&self, peer: &PeerHandle) -> bool {
+        self.tx.same_channel(&peer.tx)
     }
 }
 
@@ -361,6 +373,7 @@ impl PeerTask {
                     Err(_) => break,
                 },
                 cmd = commands.recv(), if self.to_write.len() < WRITE_QUEUE => match cmd {
+                    Some(Command::Close) => break,
                     Some(cmd) => self.on_command(cmd),
                     None => break,
                 },
@@ -440,6 +453,8 @@ impl PeerTask {
                     );
                 }
             }
+            // Handled in the loop, which ends.
+            Command::Close => {}
         }
     }
 

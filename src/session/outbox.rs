@@ -1,15 +1,23 @@
 //! A session's outbox: what is owed to attached clients, in order, released only once
 //! durable (write-before-send) and not while a bootstrap hold is on.
+//!
+//! Each attached client has its own writer task fed by a bounded queue, so the session actor
+//! never waits on a socket: a client that cannot keep up fills its queue and is cut off
+//! (it reconnects and replays from the journal), while every other client and session goes on.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{Client, ConnId};
 use crate::jsonrpc::{Responder, ResponseError};
+
+/// Messages queued for one client before it counts as too slow and is disconnected.
+const CLIENT_QUEUE: usize = 16 * 1024;
 
 pub(super) enum Out {
     /// A journaled `session/update`; `exclude` already has it (its own prompt).
@@ -29,16 +37,31 @@ pub(super) enum Out {
     Request(u64),
 }
 
+/// What a client's writer task sends, in order.
+enum ClientOut {
+    Raw(Arc<str>),
+    Reply(Responder, Result<Value, ResponseError>),
+}
+
 pub(super) struct Attached {
     pub client: Client,
     /// The highest seq this client has been sent (by replay or live).
     pub sent_upto: i64,
 }
 
+/// One attached client and its writer task. Dropping it closes the queue: the task sends
+/// what is queued (a close or delete answer may be last) and ends; if the connection is gone
+/// it ends at the first failed send.
+struct Writer {
+    client: Client,
+    sent_upto: i64,
+    tx: mpsc::Sender<ClientOut>,
+}
+
 #[derive(Default)]
 pub(super) struct Outbox {
     items: VecDeque<Out>,
-    clients: Vec<Attached>,
+    clients: Vec<Writer>,
     hold_until: Option<Instant>,
 }
 
@@ -71,10 +94,29 @@ impl Outbox {
         }
     }
 
-    /// Adds a client (replacing an earlier attachment of the same connection).
+    /// Adds a client (replacing an earlier attachment of the same connection) and starts its
+    /// writer.
     pub fn attach(&mut self, a: Attached) {
         self.clients.retain(|c| c.client.conn != a.client.conn);
-        self.clients.push(a);
+        let (tx, mut rx) = mpsc::channel(CLIENT_QUEUE);
+        let peer = a.client.peer.clone();
+        tokio::spawn(async move {
+            while let Some(out) = rx.recv().await {
+                match out {
+                    ClientOut::Raw(text) => {
+                        if peer.send_raw(text.to_string()).await.is_err() {
+                            break;
+                        }
+                    }
+                    ClientOut::Reply(responder, result) => responder.respond(result).await,
+                }
+            }
+        });
+        self.clients.push(Writer {
+            client: a.client,
+            sent_upto: a.sent_upto,
+            tx,
+        });
     }
 
     pub fn detach(&mut self, conn: &ConnId) {
@@ -104,6 +146,7 @@ impl Outbox {
         if self.hold_until.is_some_and(|t| Instant::now() >= t) {
             self.hold_until = None;
         }
+        let mut slow: Vec<ConnId> = vec![];
         while let Some(front) = self.items.front() {
             if self.hold_until.is_some() {
                 break;
@@ -118,27 +161,55 @@ impl Outbox {
             };
             match item {
                 Out::Update { seq, text, exclude } => {
-                    let mut dead = vec![];
                     for c in &mut self.clients {
-                        if c.sent_upto < seq
-                            && exclude.as_ref() != Some(&c.client.conn)
-                            && c.client.peer.send_raw(text.to_string()).await.is_err()
-                        {
-                            dead.push(c.client.conn.clone());
+                        if c.sent_upto < seq && exclude.as_ref() != Some(&c.client.conn) {
+                            queue(c, ClientOut::Raw(text.clone()), &mut slow);
                         }
                         c.sent_upto = c.sent_upto.max(seq);
                     }
-                    self.clients.retain(|c| !dead.contains(&c.client.conn));
                 }
                 Out::Raw(text) => {
-                    for c in &self.clients {
-                        let _ = c.client.peer.send_raw(text.to_string()).await;
+                    for c in &mut self.clients {
+                        queue(c, ClientOut::Raw(text.clone()), &mut slow);
                     }
                 }
-                Out::Reply { responder, result } => responder.respond(result).await,
+                Out::Reply { responder, result } => {
+                    // Behind what is queued for the client that asked, if it is attached.
+                    match self
+                        .clients
+                        .iter_mut()
+                        .find(|c| responder.is_for(&c.client.peer))
+                    {
+                        Some(c) => queue(c, ClientOut::Reply(responder, result), &mut slow),
+                        None => {
+                            tokio::spawn(responder.respond(result));
+                        }
+                    }
+                }
                 Out::Request(id) => requests.push(id),
             }
         }
+        for conn in slow {
+            if let Some(c) = self.clients.iter().find(|c| c.client.conn == conn) {
+                tracing::warn!(conn = %conn, "client cannot keep up; disconnecting it (it can reload from the journal)");
+                c.client.peer.close();
+            }
+            self.detach(&conn);
+        }
         requests
+    }
+}
+
+/// Queues for one client without waiting; a full queue marks the client slow.
+fn queue(c: &mut Writer, out: ClientOut, slow: &mut Vec<ConnId>) {
+    match c.tx.try_send(out) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            if !slow.contains(&c.client.conn) {
+                slow.push(c.client.conn.clone());
+            }
+        }
+        // The writer ended: its connection is gone; the Detach command follows.
+        Err(mpsc::error::TrySendError::Closed(_)) => {}
     }
 }

@@ -21,6 +21,10 @@ pub struct CloseReason {
 }
 
 impl CloseReason {
+    pub const CUT_OFF: CloseReason = CloseReason {
+        code: close_code::POLICY,
+        reason: "closed by acpd (client too slow, or access revoked); reconnect and reload",
+    };
     pub const SHUTDOWN: CloseReason = CloseReason {
         code: close_code::AWAY,
         reason: "acpd is shutting down; reconnect later",
@@ -82,6 +86,10 @@ pub fn pump(
                             break None;
                         }
                     }
+                    // The link ended on acpd's side: shutting down, or the client was cut off
+                    // (too slow, token revoked) while it was still there.
+                    None if cancel.is_cancelled() => break Some(CloseReason::SHUTDOWN),
+                    None if in_tx.is_some() => break Some(CloseReason::CUT_OFF),
                     None => break Some(CloseReason { code: close_code::NORMAL, reason: "" }),
                 },
                 _ = ping.tick() => {
