@@ -17,6 +17,7 @@ mod load_resume;
 mod new_session;
 mod prompt_turn;
 mod scripted_agent;
+mod security;
 mod session_list;
 mod store;
 mod transports;

@@ -25,6 +25,8 @@ pub struct DaemonOptions {
     pub tcp: bool,
     /// Extra arguments, e.g. `["--list-page-size", "3"]`.
     pub args: Vec<String>,
+    /// Require tokens (no `--no-auth`); see `support::security_support`.
+    pub auth: bool,
 }
 
 impl DaemonOptions {
@@ -36,6 +38,11 @@ impl DaemonOptions {
 
     pub fn tcp(mut self) -> DaemonOptions {
         self.tcp = true;
+        self
+    }
+
+    pub fn auth(mut self) -> DaemonOptions {
+        self.auth = true;
         self
     }
 }
@@ -163,8 +170,10 @@ impl Daemon {
             format!("noload={agent} --no-load --no-resume --pid-dir {pids}"),
             "--default-agent".into(),
             "scripted".into(),
-            "--no-auth".into(),
         ]);
+        if !self.opts.auth {
+            args.push("--no-auth".into());
+        }
         args.extend(self.opts.args.iter().cloned());
         args
     }
@@ -236,6 +245,17 @@ impl Daemon {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The store URL, for admin subcommands (`acpd token create`) run beside the daemon.
+    pub fn store_url(&self) -> String {
+        self.store.url()
+    }
+
+    /// The daemon's pid, for signals.
+    pub fn pid(&self) -> i32 {
+        let child = self.child.as_ref().expect("acpd is running");
+        child.id().expect("acpd is running") as i32
     }
 
     pub fn dir(&self) -> &Path {
