@@ -13,6 +13,7 @@ mod cancel;
 mod client_requests;
 mod durability;
 mod handshake;
+mod hostile;
 mod load_resume;
 mod new_session;
 mod prompt_turn;
