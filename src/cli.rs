@@ -56,6 +56,8 @@ enum Command {
         #[command(subcommand)]
         action: TokenAction,
     },
+    /// Write a self-signed TLS certificate and key; print its SHA-256 fingerprint.
+    Cert(server::cert::CertArgs),
 }
 
 #[derive(Subcommand)]
@@ -185,6 +187,7 @@ async fn run(command: Command) -> ExitCode {
             Err(code) => code,
         },
         Command::Token { action } => token(action).await,
+        Command::Cert(args) => server::cert::run(args),
     }
 }
 

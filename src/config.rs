@@ -33,6 +33,21 @@ pub enum ConfigError {
     Invalid { what: &'static str, message: String },
     #[error("--no-auth is only allowed on a loopback address, not {0}")]
     NoAuthNotLoopback(SocketAddr),
+    #[error("--tls-cert and --tls-key go together: give both or neither")]
+    TlsPair,
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("refusing to serve {0} without TLS: give --tls-cert/--tls-key (or --insecure)")]
+    NotLoopbackWithoutTls(SocketAddr),
+    #[error("--tcp-listen has no authentication and is loopback only, not {0}")]
+    TcpNotLoopback(SocketAddr),
+}
+
+/// The PEM files of the TLS listener; re-read on SIGHUP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// One agent a client can pick with `/acp?agent=NAME`.
@@ -88,6 +103,12 @@ pub struct Config {
     pub resume_grace: Duration,
     /// Ping interval on resumable links; about three silent intervals mean a dead socket.
     pub keepalive: Duration,
+    /// TLS on the WebSocket listener (`wss://`), if configured.
+    pub tls: Option<TlsFiles>,
+    /// Serve a non-loopback address without TLS (warns at every start).
+    pub insecure: bool,
+    /// Origins a browser client may connect from; requests without `Origin` are unaffected.
+    pub allowed_origins: Vec<String>,
 }
 
 /// Options shared by `serve`, `stdio` and the admin subcommands.
@@ -144,6 +165,23 @@ pub struct Args {
     /// Keepalive ping interval on resumable links, in milliseconds.
     #[arg(long, env = "ACPD_KEEPALIVE_MS")]
     pub keepalive_ms: Option<u64>,
+    /// PEM certificate chain for TLS (with --tls-key); re-read on SIGHUP.
+    #[arg(long, env = "ACPD_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS (with --tls-cert); re-read on SIGHUP.
+    #[arg(long, env = "ACPD_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Allow a non-loopback --listen without TLS (warns at every start).
+    #[arg(long, env = "ACPD_INSECURE")]
+    pub insecure: bool,
+    /// A browser Origin allowed to connect (repeatable; env: comma-separated).
+    #[arg(
+        long = "allowed-origin",
+        env = "ACPD_ALLOWED_ORIGIN",
+        value_name = "ORIGIN",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Vec<String>,
 }
 
 /// The TOML file; every field optional.
@@ -165,6 +203,11 @@ struct FileConfig {
     journal_max_bytes: Option<u64>,
     resume_grace_secs: Option<u64>,
     keepalive_ms: Option<u64>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    insecure: Option<bool>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
     #[serde(default)]
     agents: BTreeMap<String, FileAgent>,
     #[serde(default)]
@@ -278,6 +321,17 @@ impl Config {
         {
             return Err(ConfigError::NoAuthNotLoopback(tcp));
         }
+        let (tls, insecure, allowed_origins) = security(
+            args,
+            FileSecurity {
+                tls_cert: file.tls_cert,
+                tls_key: file.tls_key,
+                insecure: file.insecure,
+                allowed_origins: file.allowed_origins,
+            },
+            listen,
+            tcp_listen,
+        )?;
         let max_message_bytes = args
             .max_message_bytes
             .or(file.max_message_bytes)
@@ -343,6 +397,9 @@ impl Config {
                     .unwrap_or(120),
             ),
             keepalive,
+            tls,
+            insecure,
+            allowed_origins,
         })
     }
 
@@ -359,6 +416,61 @@ impl Config {
             None
         }
     }
+}
+
+/// TLS, the plain-text escape hatch and the Origin allowlist, checked together: a non-loopback
+/// listener needs TLS or `--insecure`; the raw TCP listener, which has no authentication,
+/// needs loopback.
+/// The file's security settings (moved out of `FileConfig`, which is consumed piecemeal).
+struct FileSecurity {
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    insecure: Option<bool>,
+    allowed_origins: Vec<String>,
+}
+
+fn security(
+    args: &Args,
+    file: FileSecurity,
+    listen: SocketAddr,
+    tcp_listen: Option<SocketAddr>,
+) -> Result<(Option<TlsFiles>, bool, Vec<String>), ConfigError> {
+    let cert = args.tls_cert.clone().or(file.tls_cert);
+    let key = args.tls_key.clone().or(file.tls_key);
+    let tls = match (cert, key) {
+        (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+        (None, None) => None,
+        _ => return Err(ConfigError::TlsPair),
+    };
+    if let Some(files) = &tls {
+        crate::server::tls::load(files).map_err(|e| ConfigError::Tls(e.to_string()))?;
+    }
+    let insecure = args.insecure || file.insecure.unwrap_or(false);
+    if tls.is_none() && !insecure && !listen.ip().is_loopback() {
+        return Err(ConfigError::NotLoopbackWithoutTls(listen));
+    }
+    if let Some(tcp) = tcp_listen
+        && !tcp.ip().is_loopback()
+    {
+        return Err(ConfigError::TcpNotLoopback(tcp));
+    }
+    let mut origins = Vec::new();
+    // Like every other setting, flags (or the environment) replace the file's list.
+    let given = if args.allowed_origins.is_empty() {
+        &file.allowed_origins
+    } else {
+        &args.allowed_origins
+    };
+    for o in given {
+        let norm = crate::server::origin::normalize(o).ok_or_else(|| ConfigError::Invalid {
+            what: "allowed origin",
+            message: format!("{o:?} is not scheme://host[:port]"),
+        })?;
+        if !origins.contains(&norm) {
+            origins.push(norm);
+        }
+    }
+    Ok((tls, insecure, origins))
 }
 
 fn split_command(name: &str, command: &str) -> Result<Vec<String>, ConfigError> {

@@ -122,6 +122,11 @@ impl Connection {
                 .respond(Err(AcpError::NotInitialized.into()))
                 .await;
         };
+        if let Err(why) = super::params::check(&method, &params) {
+            return responder
+                .respond(Err(AcpError::InvalidParams(why).into()))
+                .await;
+        }
         let hub = self.ctx.hub.clone();
         let principal = self.ctx.principal.clone();
         match method.as_str() {
@@ -225,6 +230,10 @@ impl Connection {
         let Some(init) = self.init.clone() else {
             return;
         };
+        if let Err(why) = super::params::check(&n.method, &params) {
+            tracing::debug!(method = %n.method, %why, "notification with bad params ignored");
+            return;
+        }
         match session_id(&params) {
             Some(sid) => {
                 let cmd = if n.method == "session/cancel" {

@@ -3,5 +3,6 @@
 
 pub mod connection;
 mod error;
+mod params;
 
 pub use error::AcpError;

@@ -22,6 +22,8 @@ pub enum InFrame {
     Text(String),
     /// A frame over the size limit, dropped unread; carries its size.
     TooLarge(usize),
+    /// A frame whose bytes are not UTF-8 (newline transports; WebSocket checks this itself).
+    NotUtf8,
 }
 
 /// Both directions of a transport, as channels. Closing `incoming` ends the peer.
@@ -384,6 +386,7 @@ impl PeerTask {
                 },
                 frame = link.incoming.recv(), if link_open && self.to_deliver.len() < DELIVER_QUEUE => match frame {
                     Some(InFrame::Text(t)) => self.on_frame(&t),
+                    Some(InFrame::NotUtf8) => self.write(Malformed::Parse("invalid UTF-8".into()).reply().into()),
                     Some(InFrame::TooLarge(n)) => {
                         let e = ResponseError::invalid_request(format!("message of {n} bytes is over the size limit"));
                         self.write(Response { id: RequestId::Null, result: Err(e) }.into());

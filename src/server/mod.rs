@@ -2,6 +2,9 @@
 //! listeners (HTTP/WebSocket via axum, raw TCP), and runs the shutdown sequence.
 
 mod auth;
+pub mod cert;
+pub mod origin;
+pub mod tls;
 
 use std::sync::Arc;
 
@@ -38,6 +41,8 @@ pub enum ServeError {
     Auth(String),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 /// Everything the request handlers share.
@@ -181,16 +186,29 @@ pub async fn serve(
         core.tasks
             .spawn(accept_tcp(tcp, state.clone(), shutdown.clone()));
     }
+    let origins = origin::Origins::new(core.config.allowed_origins.clone());
     let app = Router::new()
         .route("/acp", get(acp_upgrade))
+        .route_layer(axum::middleware::from_fn_with_state(origins, origin::guard))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .with_state(state);
-    tracing::info!(addr = %listener.local_addr()?, "acpd listening: ws://{}/acp", listener.local_addr()?);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await?;
+    if let Some(files) = core.config.tls.clone() {
+        let tls = tls::TlsListener::new(listener, files)?;
+        tracing::info!(addr = %tls.local_addr()?, "acpd listening: wss://{}/acp", tls.local_addr()?);
+        tls.serve(app, core.tasks.clone(), shutdown.clone()).await?;
+    } else {
+        if core.config.insecure {
+            tracing::warn!(
+                "TLS is OFF (--insecure): tokens and everything the agent reads or writes cross the network in clear"
+            );
+        }
+        tracing::info!(addr = %listener.local_addr()?, "acpd listening: ws://{}/acp", listener.local_addr()?);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+            .await?;
+    }
     tracing::info!("listeners stopped; shutting down sessions");
     core.shutdown().await;
     Ok(())

@@ -27,6 +27,8 @@ pub struct DaemonOptions {
     pub args: Vec<String>,
     /// Store sessions in a fresh Postgres database whatever `ACPD_TEST_E2E_STORE` says.
     pub postgres: bool,
+    /// Require tokens (no `--no-auth`); see `support::security_support`.
+    pub auth: bool,
 }
 
 impl DaemonOptions {
@@ -43,6 +45,11 @@ impl DaemonOptions {
 
     pub fn tcp(mut self) -> DaemonOptions {
         self.tcp = true;
+        self
+    }
+
+    pub fn auth(mut self) -> DaemonOptions {
+        self.auth = true;
         self
     }
 }
@@ -173,8 +180,10 @@ impl Daemon {
             format!("noload={agent} --no-load --no-resume --pid-dir {pids}"),
             "--default-agent".into(),
             "scripted".into(),
-            "--no-auth".into(),
         ]);
+        if !self.opts.auth {
+            args.push("--no-auth".into());
+        }
         args.extend(self.opts.args.iter().cloned());
         args
     }
@@ -254,6 +263,17 @@ impl Daemon {
             Store::Postgres(db) => db.as_ref(),
             Store::Sqlite(_) => None,
         }
+    }
+
+    /// The store URL, for admin subcommands (`acpd token create`) run beside the daemon.
+    pub fn store_url(&self) -> String {
+        self.store.url()
+    }
+
+    /// The daemon's pid, for signals.
+    pub fn pid(&self) -> i32 {
+        let child = self.child.as_ref().expect("acpd is running");
+        child.id().expect("acpd is running") as i32
     }
 
     pub fn dir(&self) -> &Path {

@@ -1,0 +1,150 @@
+//! Shape checks on the params of the session methods acpd routes itself, before anything
+//! is sent to a session or an agent.
+//!
+//! Without them a `sessionId` of the wrong type made a session method look sessionless, so it
+//! went to the agent (which answered "method not found" for methods acpd emulates), and
+//! wrong types in fields acpd or the agent reads were relayed or silently ignored. Only
+//! types are checked here, not the whole schema: params are still relayed verbatim, and
+//! whatever a check does not mention (extensions, `_meta`) passes.
+
+use serde_json::Value;
+
+/// What a field must be.
+#[derive(Clone, Copy)]
+enum Kind {
+    String,
+    /// A string holding an absolute path (ACP requires absolute `cwd`s).
+    AbsolutePath,
+    Array,
+    /// An array of objects that each have a string `type` (content blocks).
+    Blocks,
+}
+
+/// `(field, kind, required)` for each method acpd checks.
+fn rules(method: &str) -> Option<&'static [(&'static str, Kind, bool)]> {
+    use Kind::*;
+    const SID: (&str, Kind, bool) = ("sessionId", String, true);
+    Some(match method {
+        "session/new" => &[("cwd", AbsolutePath, true), ("mcpServers", Array, false)],
+        "session/load" | "session/resume" => &[
+            SID,
+            ("cwd", AbsolutePath, false),
+            ("mcpServers", Array, false),
+        ],
+        "session/list" => &[("cwd", AbsolutePath, false), ("cursor", String, false)],
+        "session/prompt" => &[SID, ("prompt", Blocks, true)],
+        "session/set_mode" => &[SID, ("modeId", String, true)],
+        "session/set_config_option" => &[SID, ("configId", String, true)],
+        "session/close"
+        | "session/delete"
+        | "session/cancel"
+        | "session/set_model"
+        | "_acpd/session/attach" => &[SID],
+        _ => return None,
+    })
+}
+
+/// Checks `params` of `method`; the message of the -32602 it earns, if any. Methods acpd does
+/// not know pass unchecked.
+pub fn check(method: &str, params: &Value) -> Result<(), String> {
+    let Some(rules) = rules(method) else {
+        return Ok(());
+    };
+    let Some(obj) = params.as_object() else {
+        return Err(format!("{method}: params must be an object"));
+    };
+    for &(field, kind, required) in rules {
+        let ok = match (obj.get(field), kind) {
+            (None, _) => !required,
+            (Some(Value::String(s)), Kind::String) => !s.is_empty(),
+            (Some(Value::String(s)), Kind::AbsolutePath) => s.starts_with('/'),
+            (Some(Value::Array(_)), Kind::Array) => true,
+            (Some(Value::Array(items)), Kind::Blocks) => items
+                .iter()
+                .all(|b| b.get("type").is_some_and(Value::is_string)),
+            _ => false,
+        };
+        if !ok {
+            let what = match kind {
+                Kind::String => "a non-empty string",
+                Kind::AbsolutePath => "an absolute path",
+                Kind::Array => "an array",
+                Kind::Blocks => "an array of content blocks",
+            };
+            return Err(format!("{field} must be {what}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn good_params_pass_and_unknown_methods_are_not_checked() {
+        let ok = [
+            (
+                "session/new",
+                json!({ "cwd": "/w", "mcpServers": [], "_meta": {} }),
+            ),
+            ("session/list", json!({})),
+            ("session/list", json!({ "cwd": "/w", "cursor": "c" })),
+            (
+                "session/prompt",
+                json!({ "sessionId": "s", "prompt": [{ "type": "text", "text": "x" }] }),
+            ),
+            (
+                "session/load",
+                json!({ "sessionId": "s", "cwd": "/w", "mcpServers": [] }),
+            ),
+            (
+                "_acpd/session/attach",
+                json!({ "sessionId": "s", "afterSeq": 3 }),
+            ),
+            ("session/whatever", json!([1])),
+            ("_vendor/x", json!("anything")),
+        ];
+        for (m, p) in ok {
+            assert_eq!(check(m, &p), Ok(()), "{m} {p}");
+        }
+    }
+
+    #[test]
+    fn wrong_types_are_named() {
+        let bad = [
+            ("session/new", json!({ "cwd": 5 }), "cwd"),
+            ("session/new", json!({ "cwd": "relative" }), "cwd"),
+            (
+                "session/new",
+                json!({ "cwd": "/w", "mcpServers": "none" }),
+                "mcpServers",
+            ),
+            ("session/list", json!({ "cursor": 5 }), "cursor"),
+            ("session/list", json!([1]), "object"),
+            (
+                "session/prompt",
+                json!({ "sessionId": "s", "prompt": "x" }),
+                "prompt",
+            ),
+            (
+                "session/prompt",
+                json!({ "sessionId": "s", "prompt": [{ "type": 5 }] }),
+                "prompt",
+            ),
+            ("session/close", json!({ "sessionId": 5 }), "sessionId"),
+            ("session/delete", json!({}), "sessionId"),
+            ("session/cancel", json!({ "sessionId": null }), "sessionId"),
+            (
+                "session/set_mode",
+                json!({ "sessionId": "s", "modeId": 5 }),
+                "modeId",
+            ),
+        ];
+        for (m, p, field) in bad {
+            let e = check(m, &p).expect_err(m);
+            assert!(e.contains(field), "{m} {p}: {e}");
+        }
+    }
+}

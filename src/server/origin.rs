@@ -1,0 +1,168 @@
+//! Checks on the `/acp` upgrade request that come before authentication: browser origins and
+//! credentials in the URL.
+//!
+//! A browser lets any page open a WebSocket to any host and sends that page's `Origin`; native
+//! clients (editors, `acp-shim`) send none. So a request that carries `Origin` must name an
+//! allowed one, and one without it is left to the bearer-token check. Tokens in query strings
+//! end up in proxy logs, shell history and `Referer` headers: they are refused outright, and
+//! the refusal never echoes them.
+
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+/// Query parameters that look like credentials.
+const CREDENTIAL_PARAMS: &[&str] = &["token", "access_token", "bearer", "auth", "authorization"];
+
+/// The allowlist, shared by the middleware.
+#[derive(Debug, Clone, Default)]
+pub struct Origins {
+    allowed: Vec<String>,
+}
+
+impl Origins {
+    /// `allowed` must already be normalized (`Config` does it).
+    pub fn new(allowed: Vec<String>) -> Origins {
+        Origins { allowed }
+    }
+
+    /// Why the request must be refused, if it must.
+    #[allow(clippy::result_large_err)]
+    pub fn check(&self, req: &Request) -> Result<(), Response> {
+        if let Some(q) = req.uri().query()
+            && has_credential_param(q)
+        {
+            tracing::warn!(target: "acpd::audit", "refused a credential in the query string");
+            return Err((
+                StatusCode::BAD_REQUEST,
+                "credentials are not accepted in the URL; send Authorization: Bearer <token>\n",
+            )
+                .into_response());
+        }
+        let Some(origin) = req.headers().get(header::ORIGIN) else {
+            return Ok(());
+        };
+        let allowed = origin
+            .to_str()
+            .ok()
+            .and_then(normalize)
+            .is_some_and(|o| self.allowed.contains(&o));
+        if allowed {
+            return Ok(());
+        }
+        tracing::warn!(
+            target: "acpd::audit",
+            origin = ?String::from_utf8_lossy(&origin.as_bytes()[..origin.len().min(200)]),
+            "refused a browser origin that is not allowed (--allowed-origin)"
+        );
+        Err((StatusCode::FORBIDDEN, "origin not allowed\n").into_response())
+    }
+}
+
+/// Middleware for `/acp`: runs the checks before the handler (and so before authentication).
+pub async fn guard(State(origins): State<Origins>, req: Request, next: Next) -> Response {
+    match origins.check(&req) {
+        Ok(()) => next.run(req).await,
+        Err(resp) => resp,
+    }
+}
+
+fn has_credential_param(query: &str) -> bool {
+    query.split('&').any(|pair| {
+        let name = pair.split_once('=').map_or(pair, |(k, _)| k);
+        CREDENTIAL_PARAMS
+            .iter()
+            .any(|c| name.eq_ignore_ascii_case(c))
+    })
+}
+
+/// `scheme://host[:port]` in lower case without a trailing slash, the way browsers send it;
+/// `None` for anything else. Default ports are dropped so `https://x:443` equals `https://x`.
+pub fn normalize(origin: &str) -> Option<String> {
+    let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
+    let (scheme, rest) = origin.split_once("://")?;
+    if !matches!(scheme, "http" | "https") || rest.is_empty() || rest.contains(['/', '?', '#', '@'])
+    {
+        return None;
+    }
+    let default_port = if scheme == "https" { ":443" } else { ":80" };
+    let rest = rest.strip_suffix(default_port).unwrap_or(rest);
+    Some(format!("{scheme}://{rest}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+
+    fn req(uri: &str, origin: Option<&str>) -> Request {
+        let mut b = axum::http::Request::builder().uri(uri);
+        if let Some(o) = origin {
+            b = b.header(header::ORIGIN, o);
+        }
+        b.body(Body::empty()).expect("request")
+    }
+
+    fn status(r: Result<(), Response>) -> Option<StatusCode> {
+        r.err().map(|r| r.status())
+    }
+
+    #[test]
+    fn normalize_accepts_origins_only() {
+        assert_eq!(
+            normalize("HTTPS://Editor.Example/").as_deref(),
+            Some("https://editor.example")
+        );
+        assert_eq!(
+            normalize("https://x.test:443").as_deref(),
+            Some("https://x.test")
+        );
+        assert_eq!(
+            normalize("http://x.test:8080").as_deref(),
+            Some("http://x.test:8080")
+        );
+        assert_eq!(normalize("null"), None);
+        assert_eq!(normalize("file://x"), None);
+        assert_eq!(normalize("https://x.test/path"), None);
+        assert_eq!(normalize("https://user@x.test"), None);
+    }
+
+    #[test]
+    fn origin_must_be_listed_when_present() {
+        let o = Origins::new(vec!["https://ok.test".into()]);
+        assert_eq!(status(o.check(&req("/acp", None))), None);
+        assert_eq!(status(o.check(&req("/acp", Some("https://OK.test")))), None);
+        assert_eq!(
+            status(o.check(&req("/acp", Some("https://evil.test")))),
+            Some(StatusCode::FORBIDDEN)
+        );
+        assert_eq!(
+            status(o.check(&req("/acp", Some("null")))),
+            Some(StatusCode::FORBIDDEN)
+        );
+        let none = Origins::default();
+        assert_eq!(
+            status(none.check(&req("/acp", Some("https://ok.test")))),
+            Some(StatusCode::FORBIDDEN)
+        );
+    }
+
+    #[test]
+    fn credentials_in_the_query_are_refused() {
+        let o = Origins::default();
+        for q in [
+            "/acp?token=x",
+            "/acp?agent=a&access_token=x",
+            "/acp?TOKEN",
+            "/acp?auth=1",
+        ] {
+            assert_eq!(
+                status(o.check(&req(q, None))),
+                Some(StatusCode::BAD_REQUEST),
+                "{q}"
+            );
+        }
+        assert_eq!(status(o.check(&req("/acp?agent=tokenizer", None))), None);
+    }
+}
