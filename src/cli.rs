@@ -207,6 +207,7 @@ async fn run_stdio(config: Config) -> Result<(), String> {
         principal: principal.id,
         profile,
         hub: core.hub.clone(),
+        max_requests_per_second: 0,
     };
     let cancel = core.drain.child_token();
     let (link, pump) =
@@ -256,6 +257,7 @@ async fn token(action: TokenAction) -> ExitCode {
                     .await
                 {
                     Ok(t) => {
+                        tracing::info!(target: "acpd::audit", token = %t.id, principal = %name, "token created");
                         eprintln!(
                             "acpd: created token {} for {name}; the secret is shown once:",
                             t.id
@@ -285,6 +287,7 @@ async fn token(action: TokenAction) -> ExitCode {
         },
         TokenAction::Revoke { id, .. } => match store.revoke_token(&id).await {
             Ok(true) => {
+                tracing::info!(target: "acpd::audit", token = %id, "token revoked");
                 eprintln!("acpd: token {id} revoked");
                 ExitCode::SUCCESS
             }

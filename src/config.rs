@@ -64,6 +64,15 @@ pub struct AgentProfile {
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_message_bytes: usize,
+    /// Live client connections in total (0: no limit).
+    pub max_connections: usize,
+    /// Live client connections of one principal (0: no limit).
+    pub max_connections_per_principal: usize,
+    /// Live sessions of one principal (0: no limit).
+    pub max_sessions_per_principal: usize,
+    /// Requests per second one connection may send, sustained (0: no limit); bursts of twice
+    /// that are allowed.
+    pub max_requests_per_second: u32,
 }
 
 /// Session behaviour knobs.
@@ -82,6 +91,8 @@ pub struct SessionSettings {
     pub journal_max_entries: u64,
     /// Retention cap per session journal, in bytes of message text (0: none).
     pub journal_max_bytes: u64,
+    /// Live sessions of one principal (0: no limit); a copy of the limit in `Limits`.
+    pub max_live_per_principal: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -150,6 +161,18 @@ pub struct Args {
     /// Sessions per `session/list` page.
     #[arg(long, env = "ACPD_LIST_PAGE_SIZE")]
     pub list_page_size: Option<u32>,
+    /// Most live client connections in total (0: no limit).
+    #[arg(long, env = "ACPD_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Most live client connections per user (0: no limit).
+    #[arg(long, env = "ACPD_MAX_CONNECTIONS_PER_PRINCIPAL")]
+    pub max_connections_per_principal: Option<usize>,
+    /// Most live sessions per user (0: no limit).
+    #[arg(long, env = "ACPD_MAX_SESSIONS_PER_PRINCIPAL")]
+    pub max_sessions_per_principal: Option<usize>,
+    /// Requests per second per connection (0: no limit).
+    #[arg(long, env = "ACPD_MAX_REQUESTS_PER_SECOND")]
+    pub max_requests_per_second: Option<u32>,
     /// Retention: most journal entries kept per session (0: no cap).
     #[arg(long, env = "ACPD_JOURNAL_MAX_ENTRIES")]
     pub journal_max_entries: Option<u64>,
@@ -201,6 +224,10 @@ struct FileConfig {
     shutdown_grace_secs: Option<u64>,
     journal_max_entries: Option<u64>,
     journal_max_bytes: Option<u64>,
+    max_connections: Option<usize>,
+    max_connections_per_principal: Option<usize>,
+    max_sessions_per_principal: Option<usize>,
+    max_requests_per_second: Option<u32>,
     resume_grace_secs: Option<u64>,
     keepalive_ms: Option<u64>,
     tls_cert: Option<PathBuf>,
@@ -366,7 +393,25 @@ impl Config {
             agents,
             default_agent,
             no_auth,
-            limits: Limits { max_message_bytes },
+            limits: Limits {
+                max_message_bytes,
+                max_connections: args
+                    .max_connections
+                    .or(file.max_connections)
+                    .unwrap_or(1024),
+                max_connections_per_principal: args
+                    .max_connections_per_principal
+                    .or(file.max_connections_per_principal)
+                    .unwrap_or(64),
+                max_sessions_per_principal: args
+                    .max_sessions_per_principal
+                    .or(file.max_sessions_per_principal)
+                    .unwrap_or(256),
+                max_requests_per_second: args
+                    .max_requests_per_second
+                    .or(file.max_requests_per_second)
+                    .unwrap_or(200),
+            },
             sessions: SessionSettings {
                 pending_request_timeout: ms(
                     args.pending_request_timeout_ms,
@@ -384,6 +429,10 @@ impl Config {
                     .journal_max_bytes
                     .or(file.journal_max_bytes)
                     .unwrap_or(256 * 1024 * 1024),
+                max_live_per_principal: args
+                    .max_sessions_per_principal
+                    .or(file.max_sessions_per_principal)
+                    .unwrap_or(256),
             },
             shutdown_grace: Duration::from_secs(
                 args.shutdown_grace_secs

@@ -9,6 +9,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 pub const CONNECTIONS_LIVE: &str = "acpd_connections_live";
 pub const CONNECTIONS_TOTAL: &str = "acpd_connections_total";
 pub const CONNECTIONS_DETACHED: &str = "acpd_connections_detached";
+pub const CONNECTIONS_REGISTERED: &str = "acpd_connections_registered";
+pub const CONNECTIONS_REFUSED_TOTAL: &str = "acpd_connections_refused_total";
 pub const SESSIONS_LIVE: &str = "acpd_sessions_live";
 pub const SESSIONS_DETACHED: &str = "acpd_sessions_detached";
 pub const PROMPTS_TOTAL: &str = "acpd_prompts_total";
@@ -53,6 +55,11 @@ fn describe() {
         CONNECTIONS_DETACHED,
         "Resumable links waiting for their client to reconnect"
     );
+    describe_gauge!(
+        CONNECTIONS_REGISTERED,
+        "Connections counted against the connection limits"
+    );
+    describe_counter!(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a limit");
     describe_gauge!(SESSIONS_LIVE, "Sessions with a live actor");
     describe_gauge!(SESSIONS_DETACHED, "Live sessions with no client attached");
     describe_counter!(

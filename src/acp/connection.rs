@@ -15,7 +15,9 @@ use tracing::Instrument;
 
 use super::AcpError;
 use crate::agent::{AgentHandle, AgentKey};
-use crate::jsonrpc::{self, Incoming, IncomingRequest, Link, Notification, PeerHandle, Responder};
+use crate::jsonrpc::{
+    self, Incoming, IncomingRequest, Link, Notification, PeerHandle, Responder, ResponseError,
+};
 use crate::session::{AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub};
 
 /// The protocol version acpd speaks.
@@ -30,6 +32,8 @@ pub struct ConnectionCtx {
     /// The agent profile this connection picked.
     pub profile: String,
     pub hub: SessionHub,
+    /// Sustained requests per second this connection may send (0: no limit).
+    pub max_requests_per_second: u32,
 }
 
 /// Runs one connection until its link closes or `shutdown` fires.
@@ -44,6 +48,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
     metrics::counter!(crate::metrics::CONNECTIONS_TOTAL).increment(1);
     metrics::gauge!(crate::metrics::CONNECTIONS_LIVE).increment(1);
     let mut conn = Connection {
+        rate: RateLimit::new(ctx.max_requests_per_second),
         ctx,
         peer,
         init: None,
@@ -79,8 +84,46 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
     tracing::debug!("disconnected");
 }
 
+/// JSON-RPC error code for a request over the connection's rate limit (implementation-defined
+/// server error range).
+pub const RATE_LIMITED: i64 = -32005;
+
+/// A token bucket: `rate` requests per second sustained, bursts of twice that.
+struct RateLimit {
+    rate: f64,
+    tokens: f64,
+    last: std::time::Instant,
+}
+
+impl RateLimit {
+    fn new(rate: u32) -> RateLimit {
+        RateLimit {
+            rate: f64::from(rate),
+            tokens: 2.0 * f64::from(rate),
+            last: std::time::Instant::now(),
+        }
+    }
+
+    fn admit(&mut self) -> bool {
+        if self.rate == 0.0 {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        let refill = now.duration_since(self.last).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + refill).min(2.0 * self.rate);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 struct Connection {
     ctx: ConnectionCtx,
+    rate: RateLimit,
     peer: PeerHandle,
     /// The client's `initialize` params, once received.
     init: Option<Arc<Value>>,
@@ -114,6 +157,10 @@ impl Connection {
         } = req;
         let params = params.unwrap_or_else(|| json!({}));
         tracing::debug!(%method, "request");
+        if !self.rate.admit() {
+            let e = ResponseError::new(RATE_LIMITED, "Rate limit exceeded; slow down");
+            return responder.respond(Err(e)).await;
+        }
         if method == "initialize" {
             return self.initialize(params, responder);
         }

@@ -30,6 +30,8 @@ pub enum AcpError {
     Store(#[from] StoreError),
     #[error("the session is closing")]
     SessionGone,
+    #[error("too many live sessions for this user")]
+    TooManySessions,
     #[error("{0}")]
     Internal(String),
 }
@@ -78,6 +80,9 @@ impl From<AcpError> for ResponseError {
                 ResponseError::internal("the session store is unavailable; try again")
             }
             AcpError::SessionGone => ResponseError::internal("the session is closing; try again"),
+            AcpError::TooManySessions => ResponseError::internal(
+                "too many live sessions for this user; close some (session/close) and retry",
+            ),
             AcpError::Internal(m) => {
                 tracing::error!(error = %m, "internal error");
                 ResponseError::internal("internal error")

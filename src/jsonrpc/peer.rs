@@ -90,7 +90,6 @@ enum Command {
         id: u64,
         notify_peer: bool,
     },
-    Close,
 }
 
 /// Sends requests and notifications to the other side. Cheap to clone.
@@ -99,6 +98,8 @@ pub struct PeerHandle {
     tx: mpsc::Sender<Command>,
     next_id: Arc<AtomicU64>,
     closed: CancellationToken,
+    /// Ends the peer task; not a channel message, so it works when the link is jammed.
+    stop: CancellationToken,
 }
 
 impl std::fmt::Debug for PeerHandle {
@@ -198,7 +199,7 @@ impl PeerHandle {
     /// Ends the link: the peer stops, pending requests fail, the transport closes. Used to
     /// cut off a client that cannot keep up or whose token was revoked.
     pub fn close(&self) {
-        let _ = self.tx.try_send(Command::Close);
+        self.stop.cancel();
     }
 
     /// Fires when the peer task has ended.
@@ -327,7 +328,9 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel(COMMANDS);
     let (in_tx, in_rx) = mpsc::channel(DELIVER_QUEUE);
     let closed = CancellationToken::new();
+    let stop = shutdown.child_token();
     let handle = PeerHandle {
+        stop: stop.clone(),
         tx: tx.clone(),
         next_id: Arc::new(AtomicU64::new(1)),
         closed: closed.clone(),
@@ -340,7 +343,7 @@ pub fn spawn(
         to_write: VecDeque::new(),
     };
     let join = tokio::spawn(async move {
-        task.run(link, rx, in_tx, shutdown).await;
+        task.run(link, rx, in_tx, stop).await;
         closed.cancel();
     });
     (handle, in_rx, join)
@@ -375,7 +378,6 @@ impl PeerTask {
                     Err(_) => break,
                 },
                 cmd = commands.recv(), if self.to_write.len() < WRITE_QUEUE => match cmd {
-                    Some(Command::Close) => break,
                     Some(cmd) => self.on_command(cmd),
                     None => break,
                 },
@@ -456,8 +458,6 @@ impl PeerTask {
                     );
                 }
             }
-            // Handled in the loop, which ends.
-            Command::Close => {}
         }
     }
 

@@ -21,6 +21,13 @@ pub const LOCAL_PRINCIPAL: &str = "local";
 /// The name of the file that holds the generated token, in the data directory.
 pub const TOKEN_FILE: &str = "token";
 
+/// Who a connection speaks for, and with which token (none under `--no-auth`).
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub principal: String,
+    pub token_id: Option<String>,
+}
+
 #[derive(Clone)]
 pub struct Auth {
     required: bool,
@@ -60,9 +67,12 @@ impl Auth {
 
     /// The principal a request speaks for, or the 401 it gets.
     #[allow(clippy::result_large_err)]
-    pub async fn check(&self, headers: &HeaderMap) -> Result<String, Response> {
+    pub async fn check(&self, headers: &HeaderMap) -> Result<Identity, Response> {
         if !self.required {
-            return Ok(self.local_id.clone());
+            return Ok(Identity {
+                principal: self.local_id.clone(),
+                token_id: None,
+            });
         }
         let Some(value) = headers
             .get(header::AUTHORIZATION)
@@ -78,7 +88,13 @@ impl Auth {
             return Err(unauthorized("expected Authorization: Bearer <token>"));
         };
         match self.store.token_by_hash(&hash(secret)).await {
-            Ok(Some((_, principal))) => Ok(principal.id),
+            Ok(Some((token, principal))) => {
+                tracing::info!(target: "acpd::audit", token = %token.id, principal = %principal.name, "token used");
+                Ok(Identity {
+                    principal: principal.id,
+                    token_id: Some(token.id),
+                })
+            }
             Ok(None) => {
                 tracing::warn!(target: "acpd::audit", "rejected an unknown or revoked token");
                 Err(unauthorized("invalid token"))

@@ -4,6 +4,7 @@
 mod auth;
 pub mod cert;
 pub mod origin;
+mod registry;
 pub mod tls;
 
 use std::sync::Arc;
@@ -56,6 +57,8 @@ struct AppState {
     store: Store,
     /// Resumable links (`acpd.resume.v1`, used by acp-shim).
     resume: transport::resume::Resumer,
+    /// Live connections: limits and revocation.
+    registry: registry::Registry,
 }
 
 /// The running core without listeners: store, agent pool, session hub. `acpd stdio` uses it
@@ -170,6 +173,13 @@ pub async fn serve(
         tasks: core.tasks.clone(),
         shutdown: core.drain.clone(),
         store: core.store.clone(),
+        registry: registry::Registry::spawn(
+            core.store.clone(),
+            core.config.limits.max_connections,
+            core.config.limits.max_connections_per_principal,
+            &core.tasks,
+            core.stop.clone(),
+        ),
         resume: transport::resume::Resumer::spawn(
             transport::resume::ResumeSettings {
                 grace: core.config.resume_grace,
@@ -226,7 +236,7 @@ async fn acp_upgrade(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    let principal = match st.auth.check(&headers).await {
+    let identity = match st.auth.check(&headers).await {
         Ok(p) => p,
         Err(resp) => return resp,
     };
@@ -234,11 +244,33 @@ async fn acp_upgrade(
         return (StatusCode::NOT_FOUND, "unknown agent profile\n").into_response();
     };
     let conn_id = uuid::Uuid::new_v4().to_string();
+    // Fired by a drain, or alone when the token is revoked: the connection ends and a plain
+    // socket is closed with 1008 (a drain closes it with 1001).
+    let kick = st.shutdown.child_token();
+    // A resumed link keeps the registration of the connection it continues.
+    let registration = if headers.contains_key(transport::resume::RESUME_HEADER) {
+        None
+    } else {
+        let token = identity.token_id.clone();
+        match st
+            .registry
+            .open(&conn_id, &identity.principal, token, kick.clone())
+            .await
+        {
+            Ok(r) => Some(r),
+            Err(e) => {
+                metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
+                tracing::warn!(target: "acpd::audit", principal = %identity.principal, reason = %e, "connection refused");
+                return (StatusCode::TOO_MANY_REQUESTS, format!("{e}\n")).into_response();
+            }
+        }
+    };
     let ctx = ConnectionCtx {
         conn_id: Arc::from(conn_id.as_str()),
-        principal,
+        principal: identity.principal,
         profile,
         hub: st.hub.clone(),
+        max_requests_per_second: st.config.limits.max_requests_per_second,
     };
     let max = st.config.limits.max_message_bytes;
     // Frames somewhat over the limit are read and answered with an error; far over it the
@@ -251,8 +283,10 @@ async fn acp_upgrade(
     if resumable || headers.contains_key(transport::resume::RESUME_HEADER) {
         let ws = ws.max_message_size(hard_cap).max_frame_size(hard_cap);
         let principal = ctx.principal.clone();
-        let cancel = st.shutdown.child_token();
-        let start = move |link| connection::run(link, ctx, cancel);
+        let start = move |link| async move {
+            let _registration = registration;
+            connection::run(link, ctx, kick).await
+        };
         return st
             .resume
             .upgrade(ws, &headers, &principal, conn_id, start)
@@ -265,10 +299,10 @@ async fn acp_upgrade(
         .max_frame_size(hard_cap)
         .on_upgrade(move |socket| {
             tasks.track_future(async move {
-                let cancel = shutdown.child_token();
-                let (link, pump) = transport::ws::pump(socket, max, cancel.clone());
+                let _registration = registration;
+                let (link, pump) = transport::ws::pump(socket, max, shutdown.child_token());
                 let pump = tokio::spawn(pump);
-                connection::run(link, ctx, cancel).await;
+                connection::run(link, ctx, kick).await;
                 let _ = pump.await;
             })
         });
@@ -318,10 +352,24 @@ async fn accept_tcp(listener: TcpListener, st: AppState, shutdown: CancellationT
             principal: st.auth.local_principal().to_owned(),
             profile: st.config.default_agent.clone(),
             hub: st.hub.clone(),
+            max_requests_per_second: st.config.limits.max_requests_per_second,
         };
         let cancel = st.shutdown.child_token();
+        let registration = match st
+            .registry
+            .open(&ctx.conn_id, &ctx.principal, None, cancel.clone())
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
+                tracing::warn!(%peer, reason = %e, "tcp connection refused");
+                continue;
+            }
+        };
         let max = st.config.limits.max_message_bytes;
         st.tasks.spawn(async move {
+            let _registration = registration;
             let (r, w) = stream.into_split();
             let (link, pump) = transport::lines::pump(r, w, max, cancel.clone());
             let pump = tokio::spawn(pump);

@@ -808,7 +808,15 @@ impl Session {
                         self.dispatch(pending, Some(&next));
                     }
                 }
-                Ok(v) => self.pending.answer(pending, Ok(v)).await,
+                Ok(v) => {
+                    if let Some(outcome) = v
+                        .get("outcome")
+                        .filter(|_| self.pending.is_permission(pending))
+                    {
+                        tracing::info!(target: "acpd::audit", session = %self.id, conn = %conn, %outcome, "permission decision");
+                    }
+                    self.pending.answer(pending, Ok(v)).await
+                }
                 Err(PeerError::Remote(e)) => self.pending.answer(pending, Err(e)).await,
             },
         }

@@ -133,6 +133,11 @@ pub(crate) enum HubCommand {
     },
     /// Cancel the running turn of every live session (the end of a drain).
     CancelAll,
+    /// Whether a principal may start one more live session.
+    Admit {
+        principal: String,
+        reply: oneshot::Sender<bool>,
+    },
     Ended {
         id: Arc<str>,
         serial: u64,
@@ -231,6 +236,14 @@ impl SessionHub {
         params: Value,
         responder: Responder,
     ) -> Result<SessionHandle, (AcpError, Responder)> {
+        let (reply, rx) = oneshot::channel();
+        let admit = HubCommand::Admit {
+            principal: principal.to_owned(),
+            reply,
+        };
+        if self.shared.hub.send(admit).await.is_err() || !rx.await.unwrap_or(false) {
+            return Err((AcpError::TooManySessions, responder));
+        }
         let key = AgentKey {
             principal: principal.to_owned(),
             profile: profile.to_owned(),
@@ -382,6 +395,9 @@ impl HubTask {
                 HubCommand::Spawn { row, agent, reply } => {
                     let _ = reply.send(self.start(*row, agent));
                 }
+                HubCommand::Admit { principal, reply } => {
+                    let _ = reply.send(self.admits(&principal));
+                }
                 HubCommand::CancelAll => {
                     for (_, h) in self.live.values() {
                         let _ = h.send(SessionCommand::Cancel).await;
@@ -409,9 +425,26 @@ impl HubTask {
         }
         let row = self.shared.store.session(id).await?;
         match row {
-            Some(row) if row.principal_id == principal => Ok(self.start(row, None)),
+            Some(row) if row.principal_id == principal => {
+                if !self.admits(principal) {
+                    return Err(AcpError::TooManySessions);
+                }
+                Ok(self.start(row, None))
+            }
             _ => Err(AcpError::SessionNotFound(id.to_owned())),
         }
+    }
+
+    /// Whether `principal` may have one more live session.
+    fn admits(&self, principal: &str) -> bool {
+        let max = self.shared.settings.max_live_per_principal;
+        max == 0
+            || self
+                .live
+                .values()
+                .filter(|(_, h)| !h.is_closed() && &*h.principal == principal)
+                .count()
+                < max
     }
 
     fn start(&mut self, row: SessionRow, agent: Option<(AgentHandle, String)>) -> SessionHandle {

@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -17,7 +18,9 @@ use super::{Client, ConnId};
 use crate::jsonrpc::{Responder, ResponseError};
 
 /// Messages queued for one client before it counts as too slow and is disconnected.
-const CLIENT_QUEUE: usize = 16 * 1024;
+const CLIENT_QUEUE: usize = 4096;
+/// Bytes queued for one client before it counts as too slow.
+const CLIENT_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 
 pub(super) enum Out {
     /// A journaled `session/update`; `exclude` already has it (its own prompt).
@@ -56,6 +59,9 @@ struct Writer {
     client: Client,
     sent_upto: i64,
     tx: mpsc::Sender<ClientOut>,
+    /// Bytes queued and not yet handed to the connection; the writer task takes off what it
+    /// sends. A counter, not shared state: only its bound matters.
+    queued: Arc<AtomicUsize>,
 }
 
 #[derive(Default)]
@@ -100,11 +106,16 @@ impl Outbox {
         self.clients.retain(|c| c.client.conn != a.client.conn);
         let (tx, mut rx) = mpsc::channel(CLIENT_QUEUE);
         let peer = a.client.peer.clone();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let sent = queued.clone();
         tokio::spawn(async move {
             while let Some(out) = rx.recv().await {
                 match out {
                     ClientOut::Raw(text) => {
-                        if peer.send_raw(text.to_string()).await.is_err() {
+                        let n = text.len();
+                        let ok = peer.send_raw(text.to_string()).await.is_ok();
+                        sent.fetch_sub(n, Ordering::Relaxed);
+                        if !ok {
                             break;
                         }
                     }
@@ -116,6 +127,7 @@ impl Outbox {
             client: a.client,
             sent_upto: a.sent_upto,
             tx,
+            queued,
         });
     }
 
@@ -202,8 +214,20 @@ impl Outbox {
 
 /// Queues for one client without waiting; a full queue marks the client slow.
 fn queue(c: &mut Writer, out: ClientOut, slow: &mut Vec<ConnId>) {
+    let n = match &out {
+        ClientOut::Raw(t) => t.len(),
+        ClientOut::Reply(..) => 0,
+    };
+    if c.queued.load(Ordering::Relaxed) + n > CLIENT_QUEUE_BYTES {
+        if !slow.contains(&c.client.conn) {
+            slow.push(c.client.conn.clone());
+        }
+        return;
+    }
     match c.tx.try_send(out) {
-        Ok(()) => {}
+        Ok(()) => {
+            c.queued.fetch_add(n, Ordering::Relaxed);
+        }
         Err(mpsc::error::TrySendError::Full(_)) => {
             if !slow.contains(&c.client.conn) {
                 slow.push(c.client.conn.clone());

@@ -118,6 +118,10 @@ impl PendingRequests {
         }
     }
 
+    pub fn is_permission(&self, id: u64) -> bool {
+        self.items.get(&id).is_some_and(|p| p.method == PERMISSION)
+    }
+
     pub fn take_permissions(&mut self) -> Vec<Pending> {
         let ids: Vec<u64> = self
             .items

@@ -224,6 +224,17 @@ impl Client {
         }
     }
 
+    /// Reads and discards everything until the connection ends (a close frame, EOF or a
+    /// reset). The caller bounds the wait.
+    pub async fn wait_closed(&mut self) {
+        loop {
+            match self.conn.recv().await {
+                Ok(Frame::Closed) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
     /// Next incoming message of any kind, raw: nothing is answered or buffered. For bad-input
     /// tests where nothing else is in flight.
     pub async fn recv_json(&mut self) -> Value {

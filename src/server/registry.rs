@@ -1,0 +1,191 @@
+//! Live client connections: enforces the connection limits and cuts off the connections of
+//! a token that was revoked (`acpd token revoke` runs in another process, so the registry
+//! checks the store every few seconds for the tokens it has in use).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::store::Store;
+
+/// How often the tokens in use are checked for revocation.
+const REVOCATION_CHECK: Duration = Duration::from_secs(2);
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("too many connections")]
+    Total,
+    #[error("too many connections for this user")]
+    PerPrincipal,
+}
+
+enum Command {
+    Open {
+        conn_id: String,
+        principal: String,
+        token_id: Option<String>,
+        kick: CancellationToken,
+        reply: oneshot::Sender<Result<(), Refused>>,
+    },
+    Closed {
+        conn_id: String,
+    },
+}
+
+struct Entry {
+    principal: String,
+    token_id: Option<String>,
+    kick: CancellationToken,
+}
+
+/// Handle to the registry task. Cheap to clone.
+#[derive(Clone)]
+pub struct Registry {
+    tx: mpsc::Sender<Command>,
+}
+
+/// Keeps a connection registered; unregisters it when dropped.
+pub struct Registration {
+    conn_id: String,
+    tx: mpsc::Sender<Command>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let cmd = Command::Closed {
+            conn_id: std::mem::take(&mut self.conn_id),
+        };
+        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.tx.try_send(cmd) {
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(cmd).await;
+            });
+        }
+    }
+}
+
+impl Registry {
+    /// Starts the registry task; it ends with `shutdown`.
+    pub fn spawn(
+        store: Store,
+        max_total: usize,
+        max_per_principal: usize,
+        tasks: &tokio_util::task::TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Registry {
+        let (tx, rx) = mpsc::channel(256);
+        let task = Task {
+            store,
+            max_total,
+            max_per_principal,
+            live: HashMap::new(),
+        };
+        tasks.spawn(task.run(rx, shutdown));
+        Registry { tx }
+    }
+
+    /// Registers a connection; `kick` is fired if its token is revoked.
+    pub async fn open(
+        &self,
+        conn_id: &str,
+        principal: &str,
+        token_id: Option<String>,
+        kick: CancellationToken,
+    ) -> Result<Registration, Refused> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::Open {
+            conn_id: conn_id.to_owned(),
+            principal: principal.to_owned(),
+            token_id,
+            kick,
+            reply,
+        };
+        // A registry that is gone (shutting down) refuses nothing; the drain handles the rest.
+        if self.tx.send(cmd).await.is_ok() {
+            rx.await.unwrap_or(Ok(()))?;
+        }
+        Ok(Registration {
+            conn_id: conn_id.to_owned(),
+            tx: self.tx.clone(),
+        })
+    }
+}
+
+struct Task {
+    store: Store,
+    max_total: usize,
+    max_per_principal: usize,
+    live: HashMap<String, Entry>,
+}
+
+impl Task {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>, shutdown: CancellationToken) {
+        let mut check = tokio::time::interval(REVOCATION_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                cmd = rx.recv() => match cmd {
+                    Some(Command::Open { conn_id, principal, token_id, kick, reply }) => {
+                        let r = self.admit(&principal);
+                        if r.is_ok() {
+                            self.live.insert(conn_id, Entry { principal, token_id, kick });
+                        }
+                        let _ = reply.send(r);
+                    }
+                    Some(Command::Closed { conn_id }) => {
+                        self.live.remove(&conn_id);
+                    }
+                    None => break,
+                },
+                _ = check.tick() => self.cut_off_revoked().await,
+            }
+            metrics::gauge!(crate::metrics::CONNECTIONS_REGISTERED).set(self.live.len() as f64);
+        }
+    }
+
+    fn admit(&self, principal: &str) -> Result<(), Refused> {
+        if self.max_total > 0 && self.live.len() >= self.max_total {
+            return Err(Refused::Total);
+        }
+        let mine = self
+            .live
+            .values()
+            .filter(|e| e.principal == principal)
+            .count();
+        if self.max_per_principal > 0 && mine >= self.max_per_principal {
+            return Err(Refused::PerPrincipal);
+        }
+        Ok(())
+    }
+
+    async fn cut_off_revoked(&mut self) {
+        if !self.live.values().any(|e| e.token_id.is_some()) {
+            return;
+        }
+        let tokens = match self.store.list_tokens().await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check tokens for revocation");
+                return;
+            }
+        };
+        let revoked: std::collections::HashSet<String> = tokens
+            .into_iter()
+            .filter(|t| t.revoked)
+            .map(|t| t.id)
+            .collect();
+        for (conn_id, e) in &self.live {
+            if let Some(t) = &e.token_id
+                && revoked.contains(t)
+                && !e.kick.is_cancelled()
+            {
+                tracing::warn!(target: "acpd::audit", token = %t, conn = %conn_id, "token revoked: connection cut off");
+                e.kick.cancel();
+            }
+        }
+    }
+}
