@@ -108,6 +108,8 @@ impl Owner {
         let mut last_ping = Instant::now();
         let mut ping_n = 0u64;
         let mut peer_done = false;
+        // Whether this link counts in the detached gauge (no socket, waiting for its client).
+        let mut counted_detached = false;
         let mut tick = tokio::time::interval(ka.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let end: &str = loop {
@@ -220,6 +222,15 @@ impl Owner {
                     }
                 }
             }
+            if socket.is_none() != counted_detached {
+                counted_detached = socket.is_none();
+                let g = metrics::gauge!(crate::metrics::CONNECTIONS_DETACHED);
+                if counted_detached {
+                    g.increment(1)
+                } else {
+                    g.decrement(1)
+                }
+            }
             if peer_done && (socket.is_none() || !window.has_unwritten()) {
                 if let Some(s) = socket.take() {
                     s.close(close_code::NORMAL, "");
@@ -227,6 +238,9 @@ impl Owner {
                 break "connection ended";
             }
         };
+        if counted_detached {
+            metrics::gauge!(crate::metrics::CONNECTIONS_DETACHED).decrement(1);
+        }
         tracing::debug!(link = %self.id, why = end, "resumable link ended");
         // What the client sent before leaving still reaches the connection.
         let flush = async {
