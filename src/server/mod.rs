@@ -188,7 +188,7 @@ pub async fn serve(
                 max_message_bytes: core.config.limits.max_message_bytes,
             },
             core.tasks.clone(),
-            core.stop.clone(),
+            core.drain.clone(),
         ),
     };
     if let Some(tcp) = tcp {
