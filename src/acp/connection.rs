@@ -415,16 +415,7 @@ async fn send_send_session(
 
 /// Answers a command that never reached its session.
 async fn reject(cmd: SessionCommand, e: AcpError) {
-    match cmd {
-        SessionCommand::Attach {
-            responder: Some(r), ..
-        }
-        | SessionCommand::Prompt { responder: r, .. }
-        | SessionCommand::Relay { responder: r, .. }
-        | SessionCommand::Close { responder: r }
-        | SessionCommand::Delete { responder: r } => r.respond(Err(e.into())).await,
-        _ => {}
-    }
+    cmd.reject(e.into()).await
 }
 
 fn session_id(params: &Value) -> Option<String> {

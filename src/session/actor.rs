@@ -411,17 +411,7 @@ impl Session {
         tracing::warn!(session = %self.id, %why, "cannot restore the agent session");
         self.agent = AgentState::Failed(why.clone());
         while let Some(cmd) = self.deferred.pop_front() {
-            let err = ResponseError::from(AcpError::AgentExited(why.clone()));
-            match cmd {
-                SessionCommand::Attach {
-                    responder: Some(r), ..
-                }
-                | SessionCommand::Prompt { responder: r, .. }
-                | SessionCommand::Relay { responder: r, .. }
-                | SessionCommand::Close { responder: r }
-                | SessionCommand::Delete { responder: r } => r.respond(Err(err)).await,
-                _ => {}
-            }
+            cmd.reject(AcpError::AgentExited(why.clone()).into()).await;
         }
     }
 
@@ -781,18 +771,7 @@ impl Session {
                 self.agent = AgentState::Unbound;
                 let err: ResponseError = AcpError::Agent(e).into();
                 while let Some(cmd) = self.deferred.pop_front() {
-                    match cmd {
-                        SessionCommand::Attach {
-                            responder: Some(r), ..
-                        }
-                        | SessionCommand::Prompt { responder: r, .. }
-                        | SessionCommand::Relay { responder: r, .. }
-                        | SessionCommand::Close { responder: r }
-                        | SessionCommand::Delete { responder: r } => {
-                            r.respond(Err(err.clone())).await
-                        }
-                        _ => {}
-                    }
+                    cmd.reject(err.clone()).await;
                 }
             }
             TaskDone::ClientAnswer {

@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::acp::AcpError;
 use crate::agent::{AgentHandle, AgentKey, AgentPool};
 use crate::config::SessionSettings;
-use crate::jsonrpc::{PeerHandle, Responder};
+use crate::jsonrpc::{PeerHandle, Responder, ResponseError};
 use crate::store::{ListQuery, SessionRow, Store};
 
 /// Identifies one client connection.
@@ -84,6 +84,22 @@ pub enum SessionCommand {
     Delete {
         responder: Responder,
     },
+}
+
+impl SessionCommand {
+    /// Answers the command with an error, if it expects an answer (it never ran).
+    pub async fn reject(self, e: ResponseError) {
+        match self {
+            SessionCommand::Attach {
+                responder: Some(r), ..
+            }
+            | SessionCommand::Prompt { responder: r, .. }
+            | SessionCommand::Relay { responder: r, .. }
+            | SessionCommand::Close { responder: r }
+            | SessionCommand::Delete { responder: r } => r.respond(Err(e)).await,
+            _ => {}
+        }
+    }
 }
 
 /// Talks to one live session actor. Cheap to clone.
