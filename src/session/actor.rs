@@ -5,6 +5,10 @@
 //! the journal and queued in the outbox; the outbox releases them once durable (see
 //! `outbox.rs`), so nothing reaches a client that a later `session/load` could not replay.
 
+mod attach;
+mod journal;
+mod restore;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -13,18 +17,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::outbox::{Attached, Out, Outbox};
+use super::outbox::{Out, Outbox};
 use super::pending::{Pending, PendingRequests};
-use super::{
-    AttachMode, Client, ConnId, HubCommand, SessionCommand, SessionHandle, Shared, now_ms,
-};
+use super::{AttachMode, ConnId, HubCommand, SessionCommand, SessionHandle, Shared};
 use crate::acp::AcpError;
-use crate::agent::{AgentError, AgentEvent, AgentHandle, AgentKey};
+use crate::agent::{AgentError, AgentEvent, AgentHandle};
 use crate::jsonrpc::{PeerError, Responder, ResponseError};
-use crate::store::{NewEntry, SessionPatch, SessionRow, StoreError};
-
-/// Journal entries read per page when replaying.
-const REPLAY_PAGE: i64 = 1000;
+use crate::store::{SessionRow, StoreError};
 
 pub(super) fn spawn(
     row: SessionRow,
@@ -297,232 +296,6 @@ impl Session {
         }
     }
 
-    /// Asks the pool for the agent, unless that is already under way.
-    fn ensure_agent(&mut self) {
-        if !matches!(self.agent, AgentState::Unbound) {
-            return;
-        }
-        let init = self
-            .last_init
-            .clone()
-            .unwrap_or_else(|| Arc::new(json!({ "protocolVersion": 1 })));
-        let key = AgentKey {
-            principal: self.row.principal_id.clone(),
-            profile: self.row.agent.clone(),
-        };
-        let pool = self.shared.pool.clone();
-        self.agent = AgentState::Starting;
-        self.tasks
-            .spawn(async move { TaskDone::AgentReady(pool.get(key, init).await) });
-    }
-
-    /// Starts the next restore step on `agent`, or binds/fails when none is left.
-    async fn restore_step(&mut self, agent: AgentHandle, after: Option<Restore>) {
-        let old = self.row.agent_session_id.clone();
-        let next = match after {
-            None if old.is_some() && agent.supports_resume() => Some(Restore::Resume),
-            None | Some(Restore::Resume) if old.is_some() && agent.supports_load() => {
-                Some(Restore::Load)
-            }
-            Some(Restore::New) => None,
-            _ => Some(Restore::New),
-        };
-        let Some(step) = next else {
-            self.restore_failed("the agent could not re-create the session".into())
-                .await;
-            return;
-        };
-        agent.register(&self.id, old.as_deref(), self.events.clone());
-        let mut params = json!({
-            "cwd": self.row.cwd,
-            "mcpServers": self.meta.get("mcpServers").cloned().unwrap_or_else(|| json!([])),
-        });
-        if let Ok(Value::Array(dirs)) = serde_json::from_str::<Value>(&self.row.additional_dirs)
-            && !dirs.is_empty()
-        {
-            params["additionalDirectories"] = Value::Array(dirs);
-        }
-        let method = match step {
-            Restore::Resume => "session/resume",
-            Restore::Load => "session/load",
-            Restore::New => "session/new",
-        };
-        if step != Restore::New {
-            params["sessionId"] = json!(old);
-        }
-        let tag = self.tag();
-        match agent.request_in_band(method, params, &self.id, tag).await {
-            Ok(_) => {
-                self.inflight.insert(tag, Inflight::Restore(step));
-                self.agent = AgentState::Restoring { agent };
-            }
-            Err(_) => self.restore_failed("the agent exited".into()).await,
-        }
-    }
-
-    async fn restore_done(&mut self, step: Restore, result: Result<Value, ResponseError>) {
-        let AgentState::Restoring { agent, .. } =
-            std::mem::replace(&mut self.agent, AgentState::Unbound)
-        else {
-            return;
-        };
-        match result {
-            Ok(r) => {
-                let agent_sid = match step {
-                    Restore::New => match r.get("sessionId").and_then(Value::as_str) {
-                        Some(s) => s.to_owned(),
-                        None => {
-                            return self
-                                .restore_failed("session/new answer without sessionId".into())
-                                .await;
-                        }
-                    },
-                    _ => self.row.agent_session_id.clone().unwrap_or_default(),
-                };
-                agent.register(&self.id, Some(&agent_sid), self.events.clone());
-                for key in ["modes", "configOptions"] {
-                    if let Some(v) = r.get(key) {
-                        self.meta[key] = v.clone();
-                    }
-                }
-                self.row.agent_session_id = Some(agent_sid.clone());
-                let patch = SessionPatch {
-                    agent_session_id: Some(Some(agent_sid.clone())),
-                    meta: Some(self.meta.to_string()),
-                    closed: Some(false),
-                    ..self.patch()
-                };
-                self.save(patch).await;
-                tracing::info!(session = %self.id, ?step, "agent session restored");
-                self.agent = AgentState::Bound { agent, agent_sid };
-                self.run_deferred().await;
-            }
-            Err(e) => {
-                tracing::debug!(session = %self.id, ?step, error = %e, "restore step failed");
-                self.agent = AgentState::Restoring {
-                    agent: agent.clone(),
-                };
-                Box::pin(self.restore_step(agent, Some(step))).await;
-            }
-        }
-    }
-
-    async fn restore_failed(&mut self, why: String) {
-        tracing::warn!(session = %self.id, %why, "cannot restore the agent session");
-        self.agent = AgentState::Failed(why.clone());
-        while let Some(cmd) = self.deferred.pop_front() {
-            cmd.reject(AcpError::AgentExited(why.clone()).into()).await;
-        }
-    }
-
-    async fn run_deferred(&mut self) {
-        while matches!(self.agent, AgentState::Bound { .. }) {
-            let Some(cmd) = self.deferred.pop_front() else {
-                break;
-            };
-            Box::pin(self.on_command(cmd)).await;
-        }
-    }
-
-    async fn attach(&mut self, client: Client, mode: AttachMode, responder: Option<Responder>) {
-        self.last_init = Some(client.init.clone());
-        let conn = client.conn.clone();
-        let current = self.next_seq - 1;
-        let (sent_upto, reply, hold) = match mode {
-            AttachMode::New { result } => (0, Some(result), true),
-            AttachMode::Implicit => (current, None, false),
-            AttachMode::Resume { params } => {
-                self.adopt_client_params(&params).await;
-                (current, Some(self.load_result()), true)
-            }
-            AttachMode::Load { params } => {
-                self.adopt_client_params(&params).await;
-                match self.replay(&client, 0).await {
-                    Ok(upto) => (upto, Some(self.load_result()), true),
-                    Err(e) => {
-                        if let Some(r) = responder {
-                            r.respond(Err(AcpError::from(e).into())).await;
-                        }
-                        return;
-                    }
-                }
-            }
-            AttachMode::After { after_seq } => match self.replay(&client, after_seq).await {
-                Ok(upto) => (upto, Some(json!({ "lastSeq": upto })), false),
-                Err(e) => {
-                    if let Some(r) = responder {
-                        r.respond(Err(AcpError::from(e).into())).await;
-                    }
-                    return;
-                }
-            },
-        };
-        self.outbox.attach(Attached { client, sent_upto });
-        if let (Some(r), Some(result)) = (responder, reply) {
-            r.respond(Ok(result)).await;
-        }
-        if hold {
-            self.outbox.hold_for(self.shared.settings.bootstrap_delay);
-        }
-        // Requests the agent made while nobody was attached go to the newcomer.
-        for id in self.pending.waiting() {
-            self.dispatch(id, Some(&conn));
-        }
-    }
-
-    /// Sends the journal after `after_seq` to one client; returns the last seq sent.
-    async fn replay(&mut self, client: &Client, after_seq: i64) -> Result<i64, StoreError> {
-        let mut upto = after_seq.max(0);
-        loop {
-            let page = self
-                .shared
-                .store
-                .journal_after(&self.id, upto, REPLAY_PAGE)
-                .await?;
-            let Some(last) = page.last() else { break };
-            upto = last.seq;
-            let n = page.len() as i64;
-            for e in page {
-                if client.peer.send_raw(e.body).await.is_err() {
-                    return Ok(upto);
-                }
-            }
-            if n < REPLAY_PAGE {
-                break;
-            }
-        }
-        Ok(upto)
-    }
-
-    /// A load/resume carries the client's cwd and MCP servers; they are the ones to use now.
-    async fn adopt_client_params(&mut self, params: &Value) {
-        let mut patch = SessionPatch {
-            closed: Some(false),
-            ..self.patch()
-        };
-        if let Some(cwd) = params.get("cwd").and_then(Value::as_str)
-            && cwd != self.row.cwd
-        {
-            self.row.cwd = cwd.to_owned();
-            patch.cwd = Some(cwd.to_owned());
-        }
-        if let Some(m) = params.get("mcpServers") {
-            self.meta["mcpServers"] = m.clone();
-            patch.meta = Some(self.meta.to_string());
-        }
-        self.save(patch).await;
-    }
-
-    fn load_result(&self) -> Value {
-        let mut r = json!({});
-        for key in ["modes", "configOptions"] {
-            if let Some(v) = self.meta.get(key).filter(|v| !v.is_null()) {
-                r[key] = v.clone();
-            }
-        }
-        r
-    }
-
     async fn prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
         if let Some(blocks) = params.get("prompt").and_then(Value::as_array) {
             for block in blocks.clone() {
@@ -566,82 +339,6 @@ impl Session {
     fn tag(&mut self) -> u64 {
         self.next_tag += 1;
         self.next_tag - 1
-    }
-
-    async fn cancel(&mut self) {
-        self.cancel_requested = true;
-        if let AgentState::Bound { agent, agent_sid } = &self.agent {
-            let params = json!({ "sessionId": agent_sid });
-            let _ = agent.peer.notify("session/cancel", Some(params)).await;
-        }
-        // The client must answer pending permission requests `cancelled`; acpd does it for
-        // the clients it relayed them to, and withdraws them there.
-        for p in self.pending.take_permissions() {
-            p.answer_cancelled().await;
-        }
-    }
-
-    async fn close(&mut self, responder: Responder, delete: bool) {
-        // Closing cancels the running turn as `session/cancel` would.
-        if self
-            .inflight
-            .values()
-            .any(|f| matches!(f, Inflight::Prompt { .. }))
-        {
-            self.cancel().await;
-        }
-        for (_, f) in self.inflight.drain() {
-            if let Inflight::Prompt { responder } = f {
-                self.outbox.push(Out::Reply {
-                    responder,
-                    result: Ok(json!({ "stopReason": "cancelled" })),
-                });
-            }
-        }
-        let method = if delete {
-            "session/delete"
-        } else {
-            "session/close"
-        };
-        if let AgentState::Bound { agent, agent_sid } = &self.agent {
-            let supported = if delete {
-                agent.supports_delete()
-            } else {
-                agent.supports_close()
-            };
-            if supported {
-                let _ = agent
-                    .request_in_band(method, json!({ "sessionId": agent_sid }), &self.id, 0)
-                    .await;
-            }
-            agent.unregister(&self.id);
-        }
-        self.agent = AgentState::Unbound;
-        for p in self.pending.drain() {
-            p.answer_cancelled().await;
-        }
-        let result = if delete {
-            self.shared.store.delete_session(&self.id).await.map(|_| ())
-        } else {
-            self.shared
-                .store
-                .update_session(
-                    &self.id,
-                    &SessionPatch {
-                        closed: Some(true),
-                        ..self.patch()
-                    },
-                )
-                .await
-        };
-        let reply = result
-            .map(|_| json!({}))
-            .map_err(|e| AcpError::from(e).into());
-        self.outbox.push(Out::Reply {
-            responder,
-            result: reply,
-        });
-        self.ending = true;
     }
 
     async fn on_agent_event(&mut self, ev: AgentEvent) {
@@ -854,106 +551,6 @@ impl Session {
         for p in self.pending.take_expired(Instant::now()) {
             tracing::info!(session = %self.id, method = %p.method, "agent request expired with no client attached");
             p.answer_cancelled().await;
-        }
-    }
-
-    /// Journals one `session/update` and queues it for the attached clients.
-    async fn journal(&mut self, params: Value, exclude: Option<ConnId>) {
-        let Value::Object(mut params) = params else {
-            return;
-        };
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        params.insert("sessionId".into(), Value::String(self.id.to_string()));
-        let meta = params.entry("_meta").or_insert_with(|| json!({}));
-        if !meta.is_object() {
-            *meta = json!({});
-        }
-        meta["acpd"] = json!({ "seq": seq });
-        let kind = params
-            .get("update")
-            .and_then(|u| u.get("sessionUpdate"))
-            .and_then(Value::as_str)
-            .unwrap_or("unknown")
-            .to_owned();
-        self.observe(&kind, &params).await;
-        let text: Arc<str> =
-            json!({ "jsonrpc": "2.0", "method": "session/update", "params": params })
-                .to_string()
-                .into();
-        let entry = NewEntry {
-            session_id: self.id.clone(),
-            seq,
-            kind: kind.into(),
-            body: text.clone(),
-            at_ms: now_ms(),
-        };
-        if let Err(e) = self.shared.store.append(entry, self.durable.clone()).await {
-            tracing::error!(session = %self.id, seq, error = %e, "journal append failed");
-        }
-        self.outbox.push(Out::Update { seq, text, exclude });
-    }
-
-    /// Keeps the session row in step with updates that change it.
-    async fn observe(&mut self, kind: &str, params: &serde_json::Map<String, Value>) {
-        let update = params.get("update");
-        let field = |k: &str| update.and_then(|u| u.get(k));
-        match kind {
-            "session_info_update" => {
-                if let Some(t) = field("title") {
-                    let title = t.as_str().map(str::to_owned);
-                    self.row.title = title.clone();
-                    self.save(SessionPatch {
-                        title: Some(title),
-                        ..self.patch()
-                    })
-                    .await;
-                }
-            }
-            "current_mode_update" => {
-                if let Some(m) = field("currentModeId").and_then(Value::as_str) {
-                    if let Some(modes) = self.meta.get_mut("modes").filter(|m| m.is_object()) {
-                        modes["currentModeId"] = json!(m);
-                    }
-                    let patch = SessionPatch {
-                        mode_id: Some(Some(m.to_owned())),
-                        meta: Some(self.meta.to_string()),
-                        ..self.patch()
-                    };
-                    self.save(patch).await;
-                }
-            }
-            "config_option_update" => {
-                if let Some(opts) = field("configOptions") {
-                    self.meta["configOptions"] = opts.clone();
-                    self.save(SessionPatch {
-                        meta: Some(self.meta.to_string()),
-                        ..self.patch()
-                    })
-                    .await;
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn patch(&self) -> SessionPatch {
-        SessionPatch {
-            updated_at_ms: now_ms(),
-            ..Default::default()
-        }
-    }
-
-    async fn save(&mut self, patch: SessionPatch) {
-        if let Err(e) = self.shared.store.update_session(&self.id, &patch).await {
-            tracing::error!(session = %self.id, error = %e, "cannot update the session row");
-        }
-    }
-
-    async fn flush(&mut self) {
-        let durable = *self.durable_rx.borrow_and_update();
-        for id in self.outbox.flush(durable).await {
-            self.dispatch(id, None);
         }
     }
 }

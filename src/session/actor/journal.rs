@@ -1,0 +1,113 @@
+//! The journal side of a session: appending `session/update`s (write-before-send) and
+//! keeping the session row in step with the updates that change it.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::Session;
+use crate::session::outbox::Out;
+use crate::session::{ConnId, now_ms};
+use crate::store::{NewEntry, SessionPatch};
+
+impl Session {
+    /// Journals one `session/update` and queues it for the attached clients.
+    pub(super) async fn journal(&mut self, params: Value, exclude: Option<ConnId>) {
+        let Value::Object(mut params) = params else {
+            return;
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        params.insert("sessionId".into(), Value::String(self.id.to_string()));
+        let meta = params.entry("_meta").or_insert_with(|| json!({}));
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        meta["acpd"] = json!({ "seq": seq });
+        let kind = params
+            .get("update")
+            .and_then(|u| u.get("sessionUpdate"))
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_owned();
+        self.observe(&kind, &params).await;
+        let text: Arc<str> =
+            json!({ "jsonrpc": "2.0", "method": "session/update", "params": params })
+                .to_string()
+                .into();
+        let entry = NewEntry {
+            session_id: self.id.clone(),
+            seq,
+            kind: kind.into(),
+            body: text.clone(),
+            at_ms: now_ms(),
+        };
+        if let Err(e) = self.shared.store.append(entry, self.durable.clone()).await {
+            tracing::error!(session = %self.id, seq, error = %e, "journal append failed");
+        }
+        self.outbox.push(Out::Update { seq, text, exclude });
+    }
+
+    /// Keeps the session row in step with updates that change it.
+    pub(super) async fn observe(&mut self, kind: &str, params: &serde_json::Map<String, Value>) {
+        let update = params.get("update");
+        let field = |k: &str| update.and_then(|u| u.get(k));
+        match kind {
+            "session_info_update" => {
+                if let Some(t) = field("title") {
+                    let title = t.as_str().map(str::to_owned);
+                    self.row.title = title.clone();
+                    self.save(SessionPatch {
+                        title: Some(title),
+                        ..self.patch()
+                    })
+                    .await;
+                }
+            }
+            "current_mode_update" => {
+                if let Some(m) = field("currentModeId").and_then(Value::as_str) {
+                    if let Some(modes) = self.meta.get_mut("modes").filter(|m| m.is_object()) {
+                        modes["currentModeId"] = json!(m);
+                    }
+                    let patch = SessionPatch {
+                        mode_id: Some(Some(m.to_owned())),
+                        meta: Some(self.meta.to_string()),
+                        ..self.patch()
+                    };
+                    self.save(patch).await;
+                }
+            }
+            "config_option_update" => {
+                if let Some(opts) = field("configOptions") {
+                    self.meta["configOptions"] = opts.clone();
+                    self.save(SessionPatch {
+                        meta: Some(self.meta.to_string()),
+                        ..self.patch()
+                    })
+                    .await;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn patch(&self) -> SessionPatch {
+        SessionPatch {
+            updated_at_ms: now_ms(),
+            ..Default::default()
+        }
+    }
+
+    pub(super) async fn save(&mut self, patch: SessionPatch) {
+        if let Err(e) = self.shared.store.update_session(&self.id, &patch).await {
+            tracing::error!(session = %self.id, error = %e, "cannot update the session row");
+        }
+    }
+
+    pub(super) async fn flush(&mut self) {
+        let durable = *self.durable_rx.borrow_and_update();
+        for id in self.outbox.flush(durable).await {
+            self.dispatch(id, None);
+        }
+    }
+}
