@@ -112,10 +112,19 @@ fn init_logging(format: LogFormat, default: &str) {
 }
 
 fn config_of(args: &Args) -> Result<Config, ExitCode> {
-    Config::from_args(args).map_err(|e| {
+    let config = Config::from_args(args).map_err(|e| {
         eprintln!("acpd: {e}");
         ExitCode::from(EXIT_USAGE)
-    })
+    })?;
+    // The `[builtin]` table belongs to the built-in agent; check it now, not at first use.
+    if !config.builtin.is_empty()
+        && let Err(e) =
+            crate::agent::builtin::BuiltinConfig::parse(&config.builtin, &config.data_dir)
+    {
+        eprintln!("acpd: invalid [builtin] config: {e}");
+        return Err(ExitCode::from(EXIT_USAGE));
+    }
+    Ok(config)
 }
 
 fn fail(msg: String) -> ExitCode {

@@ -113,10 +113,13 @@ async fn bad_config_exits_64_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.toml");
     std::fs::write(&file, "listen = 5\n").unwrap();
+    let bad_builtin = dir.path().join("bad-builtin.toml");
+    std::fs::write(&bad_builtin, "[builtin]\nmax_turn_requests = \"many\"\n").unwrap();
     let data = dir.path().to_str().unwrap();
     let cases: Vec<Vec<&str>> = vec![
         vec!["--config", file.to_str().unwrap()],
         vec!["--config", "/nonexistent/acpd.toml"],
+        vec!["--config", bad_builtin.to_str().unwrap()],
         vec!["--agent", "no-equals-sign"],
         vec!["--default-agent", "ghost"],
         vec!["--no-auth", "--listen", "0.0.0.0:7420"],
