@@ -11,6 +11,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -188,6 +189,13 @@ pub async fn serve(
         .route("/metrics", get(metrics_text))
         .with_state(state);
     tracing::info!(addr = %listener.local_addr()?, "acpd listening: ws://{}/acp", listener.local_addr()?);
+    // Without TCP_NODELAY, a frame written right after another (a prompt's answer after its
+    // last update) waits for the peer's delayed ACK: up to 40 ms on Linux.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await?;
@@ -295,6 +303,9 @@ async fn accept_tcp(listener: TcpListener, st: AppState, shutdown: CancellationT
             },
         };
         tracing::debug!(%peer, "tcp connection");
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
         let ctx = ConnectionCtx {
             conn_id: Arc::from(uuid::Uuid::new_v4().to_string().as_str()),
             principal: st.auth.local_principal().to_owned(),
