@@ -209,6 +209,9 @@ struct AcpQuery {
     agent: Option<String>,
 }
 
+/// Read buffer of a client WebSocket (see `acp_upgrade`).
+const WS_READ_BUFFER: usize = 8 * 1024;
+
 /// `GET /acp`: authenticate, pick the agent profile, upgrade to WebSocket.
 async fn acp_upgrade(
     State(st): State<AppState>,
@@ -234,6 +237,10 @@ async fn acp_upgrade(
     // Frames somewhat over the limit are read and answered with an error; far over it the
     // socket is closed (1009) rather than buffering without bound.
     let hard_cap = max.saturating_mul(4).max(max + 1024 * 1024);
+    // tungstenite zero-fills its whole read buffer before every read, so each idle socket
+    // keeps all of it resident: 128 KiB by default. Clients send little; big frames still
+    // get a buffer of their size.
+    let ws = ws.read_buffer_size(WS_READ_BUFFER);
     // acp-shim asks for a resumable link; plain RFD clients take the path below.
     let resumable = ws
         .requested_protocols()
