@@ -15,6 +15,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -215,6 +216,13 @@ pub async fn serve(
             );
         }
         tracing::info!(addr = %listener.local_addr()?, "acpd listening: ws://{}/acp", listener.local_addr()?);
+        // Without TCP_NODELAY, a frame written right after another (a prompt's answer after
+        // its last update) waits for the peer's delayed ACK: up to 40 ms on Linux.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.clone().cancelled_owned())
             .await?;
@@ -228,6 +236,9 @@ pub async fn serve(
 struct AcpQuery {
     agent: Option<String>,
 }
+
+/// Read buffer of a client WebSocket (see `acp_upgrade`).
+const WS_READ_BUFFER: usize = 8 * 1024;
 
 /// `GET /acp`: authenticate, pick the agent profile, upgrade to WebSocket.
 async fn acp_upgrade(
@@ -276,6 +287,10 @@ async fn acp_upgrade(
     // Frames somewhat over the limit are read and answered with an error; far over it the
     // socket is closed (1009) rather than buffering without bound.
     let hard_cap = max.saturating_mul(4).max(max + 1024 * 1024);
+    // tungstenite zero-fills its whole read buffer before every read, so each idle socket
+    // keeps all of it resident: 128 KiB by default. Clients send little; big frames still
+    // get a buffer of their size.
+    let ws = ws.read_buffer_size(WS_READ_BUFFER);
     // acp-shim asks for a resumable link; plain RFD clients take the path below.
     let resumable = ws
         .requested_protocols()
@@ -347,6 +362,9 @@ async fn accept_tcp(listener: TcpListener, st: AppState, shutdown: CancellationT
             },
         };
         tracing::debug!(%peer, "tcp connection");
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
         let ctx = ConnectionCtx {
             conn_id: Arc::from(uuid::Uuid::new_v4().to_string().as_str()),
             principal: st.auth.local_principal().to_owned(),

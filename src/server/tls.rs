@@ -147,6 +147,10 @@ impl TlsListener {
                     }
                 },
             };
+            // Small frames back to back must not wait for delayed ACKs (see `serve`).
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
             let acceptor = TlsAcceptor::from(configs.borrow().clone());
             tasks.spawn(connection(
                 stream,

@@ -1,0 +1,633 @@
+//! Relay benchmark: acpd against a bare relay (a websocat pair) and the agent over direct
+//! stdio, side by side in one run, each path pinned to one CPU and unpinned.
+//!
+//! `bench/run.sh` builds the release binaries and runs this (`cargo bench --bench relay`);
+//! bench/README.md explains the paths, the options and the latest results. Postgres rows
+//! appear when `ACPD_TEST_DATABASE_URL` names a server (a throwaway database is used).
+
+mod conns;
+mod procs;
+mod report;
+mod store;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::json;
+
+use procs::{Bins, LineClient, Mode, Server};
+use report::{Report, Unit};
+
+/// Entries of the session `session/load` replays.
+const LOAD_ENTRIES: u64 = 10_000;
+
+#[derive(Debug, Clone)]
+struct Opts {
+    round_trips: usize,
+    updates: u64,
+    runs: usize,
+    starts: usize,
+    loads: usize,
+    conns: Vec<usize>,
+    store_appends: i64,
+    /// Sections to run (`--only`); all when empty.
+    only: Vec<String>,
+}
+
+/// The sections `--only` can pick.
+const SECTIONS: [&str; 6] = ["rt", "stream", "load", "start", "store", "conns"];
+
+impl Opts {
+    fn parse() -> Result<Opts> {
+        let mut o = Opts {
+            round_trips: 2000,
+            updates: 100_000,
+            runs: 3,
+            starts: 20,
+            loads: 5,
+            conns: vec![1000, 10_000],
+            store_appends: 100_000,
+            only: Vec::new(),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            let mut num = |what: &str| -> Result<u64> {
+                args.next()
+                    .and_then(|v| v.parse().ok())
+                    .with_context(|| format!("{what} needs a number"))
+            };
+            match a.as_str() {
+                // `cargo bench` passes this to every bench target.
+                "--bench" => {}
+                "--quick" => {
+                    o = Opts {
+                        round_trips: 300,
+                        updates: 20_000,
+                        runs: 1,
+                        starts: 5,
+                        loads: 2,
+                        conns: vec![1000],
+                        store_appends: 20_000,
+                        only: std::mem::take(&mut o.only),
+                    }
+                }
+                "--round-trips" => o.round_trips = num(&a)?.max(1) as usize,
+                "--updates" => o.updates = num(&a)?.max(1),
+                "--runs" => o.runs = num(&a)?.max(1) as usize,
+                "--starts" => o.starts = num(&a)?.max(1) as usize,
+                "--loads" => o.loads = num(&a)?.max(1) as usize,
+                "--only" => {
+                    let v = args.next().context("--only needs SECTION[,SECTION...]")?;
+                    o.only = v.split(',').map(str::to_owned).collect();
+                    if let Some(bad) = o.only.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
+                        bail!("unknown section {bad}; sections: {}", SECTIONS.join(","));
+                    }
+                }
+                "--conns" => {
+                    let v = args.next().context("--conns needs N[,N...]")?;
+                    o.conns = v
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(|s| s.parse().context("--conns needs numbers"))
+                        .collect::<Result<_>>()?;
+                }
+                _ => bail!(
+                    "usage: relay [--quick] [--only SECTION,...] [--round-trips N] [--updates N] \
+                     [--runs N] [--starts N] [--loads N] [--conns N,N]\nsections: {}",
+                    SECTIONS.join(",")
+                ),
+            }
+        }
+        Ok(o)
+    }
+
+    fn wants(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == section)
+    }
+}
+
+/// The ways the editor's stdio reaches the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Stdio,
+    Pair,
+    ShimSqlite,
+    ShimPostgres,
+    WebsocatAcpd,
+}
+
+const STDIO: &str = "agent over stdio (floor)";
+const WS_ACPD: &str = "websocat → acpd, SQLite";
+use report::{PAIR, SHIM_PG, SHIM_SQLITE};
+
+impl Route {
+    fn label(self) -> &'static str {
+        match self {
+            Route::Stdio => STDIO,
+            Route::Pair => PAIR,
+            Route::ShimSqlite => SHIM_SQLITE,
+            Route::ShimPostgres => SHIM_PG,
+            Route::WebsocatAcpd => WS_ACPD,
+        }
+    }
+}
+
+/// The servers of one mode.
+struct Servers {
+    sqlite: Server,
+    postgres: Option<Server>,
+    pair: Server,
+}
+
+fn acpd_url(s: &Server) -> String {
+    format!("ws://127.0.0.1:{}/acp", s.port)
+}
+
+fn shim(mode: Mode, bins: &Bins, server: &Server) -> std::process::Command {
+    let mut cmd = mode.command(&bins.shim);
+    cmd.arg(acpd_url(server)).env("ACPD_LOG", "warn");
+    cmd
+}
+
+fn websocat_client(mode: Mode, bins: &Bins, url: &str) -> std::process::Command {
+    let mut cmd = mode.command(&bins.websocat);
+    cmd.args(["--text", "-q", url]);
+    cmd
+}
+
+fn open(mode: Mode, bins: &Bins, sv: &Servers, path: Route) -> Result<LineClient> {
+    let cmd = match path {
+        Route::Stdio => mode.command(&bins.agent),
+        Route::Pair => websocat_client(mode, bins, &format!("ws://127.0.0.1:{}/", sv.pair.port)),
+        Route::ShimSqlite => shim(mode, bins, &sv.sqlite),
+        Route::ShimPostgres => match &sv.postgres {
+            Some(s) => shim(mode, bins, s),
+            None => bail!("no Postgres"),
+        },
+        Route::WebsocatAcpd => websocat_client(mode, bins, &acpd_url(&sv.sqlite)),
+    };
+    LineClient::spawn(cmd)
+}
+
+/// p50 and p99 in µs.
+fn percentiles(mut v: Vec<Duration>) -> Vec<f64> {
+    v.sort();
+    let at = |q: f64| {
+        let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+        v[i].as_secs_f64() * 1e6
+    };
+    vec![at(0.50), at(0.99)]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn run_mode(
+    mode: Mode,
+    opts: &Opts,
+    bins: &Bins,
+    pg: Option<&str>,
+    tmp: &Path,
+    report: &mut Report,
+) -> Result<()> {
+    mode.enter()?;
+    let m = mode.label();
+    eprintln!("[{m}] starting servers");
+    let dir = tmp.join(m);
+    let sv = Servers {
+        sqlite: Server::acpd(mode, bins, &dir.join("sqlite"), None)?,
+        postgres: match pg {
+            Some(url) => Some(Server::acpd(mode, bins, &dir.join("postgres"), Some(url))?),
+            None => None,
+        },
+        pair: Server::websocat(mode, bins, Some(&bins.agent))?,
+    };
+    let mut paths = vec![Route::Stdio, Route::Pair, Route::ShimSqlite];
+    if sv.postgres.is_some() {
+        paths.push(Route::ShimPostgres);
+    }
+    paths.push(Route::WebsocatAcpd);
+
+    let mut clients = Vec::new();
+    let needs_clients = opts.wants("rt") || opts.wants("stream") || opts.wants("load");
+    for &p in paths.iter().filter(|_| needs_clients) {
+        let mut c = open(mode, bins, &sv, p).with_context(|| p.label())?;
+        let sid = c.open_session().with_context(|| p.label())?;
+        // The first prompt's updates wait out acpd's bootstrap hold (100 ms after session/new).
+        c.prompt(&sid, "echo warm")?;
+        std::thread::sleep(Duration::from_millis(150));
+        for _ in 0..100 {
+            c.prompt(&sid, "echo warm")?;
+            c.call("_scripted/echo", json!({ "n": 1 }))?;
+        }
+        clients.push((p, c, sid));
+    }
+    if opts.wants("rt") {
+        round_trips(mode, opts, &mut clients, report)?;
+    }
+    if opts.wants("stream") {
+        streaming(mode, opts, &mut clients, report)?;
+    }
+    if opts.wants("load") {
+        loads(mode, opts, &mut clients, report)?;
+    }
+    for (_, c, _) in clients {
+        c.close();
+    }
+    if opts.wants("start") {
+        cold_starts(mode, opts, bins, &sv, report)?;
+    }
+    if opts.wants("store") {
+        store_alone(mode, opts, pg, &dir, report)?;
+    }
+    drop(sv);
+    Mode::Unpinned.enter()?;
+    Ok(())
+}
+
+type Clients = Vec<(Route, LineClient, String)>;
+
+fn round_trips(mode: Mode, opts: &Opts, clients: &mut Clients, report: &mut Report) -> Result<()> {
+    let m = mode.label();
+    eprintln!("[{m}] round trips");
+    let rt_prompt = format!(
+        "round trip: session/prompt \"echo x\" (1 update), {} sequential — p50 / p99",
+        opts.round_trips
+    );
+    let rt_ext = format!(
+        "round trip: _scripted/echo (a request the agent answers, no journal), {} sequential — p50 / p99",
+        opts.round_trips
+    );
+    for (p, c, sid) in clients.iter_mut() {
+        let mut times = Vec::with_capacity(opts.round_trips);
+        for _ in 0..opts.round_trips {
+            let t = Instant::now();
+            let a = c.prompt(sid, "echo x")?;
+            times.push(t.elapsed());
+            ensure!(
+                a.updates == 1,
+                "{}: echo sent {} updates",
+                p.label(),
+                a.updates
+            );
+        }
+        report.put(
+            "rt-prompt",
+            &rt_prompt,
+            Unit::RoundTrip,
+            p.label(),
+            mode,
+            percentiles(times),
+        );
+        let mut times = Vec::with_capacity(opts.round_trips);
+        for _ in 0..opts.round_trips {
+            let t = Instant::now();
+            c.call("_scripted/echo", json!({ "n": 1 }))?;
+            times.push(t.elapsed());
+        }
+        report.put(
+            "rt-ext",
+            &rt_ext,
+            Unit::RoundTrip,
+            p.label(),
+            mode,
+            percentiles(times),
+        );
+    }
+    Ok(())
+}
+
+fn streaming(mode: Mode, opts: &Opts, clients: &mut Clients, report: &mut Report) -> Result<()> {
+    let m = mode.label();
+    eprintln!("[{m}] streaming");
+    let n = opts.updates;
+    let title = format!(
+        "streaming: one prompt, {n} session/update × 64 B of text, median of {} — msgs/s, MB/s of update lines",
+        opts.runs
+    );
+    let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); clients.len()];
+    for _ in 0..opts.runs {
+        // Interleaved, so whatever else the machine does hits every path alike.
+        for (i, (p, c, sid)) in clients.iter_mut().enumerate() {
+            let bytes = c.update_bytes;
+            let t = Instant::now();
+            let a = c.prompt(sid, &format!("stream {n} 64"))?;
+            let dt = t.elapsed().as_secs_f64();
+            ensure!(
+                a.updates >= n,
+                "{}: {} of {n} updates",
+                p.label(),
+                a.updates
+            );
+            runs[i].push((n as f64 / dt, (c.update_bytes - bytes) as f64 / dt / 1e6));
+        }
+    }
+    for ((p, _, _), r) in clients.iter().zip(runs) {
+        let msgs = median(r.iter().map(|x| x.0).collect());
+        let mb = median(r.iter().map(|x| x.1).collect());
+        report.put(
+            "stream",
+            &title,
+            Unit::Stream,
+            p.label(),
+            mode,
+            vec![msgs, mb],
+        );
+    }
+    Ok(())
+}
+
+fn loads(mode: Mode, opts: &Opts, clients: &mut Clients, report: &mut Report) -> Result<()> {
+    let m = mode.label();
+    eprintln!("[{m}] session/load");
+    let title = format!(
+        "session/load of a {LOAD_ENTRIES}-entry session (acpd: from its journal; others: the agent's own history), median of {} — ms",
+        opts.loads
+    );
+    for (p, c, _) in clients.iter_mut() {
+        // available_commands_update + the prompt + its chunks = LOAD_ENTRIES.
+        let sid = c.new_session()?;
+        c.prompt(&sid, &format!("stream {} 64", LOAD_ENTRIES - 2))?;
+        std::thread::sleep(Duration::from_millis(200));
+        let mut times = Vec::new();
+        for _ in 0..opts.loads {
+            let t = Instant::now();
+            let a = c.call(
+                "session/load",
+                json!({ "sessionId": sid, "cwd": "/tmp", "mcpServers": [] }),
+            )?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            ensure!(
+                a.updates == LOAD_ENTRIES,
+                "{}: load replayed {} updates",
+                p.label(),
+                a.updates
+            );
+            // acpd holds live updates for 100 ms after a load; nothing is live here.
+        }
+        report.put(
+            "load",
+            &title,
+            Unit::Millis,
+            p.label(),
+            mode,
+            vec![median(times)],
+        );
+    }
+    Ok(())
+}
+
+fn cold_starts(
+    mode: Mode,
+    opts: &Opts,
+    bins: &Bins,
+    sv: &Servers,
+    report: &mut Report,
+) -> Result<()> {
+    let m = mode.label();
+    eprintln!("[{m}] cold start");
+    let title = format!(
+        "cold start: spawn → initialize answered by acpd (daemon and agent warm), median of {} — ms",
+        opts.starts
+    );
+    let mut shim_t = Vec::new();
+    let mut ws_t = Vec::new();
+    for _ in 0..opts.starts {
+        for (which, out) in [(0, &mut shim_t), (1, &mut ws_t)] {
+            let cmd = match which {
+                0 => shim(mode, bins, &sv.sqlite),
+                _ => websocat_client(mode, bins, &acpd_url(&sv.sqlite)),
+            };
+            let mut c = LineClient::spawn(cmd)?;
+            c.call("initialize", json!({ "protocolVersion": 1 }))?;
+            out.push(c.spawned.elapsed().as_secs_f64() * 1e3);
+            c.close();
+        }
+    }
+    report.put(
+        "start",
+        &title,
+        Unit::Millis,
+        "acp-shim",
+        mode,
+        vec![median(shim_t)],
+    );
+    report.put_relay(
+        "start",
+        &title,
+        Unit::Millis,
+        "websocat",
+        mode,
+        vec![median(ws_t)],
+    );
+    Ok(())
+}
+
+fn store_alone(
+    mode: Mode,
+    opts: &Opts,
+    pg: Option<&str>,
+    dir: &Path,
+    report: &mut Report,
+) -> Result<()> {
+    let m = mode.label();
+    eprintln!("[{m}] store alone");
+    let title = format!(
+        "store alone (no daemon): {} group-commit appends — appends/s; 10 000-entry journal read — ms",
+        opts.store_appends
+    );
+    // A runtime on this (pinned or not) thread: sqlx's SQLite worker inherits the affinity.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let db = format!("sqlite://{}", dir.join("store-alone.db").display());
+    let mut stores = vec![("SQLite", db)];
+    if let Some(url) = pg {
+        stores.push(("Postgres", url.to_owned()));
+    }
+    for (label, url) in stores {
+        let s = rt.block_on(store::measure(&url, m, opts.store_appends, 10_000))?;
+        report.put(
+            "store",
+            &title,
+            Unit::Store,
+            label,
+            mode,
+            vec![s.appends_per_s, s.read_ms],
+        );
+    }
+    Ok(())
+}
+
+fn run_conns(opts: &Opts, bins: &Bins, tmp: &Path, report: &mut Report) -> Result<()> {
+    use conns::Kind;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    for &n in &opts.conns {
+        eprintln!("[unpinned] {n} idle connections");
+        let key = format!("conns-{n}");
+        let title = format!(
+            "idle WebSocket connections, {n} held (initialize answered on each; 64 being set up at a time) — server RSS growth per connection; time to establish all (p50 / p99 of one)"
+        );
+        for (label, kind) in [
+            ("acpd, plain RFD client", Kind::Plain),
+            ("acpd, acpd.resume.v1 (acp-shim's)", Kind::Resumable),
+        ] {
+            let srv = Server::acpd(
+                Mode::Unpinned,
+                bins,
+                &tmp.join(format!("conns-{n}-{kind:?}")),
+                None,
+            )?;
+            let pid = srv.pid();
+            let h = rt.block_on(conns::hold(srv.port, "/acp", kind, n, || {
+                procs::rss_kib(pid)
+            }))?;
+            report.put(&key, &title, Unit::Conns, label, Mode::Unpinned, held(&h));
+        }
+        let srv = Server::websocat(Mode::Unpinned, bins, None)?;
+        let pid = srv.pid();
+        let h = rt.block_on(conns::hold(srv.port, "/", Kind::Mirror, n, || {
+            procs::rss_kib(pid)
+        }))?;
+        report.put_relay(
+            &key,
+            &title,
+            Unit::Conns,
+            "websocat mirror: (relay alone, no agent)",
+            Mode::Unpinned,
+            held(&h),
+        );
+        // Let the closed sockets go before the next round.
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    Ok(())
+}
+
+fn held(h: &conns::Held) -> Vec<f64> {
+    vec![
+        h.kib_per_conn,
+        h.establish.as_secs_f64(),
+        h.p50.as_secs_f64() * 1e3,
+        h.p99.as_secs_f64() * 1e3,
+        h.base_kib as f64,
+        h.n as f64,
+    ]
+}
+
+fn raise_nofile() -> u64 {
+    // SAFETY: plain getrlimit/setrlimit on our own process; children inherit the limit.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+            return r.rlim_cur;
+        }
+    }
+    0
+}
+
+fn find_websocat() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("WEBSOCAT") {
+        return Ok(p.into());
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if let Some(home) = std::env::var_os("HOME") {
+        dirs.push(Path::new(&home).join(".cargo/bin"));
+    }
+    dirs.into_iter()
+        .map(|d| d.join("websocat"))
+        .find(|p| p.is_file())
+        .context("websocat not found: `cargo install websocat`, or set WEBSOCAT")
+}
+
+fn machine(bins: &Bins) -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let websocat = std::process::Command::new(&bins.websocat)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    format!(
+        "{} · nproc {nproc} · {cpu} · Linux {} · {websocat}",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
+        kernel.trim()
+    )
+}
+
+fn main() -> Result<()> {
+    let opts = Opts::parse()?;
+    let bins = Bins {
+        acpd: env!("CARGO_BIN_EXE_acpd").into(),
+        shim: env!("CARGO_BIN_EXE_acp-shim").into(),
+        agent: env!("CARGO_BIN_EXE_acpd-scripted-agent").into(),
+        websocat: find_websocat()?,
+    };
+    let nofile = raise_nofile();
+    let need = opts.conns.iter().max().copied().unwrap_or(0) as u64 + 512;
+    ensure!(
+        nofile >= need,
+        "the open-file limit is {nofile}; {need} are needed (raise the hard limit: ulimit -Hn)"
+    );
+    // A hung peer must not hang the run forever.
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(3600));
+        eprintln!("relay bench: still running after an hour, giving up");
+        std::process::exit(2);
+    });
+    let tmp = tempfile::tempdir()?;
+    let admin = std::env::var("ACPD_TEST_DATABASE_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let setup = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let pg = match &admin {
+        Some(a) => Some(setup.block_on(store::create_database(a))?),
+        None => None,
+    };
+    let mut report = Report::new(machine(&bins), &opts);
+    let outcome = (|| -> Result<()> {
+        for mode in [Mode::Pinned, Mode::Unpinned] {
+            run_mode(
+                mode,
+                &opts,
+                &bins,
+                pg.as_ref().map(|p| p.1.as_str()),
+                tmp.path(),
+                &mut report,
+            )?;
+        }
+        if opts.wants("conns") {
+            run_conns(&opts, &bins, tmp.path(), &mut report)?;
+        }
+        Ok(())
+    })();
+    if let (Some(a), Some((name, _))) = (&admin, &pg)
+        && let Err(e) = setup.block_on(store::drop_database(a, name))
+    {
+        eprintln!("could not drop the database {name}: {e}");
+    }
+    outcome?;
+    if pg.is_none() {
+        report.note("Postgres: skipped (set ACPD_TEST_DATABASE_URL to include it)");
+    }
+    print!("{}", report.render());
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! The results table: every measurement pinned and unpinned, with its ratio to the relay row
+//! of the same section, and the goals met or missed.
+
+use std::fmt::Write;
+
+use crate::Opts;
+use crate::procs::Mode;
+
+pub const PAIR: &str = "websocat pair (the relay)";
+pub const SHIM_SQLITE: &str = "acp-shim → acpd, SQLite";
+pub const SHIM_PG: &str = "acp-shim → acpd, Postgres";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// p50, p99 in µs; lower is better.
+    RoundTrip,
+    /// msgs/s, MB/s; higher is better.
+    Stream,
+    /// ms; lower is better.
+    Millis,
+    /// appends/s, read ms; no relay.
+    Store,
+    /// KiB/conn, establish s, p50 ms, p99 ms, base KiB, n; unpinned only.
+    Conns,
+}
+
+struct Row {
+    label: String,
+    relay: bool,
+    vals: [Option<Vec<f64>>; 2],
+}
+
+struct Section {
+    key: String,
+    title: String,
+    unit: Unit,
+    rows: Vec<Row>,
+}
+
+pub struct Report {
+    header: String,
+    sections: Vec<Section>,
+    notes: Vec<String>,
+}
+
+fn slot(mode: Mode) -> usize {
+    match mode {
+        Mode::Pinned => 0,
+        Mode::Unpinned => 1,
+    }
+}
+
+impl Report {
+    pub fn new(machine: String, opts: &Opts) -> Report {
+        Report {
+            header: format!("acpd relay benchmark — {machine}\noptions: {opts:?}"),
+            sections: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    pub fn note(&mut self, n: &str) {
+        self.notes.push(n.to_owned());
+    }
+
+    pub fn put(
+        &mut self,
+        key: &str,
+        title: &str,
+        unit: Unit,
+        label: &str,
+        mode: Mode,
+        v: Vec<f64>,
+    ) {
+        self.insert(key, title, unit, label, label == PAIR, mode, v);
+    }
+
+    pub fn put_relay(
+        &mut self,
+        key: &str,
+        title: &str,
+        unit: Unit,
+        label: &str,
+        mode: Mode,
+        v: Vec<f64>,
+    ) {
+        self.insert(key, title, unit, label, true, mode, v);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        key: &str,
+        title: &str,
+        unit: Unit,
+        label: &str,
+        relay: bool,
+        mode: Mode,
+        v: Vec<f64>,
+    ) {
+        let i = match self.sections.iter().position(|s| s.key == key) {
+            Some(i) => i,
+            None => {
+                self.sections.push(Section {
+                    key: key.to_owned(),
+                    title: title.to_owned(),
+                    unit,
+                    rows: Vec::new(),
+                });
+                self.sections.len() - 1
+            }
+        };
+        let rows = &mut self.sections[i].rows;
+        let j = match rows.iter().position(|r| r.label == label) {
+            Some(j) => j,
+            None => {
+                rows.push(Row {
+                    label: label.to_owned(),
+                    relay,
+                    vals: [None, None],
+                });
+                rows.len() - 1
+            }
+        };
+        rows[j].vals[slot(mode)] = Some(v);
+    }
+
+    fn get(&self, key: &str, label: &str, mode: Mode) -> Option<&[f64]> {
+        let s = self.sections.iter().find(|s| s.key == key)?;
+        let r = s.rows.iter().find(|r| r.label == label)?;
+        r.vals[slot(mode)].as_deref()
+    }
+
+    /// `label`'s values divided by the relay's, same section and mode.
+    fn ratio(&self, key: &str, label: &str, mode: Mode) -> Option<Vec<f64>> {
+        let s = self.sections.iter().find(|s| s.key == key)?;
+        let relay = s.rows.iter().find(|r| r.relay)?.vals[slot(mode)].as_ref()?;
+        let v = self.get(key, label, mode)?;
+        Some(v.iter().zip(relay).map(|(a, b)| a / b).collect())
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "{}\n", self.header);
+        let _ = writeln!(
+            out,
+            "{:<40} {:>30} {:>13} {:>30} {:>13}",
+            "", "pinned (taskset -c 0)", "× relay", "unpinned", "× relay"
+        );
+        for s in &self.sections {
+            let _ = writeln!(out, "{}", s.title);
+            for r in &s.rows {
+                let mut line = format!("  {:<38}", r.label);
+                for mode in [Mode::Pinned, Mode::Unpinned] {
+                    let (v, x) = match r.vals[slot(mode)].as_deref() {
+                        Some(v) => (
+                            value(s.unit, v),
+                            match (r.relay, self.ratio(&s.key, &r.label, mode)) {
+                                (true, _) => "1".to_owned(),
+                                (false, Some(x)) => ratio(s.unit, &x),
+                                (false, None) => "—".to_owned(),
+                            },
+                        ),
+                        None => ("—".to_owned(), String::new()),
+                    };
+                    let _ = write!(line, " {v:>30} {x:>13}");
+                }
+                let _ = writeln!(out, "{}", line.trim_end());
+            }
+        }
+        let _ = writeln!(out, "\ngoals");
+        for g in self.goals() {
+            let _ = writeln!(out, "  {g}");
+        }
+        for n in &self.notes {
+            let _ = writeln!(out, "{n}");
+        }
+        out
+    }
+
+    fn goals(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+        let per_mode = |f: &dyn Fn(Mode) -> Option<String>| {
+            [Mode::Pinned, Mode::Unpinned]
+                .iter()
+                .filter_map(|&m| f(m).map(|s| format!("{} {s}", m.label())))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        for label in [SHIM_SQLITE, SHIM_PG] {
+            let line = per_mode(&|m| {
+                let x = self.ratio("stream", label, m)?[0];
+                Some(format!("{x:.2}× ({})", verdict(x >= 2.0)))
+            });
+            if !line.is_empty() {
+                out.push(format!(
+                    "streaming ≥ 2× the relay, journal on — {label}: {line}"
+                ));
+            }
+        }
+        for label in [SHIM_SQLITE, SHIM_PG] {
+            let line = per_mode(&|m| {
+                let x = self.ratio("rt-prompt", label, m)?;
+                Some(format!(
+                    "p50 {:.2}× p99 {:.2}× ({})",
+                    x[0],
+                    x[1],
+                    verdict(x[0] <= 0.8 && x[1] <= 0.8)
+                ))
+            });
+            if !line.is_empty() {
+                out.push(format!(
+                    "session/prompt round trip ≤ 0.8× the relay — {label}: {line}"
+                ));
+            }
+        }
+        let line = per_mode(&|m| {
+            let v = self.get("start", "acp-shim", m)?[0];
+            Some(format!("{v:.1} ms ({})", verdict(v < 10.0)))
+        });
+        out.push(format!("acp-shim cold start < 10 ms: {line}"));
+        for s in self.sections.iter().filter(|s| s.unit == Unit::Conns) {
+            for r in s.rows.iter().filter(|r| !r.relay) {
+                if let Some(v) = r.vals[slot(Mode::Unpinned)].as_deref() {
+                    out.push(format!(
+                        "< 64 KiB per idle connection — {}, {} held: {:.1} KiB ({})",
+                        r.label,
+                        v[5],
+                        v[0],
+                        verdict(v[0] < 64.0)
+                    ));
+                }
+            }
+        }
+        let line = per_mode(&|m| {
+            let v = self.get("load", SHIM_SQLITE, m)?[0];
+            Some(format!("{v:.1} ms ({})", verdict(v < 50.0)))
+        });
+        out.push(format!(
+            "10 000-entry session/load < 50 ms on SQLite — {SHIM_SQLITE}: {line}"
+        ));
+        out
+    }
+}
+
+fn value(unit: Unit, v: &[f64]) -> String {
+    match unit {
+        Unit::RoundTrip => format!("{:.0} / {:.0} µs", v[0], v[1]),
+        Unit::Stream => format!("{:.0} msg/s {:.1} MB/s", v[0], v[1]),
+        Unit::Millis => format!("{:.2} ms", v[0]),
+        Unit::Store => format!("{:.0}/s, read {:.1} ms", v[0], v[1]),
+        Unit::Conns => format!(
+            "{:.1} KiB, {:.2} s ({:.1}/{:.1} ms)",
+            v[0], v[1], v[2], v[3]
+        ),
+    }
+}
+
+fn ratio(unit: Unit, x: &[f64]) -> String {
+    match unit {
+        Unit::RoundTrip => format!("{:.2} / {:.2}", x[0], x[1]),
+        Unit::Store => "—".to_owned(),
+        _ => format!("{:.2}", x[0]),
+    }
+}

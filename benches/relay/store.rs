@@ -1,0 +1,127 @@
+//! The store alone, without the daemon around it: group-commit journal appends per second and
+//! the read-back of a 10 000-entry journal. The ceiling for streaming and for `session/load`.
+//! Also the throwaway Postgres databases of the benchmark.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use acpd::store::{NewEntry, SessionRow, Store, StoreOptions};
+use anyhow::{Result, ensure};
+use sqlx::{Connection, Executor, PgConnection};
+use tokio::sync::watch;
+
+pub struct StoreRef {
+    pub appends_per_s: f64,
+    pub read_ms: f64,
+}
+
+/// Appends `appends` entries to a fresh session and reads `read_back` entries back (best of 5).
+pub async fn measure(url: &str, tag: &str, appends: i64, read_back: i64) -> Result<StoreRef> {
+    let store = Store::open(url, StoreOptions::default()).await?;
+    let principal = store.ensure_principal("bench").await?;
+    let (stream, replay) = (format!("stream-{tag}"), format!("replay-{tag}"));
+    store
+        .insert_session(&session(&stream, &principal.id))
+        .await?;
+    store
+        .insert_session(&session(&replay, &principal.id))
+        .await?;
+    let elapsed = append_all(&store, &stream, appends).await?;
+    append_all(&store, &replay, read_back).await?;
+    let mut best = Duration::MAX;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let entries = store.journal_after(&replay, 0, read_back).await?;
+        best = best.min(start.elapsed());
+        ensure!(
+            entries.len() as i64 == read_back,
+            "read back {}",
+            entries.len()
+        );
+    }
+    store.close().await;
+    Ok(StoreRef {
+        appends_per_s: appends as f64 / elapsed.as_secs_f64(),
+        read_ms: best.as_secs_f64() * 1e3,
+    })
+}
+
+/// Appends `n` entries and returns the time until the last one is durable.
+async fn append_all(store: &Store, session_id: &str, n: i64) -> Result<Duration> {
+    let sid: Arc<str> = session_id.into();
+    let kind: Arc<str> = "agent_message_chunk".into();
+    let (durable, mut rx) = watch::channel(0);
+    let durable = Arc::new(durable);
+    let start = Instant::now();
+    for seq in 1..=n {
+        let body = format!(
+            "{{\"jsonrpc\":\"2.0\",\"method\":\"x\",\"params\":{{\"t\":\"chunk {seq:08}\"}}}}"
+        );
+        let entry = NewEntry {
+            session_id: sid.clone(),
+            seq,
+            kind: kind.clone(),
+            body: body.into(),
+            at_ms: seq,
+        };
+        store.append(entry, durable.clone()).await?;
+    }
+    tokio::time::timeout(Duration::from_secs(600), rx.wait_for(|v| *v >= n)).await??;
+    Ok(start.elapsed())
+}
+
+fn session(id: &str, principal_id: &str) -> SessionRow {
+    SessionRow {
+        id: id.to_owned(),
+        principal_id: principal_id.to_owned(),
+        agent: "builtin".into(),
+        agent_session_id: None,
+        cwd: "/bench".into(),
+        additional_dirs: "[]".into(),
+        title: None,
+        mode_id: None,
+        config_values: "{}".into(),
+        meta: "{}".into(),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+        closed: false,
+        last_seq: 0,
+        owner_instance: None,
+        lease_until_ms: None,
+    }
+}
+
+/// A throwaway database on the server named by `admin`; dropped by `drop_database`.
+pub async fn create_database(admin: &str) -> Result<(String, String)> {
+    let name = format!("acpd_bench_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = PgConnection::connect(admin).await?;
+    conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .await?;
+    Ok((name.clone(), with_database(admin, &name)))
+}
+
+pub async fn drop_database(admin: &str, name: &str) -> Result<()> {
+    let mut conn = PgConnection::connect(admin).await?;
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .await?;
+    Ok(())
+}
+
+/// Replaces the database name in a `postgres://user@host:port/db?params` URL.
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let base = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{db}?{q}"),
+        None => format!("{base}/{db}"),
+    }
+}
