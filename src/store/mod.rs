@@ -17,7 +17,6 @@ mod sessions;
 mod writer;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
@@ -58,8 +57,6 @@ pub enum StoreKind {
 pub struct StoreOptions {
     /// Most journal entries committed in one transaction.
     pub journal_batch_max: usize,
-    /// Longest an append waits for companions before its batch is committed.
-    pub journal_batch_delay: Duration,
     /// Appends buffered while the database is unreachable before `append` applies backpressure.
     pub journal_queue: usize,
     /// Pool size.
@@ -70,7 +67,6 @@ impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             journal_batch_max: 512,
-            journal_batch_delay: Duration::from_millis(2),
             journal_queue: 8192,
             max_connections: 8,
         }

@@ -1,8 +1,10 @@
 //! The group-commit journal writer: one task that owns the batch and commits appends together.
 //!
-//! Appends arrive over a bounded channel. The writer takes one, gathers more until the batch is
-//! full or `journal_batch_delay` has passed, commits them in one transaction and only then
-//! advances each touched session's durable watermark. A failed commit keeps the batch and
+//! Appends arrive over a bounded channel. The writer takes one, adds whatever else is already
+//! queued (up to `journal_batch_max`), commits them in one transaction and only then advances
+//! each touched session's durable watermark. It never waits for companions: a lone append
+//! commits at once (a prompt's first update is not held back), and appends that arrive while a
+//! commit runs queue up and form the next batch, so batches grow with the load by themselves. A failed commit keeps the batch and
 //! retries with capped backoff: nothing is dropped because the database went away, and the
 //! bounded channel pushes back on `append` meanwhile.
 
@@ -11,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
 
 use super::backend::{Failure, Pool, begin_write, classify, on_pool};
 use super::journal::{Ins, JournalSql};
@@ -39,7 +40,6 @@ pub(crate) fn spawn(pool: Pool, opts: &StoreOptions) -> (mpsc::Sender<Msg>, Fini
         pool,
         rx,
         batch_max: opts.journal_batch_max.max(1),
-        batch_delay: opts.journal_batch_delay,
         open: true,
         _finished: finished_tx,
     };
@@ -51,7 +51,6 @@ struct Writer {
     pool: Pool,
     rx: mpsc::Receiver<Msg>,
     batch_max: usize,
-    batch_delay: Duration,
     /// False once the channel is closed and drained.
     open: bool,
     /// Dropped with the writer; see `Finished`.
@@ -69,7 +68,7 @@ impl Writer {
                 None => self.open = false,
             }
             if !batch.is_empty() {
-                self.fill(&mut batch).await;
+                self.fill(&mut batch);
                 let dropped = self.commit(&batch).await;
                 advance(&batch, &dropped);
                 batch.clear();
@@ -85,23 +84,13 @@ impl Writer {
         }
     }
 
-    /// Adds queued appends to `batch` until it is full or the batch delay has passed.
-    async fn fill(&mut self, batch: &mut Batch) {
-        let deadline = Instant::now() + self.batch_delay;
+    /// Adds the appends already queued to `batch`, until it is full or the queue is empty.
+    fn fill(&mut self, batch: &mut Batch) {
         while self.open && batch.len() < self.batch_max {
-            let msg = match self.rx.try_recv() {
-                Ok(msg) => Some(msg),
-                Err(mpsc::error::TryRecvError::Disconnected) => None,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                        Ok(msg) => msg,
-                        Err(_elapsed) => return,
-                    }
-                }
-            };
-            match msg {
-                Some(msg) => self.accept(msg, batch),
-                None => self.open = false,
+            match self.rx.try_recv() {
+                Ok(msg) => self.accept(msg, batch),
+                Err(mpsc::error::TryRecvError::Empty) => return,
+                Err(mpsc::error::TryRecvError::Disconnected) => self.open = false,
             }
         }
     }
