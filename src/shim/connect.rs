@@ -122,7 +122,10 @@ async fn connect_inner(t: &Target, resume: Option<(&str, u64)>) -> Result<Connec
         h.insert(LAST_SEQ_HEADER, HeaderValue::from(last));
     }
     // Messages are bounded by the daemon; the shim accepts what the daemon may send.
+    // tungstenite zero-fills its whole read buffer before every read: at the default 128 KiB
+    // that memset was the shim's largest cost when streaming small updates.
     let config = WebSocketConfig::default()
+        .read_buffer_size(16 * 1024)
         .max_message_size(Some(256 << 20))
         .max_frame_size(Some(256 << 20));
     let (ws, resp) = tokio_tungstenite::client_async_with_config(req, stream, Some(config))

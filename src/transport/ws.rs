@@ -49,17 +49,20 @@ pub fn pump(
         let mut ping = tokio::time::interval(PING_EVERY);
         ping.tick().await;
         let mut in_tx = Some(in_tx);
+        // Looked up once: a registry lookup hashes the name on every call.
+        let bytes_in = metrics::counter!(crate::metrics::BYTES_IN_TOTAL);
+        let bytes_out = metrics::counter!(crate::metrics::BYTES_OUT_TOTAL);
         let close = loop {
             tokio::select! {
                 _ = cancel.cancelled() => break Some(CloseReason::SHUTDOWN),
                 msg = stream.next(), if in_tx.is_some() => {
                     let frame = match msg {
                         Some(Ok(Message::Text(t))) if t.len() > max_message_bytes => {
-                            metrics::counter!(crate::metrics::BYTES_IN_TOTAL).increment(t.len() as u64);
+                            bytes_in.increment(t.len() as u64);
                             InFrame::TooLarge(t.len())
                         }
                         Some(Ok(Message::Text(t))) => {
-                            metrics::counter!(crate::metrics::BYTES_IN_TOTAL).increment(t.len() as u64);
+                            bytes_in.increment(t.len() as u64);
                             InFrame::Text(t.to_string())
                         }
                         Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => continue,
@@ -80,8 +83,7 @@ pub fn pump(
                 }
                 out = out_rx.recv() => match out {
                     Some(text) => {
-                        metrics::counter!(crate::metrics::BYTES_OUT_TOTAL).increment(text.len() as u64);
-                        if let Err(e) = sink.send(Message::Text(text.into())).await {
+                        if let Err(e) = write_burst(&mut sink, text, &mut out_rx, &bytes_out).await {
                             tracing::debug!(error = %e, "websocket write failed");
                             break None;
                         }
@@ -109,4 +111,29 @@ pub fn pump(
         let _ = sink.close().await;
     };
     (link, fut)
+}
+
+/// Most frames written before one flush.
+const BURST: usize = 64;
+
+/// Writes `first` and whatever else is already queued (up to `BURST` frames), then flushes
+/// once: a streaming turn costs one socket write per burst, not one per update.
+async fn write_burst<S>(
+    sink: &mut S,
+    first: String,
+    queue: &mut mpsc::Receiver<String>,
+    bytes_out: &metrics::Counter,
+) -> Result<(), S::Error>
+where
+    S: futures_util::Sink<Message> + Unpin,
+{
+    let mut next = Some(first);
+    let mut n = 0;
+    while let Some(text) = next {
+        bytes_out.increment(text.len() as u64);
+        sink.feed(Message::Text(text.into())).await?;
+        n += 1;
+        next = if n < BURST { queue.try_recv().ok() } else { None };
+    }
+    sink.flush().await
 }

@@ -22,6 +22,9 @@ use super::{Rejected, ResumeSettings};
 use crate::jsonrpc::InFrame;
 use crate::transport::ws::CloseReason;
 
+/// Most text frames written before one flush.
+const BURST: usize = 64;
+
 /// What the registry and the upgrade handler tell an owner.
 pub(super) enum Control {
     /// A client wants to resume: drop the current socket (the position must not move until the
@@ -288,16 +291,37 @@ impl Owner {
         let (tx, mut rx) = mpsc::channel::<WsOut>(WRITER_QUEUE);
         let k = kill_writer.clone();
         self.tasks.spawn(async move {
+            // A message taken off the queue while gathering a burst, not yet handled.
+            let mut taken: Option<WsOut> = None;
             loop {
-                let out = tokio::select! {
-                    _ = k.cancelled() => break,
-                    o = rx.recv() => o,
+                let out = match taken.take() {
+                    Some(o) => Some(o),
+                    None => tokio::select! {
+                        _ = k.cancelled() => break,
+                        o = rx.recv() => o,
+                    },
                 };
                 match out {
                     Some(WsOut::Text(t)) => {
+                        // Feed this frame and the text frames already queued, flush once:
+                        // one socket write per burst while a turn streams.
+                        let burst = async {
+                            sink.feed(Message::Text(t.into())).await?;
+                            for _ in 1..BURST {
+                                match rx.try_recv() {
+                                    Ok(WsOut::Text(t)) => sink.feed(Message::Text(t.into())).await?,
+                                    Ok(other) => {
+                                        taken = Some(other);
+                                        break;
+                                    }
+                                    Err(_) => break,
+                                }
+                            }
+                            sink.flush().await
+                        };
                         let sent = tokio::select! {
                             _ = k.cancelled() => break,
-                            r = sink.send(Message::Text(t.into())) => r,
+                            r = burst => r,
                         };
                         if sent.is_err() {
                             break;
