@@ -117,9 +117,8 @@ enum Route {
     WebsocatAcpd,
 }
 
-const STDIO: &str = "agent over stdio (floor)";
 const WS_ACPD: &str = "websocat → acpd, SQLite";
-use report::{PAIR, SHIM_PG, SHIM_SQLITE};
+use report::{PAIR, SHIM_PG, SHIM_SQLITE, STDIO};
 
 impl Route {
     fn label(self) -> &'static str {

@@ -133,7 +133,11 @@ where
         bytes_out.increment(text.len() as u64);
         sink.feed(Message::Text(text.into())).await?;
         n += 1;
-        next = if n < BURST { queue.try_recv().ok() } else { None };
+        next = if n < BURST {
+            queue.try_recv().ok()
+        } else {
+            None
+        };
     }
     sink.flush().await
 }

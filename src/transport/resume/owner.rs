@@ -309,7 +309,9 @@ impl Owner {
                             sink.feed(Message::Text(t.into())).await?;
                             for _ in 1..BURST {
                                 match rx.try_recv() {
-                                    Ok(WsOut::Text(t)) => sink.feed(Message::Text(t.into())).await?,
+                                    Ok(WsOut::Text(t)) => {
+                                        sink.feed(Message::Text(t.into())).await?
+                                    }
                                     Ok(other) => {
                                         taken = Some(other);
                                         break;
