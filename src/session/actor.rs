@@ -110,6 +110,11 @@ enum TaskDone {
         conn: ConnId,
         result: Result<Value, PeerError>,
     },
+    /// A journal page for a lagging client.
+    CatchUp {
+        conn: ConnId,
+        page: Result<Vec<crate::store::JournalEntry>, StoreError>,
+    },
 }
 
 pub(super) struct Session {
@@ -161,6 +166,7 @@ impl Session {
         loop {
             let hold = self.outbox.hold_until();
             let deadline = self.pending.next_deadline();
+            let lag_check = self.outbox.lag_check_at();
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 cmd = commands.recv() => match cmd {
@@ -180,6 +186,8 @@ impl Session {
                 }
                 _ = sleep_until(hold) => self.outbox.release_hold(),
                 _ = sleep_until(deadline) => self.expire_pending().await,
+                // `flush` below looks at lagging clients.
+                _ = sleep_until(lag_check) => {}
                 _ = tokio::time::sleep_until(idle_since + idle), if self.is_idle() => break,
             }
             self.flush().await;
@@ -445,6 +453,7 @@ impl Session {
     async fn on_task(&mut self, done: TaskDone) {
         match done {
             TaskDone::AgentReady(Ok(agent)) => self.restore_step(agent, None).await,
+            TaskDone::CatchUp { conn, page } => self.on_catch_up(conn, page),
             TaskDone::Retention(r) => {
                 self.compacting = false;
                 if self.retention_wanted {

@@ -2,12 +2,16 @@
 //! durable (write-before-send) and not while a bootstrap hold is on.
 //!
 //! Each attached client has its own writer task fed by a bounded queue, so the session actor
-//! never waits on a socket: a client that cannot keep up fills its queue and is cut off
-//! (it reconnects and replays from the journal), while every other client and session goes on.
+//! never waits on a socket. A client whose queue fills (the agent streams faster than the
+//! client reads) *lags*: live updates skip it and it is fed from the journal instead, a page at
+//! a time as its queue drains, with its other messages held back in order until it has caught
+//! up. Memory stays bounded, the agent is never slowed, and every other client and session goes
+//! on. A lagging client that takes nothing off its queue for `STALL_CUTOFF` is cut off (it can
+//! reconnect and replay from the journal).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -21,6 +25,12 @@ use crate::jsonrpc::{Responder, ResponseError};
 const CLIENT_QUEUE: usize = 4096;
 /// Bytes queued for one client before it counts as too slow.
 const CLIENT_QUEUE_BYTES: usize = 8 * 1024 * 1024;
+/// A lagging client that hands nothing to its connection for this long is cut off.
+const STALL_CUTOFF: Duration = Duration::from_secs(10);
+/// How often lagging clients are looked at (queue drained? stalled?).
+const LAG_CHECK: Duration = Duration::from_millis(20);
+/// Journal entries read per catch-up page.
+pub(super) const CATCH_UP_PAGE: i64 = 512;
 
 pub(super) enum Out {
     /// A journaled `session/update`; `exclude` already has it (its own prompt).
@@ -43,7 +53,8 @@ pub(super) enum Out {
 /// What a client's writer task sends, in order.
 enum ClientOut {
     Raw(Arc<str>),
-    Reply(Responder, Result<Value, ResponseError>),
+    /// Boxed: it is the large variant, and full queues hand messages back by value.
+    Reply(Box<(Responder, Result<Value, ResponseError>)>),
 }
 
 pub(super) struct Attached {
@@ -59,9 +70,34 @@ struct Writer {
     client: Client,
     sent_upto: i64,
     tx: mpsc::Sender<ClientOut>,
-    /// Bytes queued and not yet handed to the connection; the writer task takes off what it
-    /// sends. A counter, not shared state: only its bound matters.
-    queued: Arc<AtomicUsize>,
+    /// Counters the writer task updates; only their bounds and movement matter.
+    progress: Arc<Progress>,
+    /// Set while the client is fed from the journal instead of live.
+    lag: Option<Lag>,
+}
+
+#[derive(Default)]
+struct Progress {
+    /// Bytes queued and not yet handed to the connection.
+    queued: AtomicUsize,
+    /// Messages handed to the connection so far.
+    handed: AtomicU64,
+}
+
+struct Lag {
+    /// `progress.handed` when last looked at, and when it last moved.
+    handed: u64,
+    moved_at: Instant,
+    /// A journal page is being read for this client.
+    reading: bool,
+    /// Non-journal messages for the client, in order, each after the updates up to its seq.
+    held: VecDeque<(i64, ClientOut)>,
+}
+
+/// A journal page to read for a lagging client: entries after `after`.
+pub(super) struct CatchUp {
+    pub conn: ConnId,
+    pub after: i64,
 }
 
 #[derive(Default)]
@@ -69,6 +105,8 @@ pub(super) struct Outbox {
     items: VecDeque<Out>,
     clients: Vec<Writer>,
     hold_until: Option<Instant>,
+    /// The highest update seq that has left `items`.
+    flushed_upto: i64,
 }
 
 impl Outbox {
@@ -106,28 +144,33 @@ impl Outbox {
         self.clients.retain(|c| c.client.conn != a.client.conn);
         let (tx, mut rx) = mpsc::channel(CLIENT_QUEUE);
         let peer = a.client.peer.clone();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let sent = queued.clone();
+        let progress = Arc::new(Progress::default());
+        let p = progress.clone();
         tokio::spawn(async move {
             while let Some(out) = rx.recv().await {
                 match out {
                     ClientOut::Raw(text) => {
                         let n = text.len();
                         let ok = peer.send_raw(text.to_string()).await.is_ok();
-                        sent.fetch_sub(n, Ordering::Relaxed);
+                        p.queued.fetch_sub(n, Ordering::Relaxed);
                         if !ok {
                             break;
                         }
                     }
-                    ClientOut::Reply(responder, result) => responder.respond(result).await,
+                    ClientOut::Reply(reply) => {
+                        let (responder, result) = *reply;
+                        responder.respond(result).await
+                    }
                 }
+                p.handed.fetch_add(1, Ordering::Relaxed);
             }
         });
         self.clients.push(Writer {
             client: a.client,
             sent_upto: a.sent_upto,
             tx,
-            queued,
+            progress,
+            lag: None,
         });
     }
 
@@ -158,7 +201,6 @@ impl Outbox {
         if self.hold_until.is_some_and(|t| Instant::now() >= t) {
             self.hold_until = None;
         }
-        let mut slow: Vec<ConnId> = vec![];
         while let Some(front) = self.items.front() {
             if self.hold_until.is_some() {
                 break;
@@ -173,26 +215,38 @@ impl Outbox {
             };
             match item {
                 Out::Update { seq, text, exclude } => {
+                    self.flushed_upto = self.flushed_upto.max(seq);
                     for c in &mut self.clients {
-                        if c.sent_upto < seq && exclude.as_ref() != Some(&c.client.conn) {
-                            queue(c, ClientOut::Raw(text.clone()), &mut slow);
+                        // A lagging client gets this from the journal.
+                        if c.lag.is_some() || c.sent_upto >= seq {
+                            continue;
                         }
-                        c.sent_upto = c.sent_upto.max(seq);
+                        if exclude.as_ref() != Some(&c.client.conn)
+                            && queue_out(&c.tx, &c.progress, ClientOut::Raw(text.clone())).is_err()
+                        {
+                            c.start_lag();
+                            continue;
+                        }
+                        c.sent_upto = seq;
                     }
                 }
                 Out::Raw(text) => {
+                    let upto = self.flushed_upto;
                     for c in &mut self.clients {
-                        queue(c, ClientOut::Raw(text.clone()), &mut slow);
+                        c.send_or_hold(upto, ClientOut::Raw(text.clone()));
                     }
                 }
                 Out::Reply { responder, result } => {
                     // Behind what is queued for the client that asked, if it is attached.
+                    let upto = self.flushed_upto;
                     match self
                         .clients
                         .iter_mut()
                         .find(|c| responder.is_for(&c.client.peer))
                     {
-                        Some(c) => queue(c, ClientOut::Reply(responder, result), &mut slow),
+                        Some(c) => {
+                            c.send_or_hold(upto, ClientOut::Reply(Box::new((responder, result))))
+                        }
                         None => {
                             tokio::spawn(responder.respond(result));
                         }
@@ -201,39 +255,138 @@ impl Outbox {
                 Out::Request(id) => requests.push(id),
             }
         }
-        for conn in slow {
+        requests
+    }
+
+    /// When the actor should next look at its lagging clients.
+    pub fn lag_check_at(&self) -> Option<Instant> {
+        self.clients
+            .iter()
+            .any(|c| c.lag.as_ref().is_some_and(|l| !l.reading))
+            .then(|| Instant::now() + LAG_CHECK)
+    }
+
+    /// Cuts off lagging clients that stopped reading, and returns the journal pages to read for
+    /// those whose queue has drained enough to take one.
+    pub fn lagging(&mut self) -> Vec<CatchUp> {
+        let mut reads = vec![];
+        let mut stalled = vec![];
+        for c in &mut self.clients {
+            let Some(lag) = c.lag.as_mut() else { continue };
+            let handed = c.progress.handed.load(Ordering::Relaxed);
+            if handed != lag.handed {
+                lag.handed = handed;
+                lag.moved_at = Instant::now();
+            } else if lag.moved_at.elapsed() > STALL_CUTOFF {
+                stalled.push(c.client.conn.clone());
+                continue;
+            }
+            let drained = c.tx.capacity() > CLIENT_QUEUE / 2
+                && c.progress.queued.load(Ordering::Relaxed) < CLIENT_QUEUE_BYTES / 2;
+            if !lag.reading && drained {
+                lag.reading = true;
+                reads.push(CatchUp {
+                    conn: c.client.conn.clone(),
+                    after: c.sent_upto,
+                });
+            }
+        }
+        for conn in stalled {
             if let Some(c) = self.clients.iter().find(|c| c.client.conn == conn) {
                 tracing::warn!(conn = %conn, "client cannot keep up; disconnecting it (it can reload from the journal)");
                 c.client.peer.close();
             }
             self.detach(&conn);
         }
-        requests
+        reads
+    }
+
+    /// Queues a page read from the journal for a lagging client, then what was held for it;
+    /// ends the lag once the client is level with the live stream.
+    pub fn caught_up(&mut self, conn: &ConnId, page: Vec<(i64, Arc<str>)>) {
+        let upto = self.flushed_upto;
+        let Some(c) = self.clients.iter_mut().find(|c| &c.client.conn == conn) else {
+            return;
+        };
+        let Some(lag) = c.lag.as_mut() else { return };
+        lag.reading = false;
+        for (seq, text) in page {
+            // Entries not yet flushed live are sent live once the lag ends.
+            if seq <= c.sent_upto || seq > upto {
+                continue;
+            }
+            if queue_out(&c.tx, &c.progress, ClientOut::Raw(text)).is_err() {
+                break;
+            }
+            c.sent_upto = seq;
+        }
+        c.release_held();
+        if c.sent_upto >= upto
+            && let Some(lag) = &c.lag
+            && lag.held.is_empty()
+        {
+            c.lag = None;
+        }
     }
 }
 
-/// Queues for one client without waiting; a full queue marks the client slow.
-fn queue(c: &mut Writer, out: ClientOut, slow: &mut Vec<ConnId>) {
+impl Writer {
+    fn start_lag(&mut self) {
+        tracing::info!(conn = %self.client.conn, seq = self.sent_upto, "client lags; feeding it from the journal");
+        self.lag = Some(Lag {
+            handed: self.progress.handed.load(Ordering::Relaxed),
+            moved_at: Instant::now(),
+            reading: false,
+            held: VecDeque::new(),
+        });
+    }
+
+    /// Queues a message that is not journaled, or holds it (in order) while the client lags.
+    fn send_or_hold(&mut self, upto: i64, out: ClientOut) {
+        if let Some(lag) = &mut self.lag {
+            lag.held.push_back((upto, out));
+        } else if let Err(out) = queue_out(&self.tx, &self.progress, out) {
+            self.start_lag();
+            if let Some(lag) = &mut self.lag {
+                lag.held.push_back((upto, out));
+            }
+        }
+    }
+
+    /// Queues the held messages whose updates the client has been sent.
+    fn release_held(&mut self) {
+        let Some(lag) = &mut self.lag else { return };
+        while let Some((upto, _)) = lag.held.front() {
+            if *upto > self.sent_upto {
+                break;
+            }
+            let Some((upto, out)) = lag.held.pop_front() else {
+                break;
+            };
+            if let Err(out) = queue_out(&self.tx, &self.progress, out) {
+                lag.held.push_front((upto, out));
+                break;
+            }
+        }
+    }
+}
+
+/// Queues without waiting unless the queue is full (by count or bytes). A closed queue counts
+/// as sent: its connection is gone and the Detach command follows.
+fn queue_out(tx: &mpsc::Sender<ClientOut>, p: &Progress, out: ClientOut) -> Result<(), ClientOut> {
     let n = match &out {
         ClientOut::Raw(t) => t.len(),
         ClientOut::Reply(..) => 0,
     };
-    if c.queued.load(Ordering::Relaxed) + n > CLIENT_QUEUE_BYTES {
-        if !slow.contains(&c.client.conn) {
-            slow.push(c.client.conn.clone());
-        }
-        return;
+    if p.queued.load(Ordering::Relaxed) + n > CLIENT_QUEUE_BYTES {
+        return Err(out);
     }
-    match c.tx.try_send(out) {
+    match tx.try_send(out) {
         Ok(()) => {
-            c.queued.fetch_add(n, Ordering::Relaxed);
+            p.queued.fetch_add(n, Ordering::Relaxed);
+            Ok(())
         }
-        Err(mpsc::error::TrySendError::Full(_)) => {
-            if !slow.contains(&c.client.conn) {
-                slow.push(c.client.conn.clone());
-            }
-        }
-        // The writer ended: its connection is gone; the Detach command follows.
-        Err(mpsc::error::TrySendError::Closed(_)) => {}
+        Err(mpsc::error::TrySendError::Full(out)) => Err(out),
+        Err(mpsc::error::TrySendError::Closed(_)) => Ok(()),
     }
 }

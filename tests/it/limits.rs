@@ -1,6 +1,6 @@
 //! Limits and cut-offs: a revoked token's live connection is closed mid-turn, connection and
-//! session limits per user, the request rate, a slow client cut off while a fast one on
-//! another session is unaffected, and TLS with a pinned self-signed certificate through
+//! session limits per user, the request rate, a lagging client fed from the journal, a stuck
+//! client cut off while a fast one on another session is unaffected, and TLS with a pinned self-signed certificate through
 //! `acp-shim`.
 
 use std::time::Duration;
@@ -153,7 +153,7 @@ async fn the_request_rate_is_limited_per_connection() {
 }
 
 #[tokio::test]
-async fn a_slow_client_is_cut_off_and_a_fast_one_is_unaffected() {
+async fn a_stuck_client_is_cut_off_and_a_fast_one_is_unaffected() {
     let daemon = Daemon::start().await;
     // The slow client: a raw socket that stops reading after the session is set up.
     let mut slow = daemon.client().await.with_timeout(Duration::from_secs(60));
@@ -193,7 +193,10 @@ async fn a_slow_client_is_cut_off_and_a_fast_one_is_unaffected() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    // The slow one was disconnected, with a log line saying why.
+    // The slow one lags, fed from the journal as it reads; it reads nothing, so once it has
+    // taken nothing for the stall cut-off (10 s) it is disconnected, with a log line saying
+    // why. (`wait_closed` reads, so it must not start before then.)
+    tokio::time::sleep(Duration::from_secs(11)).await;
     let closed = tokio::time::timeout(Duration::from_secs(30), slow.wait_closed()).await;
     assert!(closed.is_ok(), "the slow client was never cut off");
     let log = std::fs::read_to_string(daemon.log_path()).unwrap();
@@ -201,6 +204,42 @@ async fn a_slow_client_is_cut_off_and_a_fast_one_is_unaffected() {
         log.contains("cannot keep up"),
         "no log line for the cut-off"
     );
+}
+
+#[tokio::test]
+async fn a_client_that_falls_behind_catches_up_from_the_journal_in_order() {
+    let daemon = Daemon::start().await;
+    let mut c = daemon.client().await.with_timeout(Duration::from_secs(120));
+    let sid = c.open_session(&daemon.work_dir()).await;
+    // 40 MiB: far more than a client's queue (8 MiB) and the socket buffers hold, so the
+    // session must feed this client from the journal for a while.
+    let id = c.send_prompt(&sid, "stream 20000 2048").await;
+    // Read nothing until the stream is well past what the queue holds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (updates, r) = c.collect_updates_until_response(&id).await;
+    assert_eq!(r.expect("the turn ends normally")["stopReason"], "end_turn");
+    let seqs: Vec<i64> = updates
+        .iter()
+        .map(|u| u["_meta"]["acpd"]["seq"].as_i64().expect("a journal seq"))
+        .collect();
+    let chunks = updates
+        .iter()
+        .filter(|u| u["update"]["sessionUpdate"] == "agent_message_chunk")
+        .count();
+    assert_eq!(chunks, 20000, "every chunk, once");
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "seqs arrive in order without gaps or repeats"
+    );
+    // Still connected: the client was slow, not stuck.
+    let (_, r) = c.prompt(&sid, "echo still here").await;
+    assert_eq!(r.unwrap()["stopReason"], "end_turn");
+    let log = std::fs::read_to_string(daemon.log_path()).unwrap();
+    assert!(
+        log.contains("feeding it from the journal"),
+        "the client never lagged: the test did not exercise catch-up"
+    );
+    assert!(!log.contains("cannot keep up"), "the client was cut off");
 }
 
 #[tokio::test]

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::Session;
-use crate::session::outbox::Out;
+use super::{Session, TaskDone};
+use crate::session::outbox::{CATCH_UP_PAGE, CatchUp, Out};
 use crate::session::{ConnId, now_ms};
-use crate::store::{NewEntry, SessionPatch};
+use crate::store::{JournalEntry, NewEntry, SessionPatch, StoreError};
 
 impl Session {
     /// Journals one `session/update` and queues it for the attached clients.
@@ -109,5 +109,37 @@ impl Session {
         for id in self.outbox.flush(durable).await {
             self.dispatch(id, None);
         }
+        for CatchUp { conn, after } in self.outbox.lagging() {
+            let store = self.shared.store.clone();
+            let id = self.id.clone();
+            self.tasks.spawn(async move {
+                let page = store.journal_after(&id, after, CATCH_UP_PAGE).await;
+                TaskDone::CatchUp { conn, page }
+            });
+        }
+    }
+
+    /// A journal page for a lagging client arrived (see `outbox.rs`).
+    pub(super) fn on_catch_up(
+        &mut self,
+        conn: ConnId,
+        page: Result<Vec<JournalEntry>, StoreError>,
+    ) {
+        let page = match page {
+            Ok(p) => p,
+            Err(e) => {
+                // Tried again at the next lag check.
+                tracing::warn!(session = %self.id, error = %e, "cannot read the journal for a lagging client");
+                Vec::new()
+            }
+        };
+        // The client's own prompt was never echoed to it live; nor is it now.
+        let own = self.turn_conn.as_ref() == Some(&conn);
+        let page = page
+            .into_iter()
+            .filter(|e| !(own && e.kind == "user_message_chunk"))
+            .map(|e| (e.seq, Arc::from(e.body)))
+            .collect();
+        self.outbox.caught_up(&conn, page);
     }
 }
