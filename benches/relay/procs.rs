@@ -117,7 +117,8 @@ impl Server {
 
     /// acpd hosting the scripted agent as profile `s`, on SQLite in `dir` or on `store`.
     /// Retention is off so a pass over a 100 000-entry journal does not overlap the next run;
-    /// the per-connection request limit is off because the round trips are back to back.
+    /// the per-connection request limit is off because the round trips are back to back, and
+    /// the connection limits because the idle-connection rows hold 10 000 at once.
     pub fn acpd(mode: Mode, bins: &Bins, dir: &Path, store: Option<&str>) -> Result<Server> {
         let port = free_port()?;
         std::fs::create_dir_all(dir)?;
@@ -132,6 +133,7 @@ impl Server {
             .arg(format!("s={}", bins.agent.display()))
             .args(["--journal-max-entries", "0", "--journal-max-bytes", "0"])
             .args(["--max-requests-per-second", "0"])
+            .args(["--max-connections", "0", "--max-connections-per-principal", "0"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
