@@ -133,7 +133,12 @@ impl Server {
             .arg(format!("s={}", bins.agent.display()))
             .args(["--journal-max-entries", "0", "--journal-max-bytes", "0"])
             .args(["--max-requests-per-second", "0"])
-            .args(["--max-connections", "0", "--max-connections-per-principal", "0"])
+            .args([
+                "--max-connections",
+                "0",
+                "--max-connections-per-principal",
+                "0",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
