@@ -331,14 +331,14 @@ impl Outbox {
 }
 
 impl Writer {
-    fn start_lag(&mut self) {
+    fn start_lag(&mut self) -> &mut Lag {
         tracing::info!(conn = %self.client.conn, seq = self.sent_upto, "client lags; feeding it from the journal");
-        self.lag = Some(Lag {
+        self.lag.insert(Lag {
             handed: self.progress.handed.load(Ordering::Relaxed),
             moved_at: Instant::now(),
             reading: false,
             held: VecDeque::new(),
-        });
+        })
     }
 
     /// Queues a message that is not journaled, or holds it (in order) while the client lags.
@@ -346,10 +346,7 @@ impl Writer {
         if let Some(lag) = &mut self.lag {
             lag.held.push_back((upto, out));
         } else if let Err(out) = queue_out(&self.tx, &self.progress, out) {
-            self.start_lag();
-            if let Some(lag) = &mut self.lag {
-                lag.held.push_back((upto, out));
-            }
+            self.start_lag().held.push_back((upto, out));
         }
     }
 

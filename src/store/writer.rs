@@ -4,9 +4,9 @@
 //! queued (up to `journal_batch_max`), commits them in one transaction and only then advances
 //! each touched session's durable watermark. It never waits for companions: a lone append
 //! commits at once (a prompt's first update is not held back), and appends that arrive while a
-//! commit runs queue up and form the next batch, so batches grow with the load by themselves. A failed commit keeps the batch and
-//! retries with capped backoff: nothing is dropped because the database went away, and the
-//! bounded channel pushes back on `append` meanwhile.
+//! commit runs queue up and form the next batch, so batches grow with the load by themselves.
+//! A failed commit keeps the batch and retries with capped backoff: nothing is dropped because
+//! the database went away, and the bounded channel pushes back on `append` meanwhile.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -113,8 +113,8 @@ pub fn pump(
     (link, fut)
 }
 
-/// Most frames written before one flush.
-const BURST: usize = 64;
+/// Most frames written before one flush (here and on resumable links).
+pub(super) const BURST: usize = 64;
 
 /// Writes `first` and whatever else is already queued (up to `BURST` frames), then flushes
 /// once: a streaming turn costs one socket write per burst, not one per update.

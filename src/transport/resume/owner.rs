@@ -20,10 +20,7 @@ use tokio_util::task::TaskTracker;
 use super::window::{self, Frame, Window, WindowError};
 use super::{Rejected, ResumeSettings};
 use crate::jsonrpc::InFrame;
-use crate::transport::ws::CloseReason;
-
-/// Most text frames written before one flush.
-const BURST: usize = 64;
+use crate::transport::ws::{BURST, CloseReason};
 
 /// What the registry and the upgrade handler tell an owner.
 pub(super) enum Control {
