@@ -165,13 +165,19 @@ impl Outbox {
                 p.handed.fetch_add(1, Ordering::Relaxed);
             }
         });
-        self.clients.push(Writer {
+        let mut w = Writer {
             client: a.client,
             sent_upto: a.sent_upto,
             tx,
             progress,
             lag: None,
-        });
+        };
+        // Updates it should get have already left `items` (a new session's first update can
+        // be durable before its creator is attached): it catches up from the journal.
+        if w.sent_upto < self.flushed_upto {
+            w.start_lag();
+        }
+        self.clients.push(w);
     }
 
     pub fn detach(&mut self, conn: &ConnId) {
@@ -283,7 +289,8 @@ impl Outbox {
             }
             let drained = c.tx.capacity() > CLIENT_QUEUE / 2
                 && c.progress.queued.load(Ordering::Relaxed) < CLIENT_QUEUE_BYTES / 2;
-            if !lag.reading && drained {
+            // Catch-up obeys the bootstrap hold like live updates do.
+            if !lag.reading && drained && self.hold_until.is_none() {
                 lag.reading = true;
                 reads.push(CatchUp {
                     conn: c.client.conn.clone(),

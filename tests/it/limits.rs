@@ -213,9 +213,19 @@ async fn a_client_that_falls_behind_catches_up_from_the_journal_in_order() {
     let sid = c.open_session(&daemon.work_dir()).await;
     // 40 MiB: far more than a client's queue (8 MiB) and the socket buffers hold, so the
     // session must feed this client from the journal for a while.
-    let id = c.send_prompt(&sid, "stream 20000 2048").await;
-    // Read nothing until the stream is well past what the queue holds.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let id = c.send_prompt(&sid, "stream 5000 8192").await;
+    // Read nothing until the session says the client lags.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(daemon.log_path())
+        .unwrap()
+        .contains("feeding it from the journal")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the client never lagged: the test did not exercise catch-up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (updates, r) = c.collect_updates_until_response(&id).await;
     assert_eq!(r.expect("the turn ends normally")["stopReason"], "end_turn");
     let seqs: Vec<i64> = updates
@@ -226,7 +236,7 @@ async fn a_client_that_falls_behind_catches_up_from_the_journal_in_order() {
         .iter()
         .filter(|u| u["update"]["sessionUpdate"] == "agent_message_chunk")
         .count();
-    assert_eq!(chunks, 20000, "every chunk, once");
+    assert_eq!(chunks, 5000, "every chunk, once");
     assert!(
         seqs.windows(2).all(|w| w[1] == w[0] + 1),
         "seqs arrive in order without gaps or repeats"
@@ -235,10 +245,6 @@ async fn a_client_that_falls_behind_catches_up_from_the_journal_in_order() {
     let (_, r) = c.prompt(&sid, "echo still here").await;
     assert_eq!(r.unwrap()["stopReason"], "end_turn");
     let log = std::fs::read_to_string(daemon.log_path()).unwrap();
-    assert!(
-        log.contains("feeding it from the journal"),
-        "the client never lagged: the test did not exercise catch-up"
-    );
     assert!(!log.contains("cannot keep up"), "the client was cut off");
 }
 
