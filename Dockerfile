@@ -10,10 +10,11 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
+COPY crates ./crates
 COPY migrations ./migrations
 COPY benches ./benches
 COPY tests ./tests
-RUN cargo build --release --locked --bin acpd --bin acp-shim
+RUN cargo build --release --locked -p acpd -p acp-shim
 
 FROM debian:bookworm-slim
 RUN apt-get update \

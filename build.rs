@@ -7,7 +7,6 @@
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(acpd_pg)");
     println!("cargo::rerun-if-env-changed=ACPD_TEST_DATABASE_URL");
-    println!("cargo::rerun-if-changed=migrations");
     if std::env::var_os("ACPD_TEST_DATABASE_URL").is_some_and(|v| !v.is_empty()) {
         println!("cargo::rustc-cfg=acpd_pg");
     }

@@ -7,5 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # 10 000 idle connections need as many descriptors, in the benchmark and in acpd.
 ulimit -n "$(ulimit -Hn)"
-cargo build --release --bin acpd --bin acp-shim --bin acpd-scripted-agent
+cargo build --release -p acpd -p acp-shim -p acpd-scripted-agent
 exec cargo bench --bench relay -- "$@"

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Args, Config};
 use crate::server::{self, Core, LOCAL_PRINCIPAL};
-use crate::store::{Store, StoreOptions};
+use acpd_store::{Store, StoreOptions};
 
 /// Exit code for a bad configuration or usage (BSD `EX_USAGE`).
 pub const EXIT_USAGE: u8 = 64;
@@ -116,10 +116,16 @@ fn config_of(args: &Args) -> Result<Config, ExitCode> {
         eprintln!("acpd: {e}");
         ExitCode::from(EXIT_USAGE)
     })?;
+    // The certificate and key must load now, not at the first TLS handshake.
+    if let Some(files) = &config.tls
+        && let Err(e) = crate::server::tls::load(files)
+    {
+        eprintln!("acpd: TLS: {e}");
+        return Err(ExitCode::from(EXIT_USAGE));
+    }
     // The `[builtin]` table belongs to the built-in agent; check it now, not at first use.
     if !config.builtin.is_empty()
-        && let Err(e) =
-            crate::agent::builtin::BuiltinConfig::parse(&config.builtin, &config.data_dir)
+        && let Err(e) = acpd_builtin::BuiltinConfig::parse(&config.builtin, &config.data_dir)
     {
         eprintln!("acpd: invalid [builtin] config: {e}");
         return Err(ExitCode::from(EXIT_USAGE));
@@ -220,7 +226,7 @@ async fn run_stdio(config: Config) -> Result<(), String> {
     };
     let cancel = core.drain.child_token();
     let (link, pump) =
-        crate::transport::lines::pump(tokio::io::stdin(), tokio::io::stdout(), max, cancel.clone());
+        acpd_wire::lines::pump(tokio::io::stdin(), tokio::io::stdout(), max, cancel.clone());
     let pump = tokio::spawn(pump);
     crate::acp::connection::run(link, ctx, cancel).await;
     let _ = pump.await;

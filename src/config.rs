@@ -35,8 +35,6 @@ pub enum ConfigError {
     NoAuthNotLoopback(SocketAddr),
     #[error("--tls-cert and --tls-key go together: give both or neither")]
     TlsPair,
-    #[error("TLS: {0}")]
-    Tls(String),
     #[error("refusing to serve {0} without TLS: give --tls-cert/--tls-key (or --insecure)")]
     NotLoopbackWithoutTls(SocketAddr),
     #[error("--tcp-listen has no authentication and is loopback only, not {0}")]
@@ -83,6 +81,8 @@ pub struct SessionSettings {
     /// How long updates for a new/loaded/resumed session are held after its response, because
     /// Zed drops updates for sessions it has not registered yet (zed-industries/zed#60199).
     pub bootstrap_delay: Duration,
+    /// A client that has fallen behind and takes nothing for this long is cut off.
+    pub slow_client_cutoff: Duration,
     pub list_page_size: u32,
     /// A session with no client and no running turn leaves memory after this long.
     pub idle_evict: Duration,
@@ -158,6 +158,10 @@ pub struct Args {
     /// How long updates of a new/loaded session are held after its response, in milliseconds.
     #[arg(long, env = "ACPD_BOOTSTRAP_DELAY_MS")]
     pub bootstrap_delay_ms: Option<u64>,
+    /// How long a client that has fallen behind may take nothing before it is cut off, in
+    /// milliseconds.
+    #[arg(long, env = "ACPD_SLOW_CLIENT_CUTOFF_MS")]
+    pub slow_client_cutoff_ms: Option<u64>,
     /// Sessions per `session/list` page.
     #[arg(long, env = "ACPD_LIST_PAGE_SIZE")]
     pub list_page_size: Option<u32>,
@@ -220,6 +224,7 @@ struct FileConfig {
     max_message_bytes: Option<usize>,
     pending_request_timeout_ms: Option<u64>,
     bootstrap_delay_ms: Option<u64>,
+    slow_client_cutoff_ms: Option<u64>,
     list_page_size: Option<u32>,
     shutdown_grace_secs: Option<u64>,
     journal_max_entries: Option<u64>,
@@ -262,7 +267,7 @@ impl Config {
             .data_dir
             .clone()
             .or(file.data_dir)
-            .unwrap_or_else(default_data_dir);
+            .unwrap_or_else(acpd_wire::local::data_dir);
         let store_url = args
             .store
             .clone()
@@ -419,6 +424,11 @@ impl Config {
                     15 * 60 * 1000,
                 ),
                 bootstrap_delay: ms(args.bootstrap_delay_ms, file.bootstrap_delay_ms, 100),
+                slow_client_cutoff: ms(
+                    args.slow_client_cutoff_ms,
+                    file.slow_client_cutoff_ms,
+                    10_000,
+                ),
                 list_page_size,
                 idle_evict: Duration::from_secs(600),
                 journal_max_entries: args
@@ -491,9 +501,6 @@ fn security(
         (None, None) => None,
         _ => return Err(ConfigError::TlsPair),
     };
-    if let Some(files) = &tls {
-        crate::server::tls::load(files).map_err(|e| ConfigError::Tls(e.to_string()))?;
-    }
     let insecure = args.insecure || file.insecure.unwrap_or(false);
     if tls.is_none() && !insecure && !listen.ip().is_loopback() {
         return Err(ConfigError::NotLoopbackWithoutTls(listen));
@@ -511,7 +518,7 @@ fn security(
         &args.allowed_origins
     };
     for o in given {
-        let norm = crate::server::origin::normalize(o).ok_or_else(|| ConfigError::Invalid {
+        let norm = normalize_origin(o).ok_or_else(|| ConfigError::Invalid {
             what: "allowed origin",
             message: format!("{o:?} is not scheme://host[:port]"),
         })?;
@@ -547,13 +554,16 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
     })
 }
 
-/// `$XDG_DATA_HOME/acpd`, else `~/.local/share/acpd`, else `./acpd-data`.
-fn default_data_dir() -> PathBuf {
-    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
-        return PathBuf::from(x).join("acpd");
+/// `scheme://host[:port]` in lower case without a trailing slash, the way browsers send it;
+/// `None` for anything else. Default ports are dropped so `https://x:443` equals `https://x`.
+pub fn normalize_origin(origin: &str) -> Option<String> {
+    let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
+    let (scheme, rest) = origin.split_once("://")?;
+    if !matches!(scheme, "http" | "https") || rest.is_empty() || rest.contains(['/', '?', '#', '@'])
+    {
+        return None;
     }
-    match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-        Some(h) => PathBuf::from(h).join(".local/share/acpd"),
-        None => PathBuf::from("acpd-data"),
-    }
+    let default_port = if scheme == "https" { ":443" } else { ":80" };
+    let rest = rest.strip_suffix(default_port).unwrap_or(rest);
+    Some(format!("{scheme}://{rest}"))
 }

@@ -14,10 +14,10 @@ pub const CONNECTIONS_REFUSED_TOTAL: &str = "acpd_connections_refused_total";
 pub const SESSIONS_LIVE: &str = "acpd_sessions_live";
 pub const SESSIONS_DETACHED: &str = "acpd_sessions_detached";
 pub const PROMPTS_TOTAL: &str = "acpd_prompts_total";
-pub const JOURNAL_APPEND_SECONDS: &str = "acpd_journal_commit_seconds";
-pub const JOURNAL_BATCH_SIZE: &str = "acpd_journal_batch_size";
-pub const JOURNAL_ENTRIES_TOTAL: &str = "acpd_journal_entries_total";
-pub const STORE_ERRORS_TOTAL: &str = "acpd_store_errors_total";
+// The store records its own (it is a crate of its own); they are described here with the rest.
+use acpd_store::metrics::{
+    JOURNAL_APPEND_SECONDS, JOURNAL_BATCH_SIZE, JOURNAL_ENTRIES_TOTAL, STORE_ERRORS_TOTAL,
+};
 pub const AGENT_PROCESSES: &str = "acpd_agent_processes";
 pub const AGENT_STARTS_TOTAL: &str = "acpd_agent_starts_total";
 pub const AGENT_EXITS_TOTAL: &str = "acpd_agent_exits_total";

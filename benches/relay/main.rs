@@ -6,6 +6,7 @@
 //! appear when `ACPD_TEST_DATABASE_URL` names a server (a throwaway database is used).
 
 mod conns;
+mod opts;
 mod procs;
 mod report;
 mod store;
@@ -16,96 +17,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::json;
 
+use opts::Opts;
 use procs::{Bins, LineClient, Mode, Server};
 use report::{Report, Unit};
 
 /// Entries of the session `session/load` replays.
 const LOAD_ENTRIES: u64 = 10_000;
-
-#[derive(Debug, Clone)]
-struct Opts {
-    round_trips: usize,
-    updates: u64,
-    runs: usize,
-    starts: usize,
-    loads: usize,
-    conns: Vec<usize>,
-    store_appends: i64,
-    /// Sections to run (`--only`); all when empty.
-    only: Vec<String>,
-}
-
-/// The sections `--only` can pick.
-const SECTIONS: [&str; 6] = ["rt", "stream", "load", "start", "store", "conns"];
-
-impl Opts {
-    fn parse() -> Result<Opts> {
-        let mut o = Opts {
-            round_trips: 2000,
-            updates: 100_000,
-            runs: 3,
-            starts: 20,
-            loads: 5,
-            conns: vec![1000, 10_000],
-            store_appends: 100_000,
-            only: Vec::new(),
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(a) = args.next() {
-            let mut num = |what: &str| -> Result<u64> {
-                args.next()
-                    .and_then(|v| v.parse().ok())
-                    .with_context(|| format!("{what} needs a number"))
-            };
-            match a.as_str() {
-                // `cargo bench` passes this to every bench target.
-                "--bench" => {}
-                "--quick" => {
-                    o = Opts {
-                        round_trips: 300,
-                        updates: 20_000,
-                        runs: 1,
-                        starts: 5,
-                        loads: 2,
-                        conns: vec![1000],
-                        store_appends: 20_000,
-                        only: std::mem::take(&mut o.only),
-                    }
-                }
-                "--round-trips" => o.round_trips = num(&a)?.max(1) as usize,
-                "--updates" => o.updates = num(&a)?.max(1),
-                "--runs" => o.runs = num(&a)?.max(1) as usize,
-                "--starts" => o.starts = num(&a)?.max(1) as usize,
-                "--loads" => o.loads = num(&a)?.max(1) as usize,
-                "--only" => {
-                    let v = args.next().context("--only needs SECTION[,SECTION...]")?;
-                    o.only = v.split(',').map(str::to_owned).collect();
-                    if let Some(bad) = o.only.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
-                        bail!("unknown section {bad}; sections: {}", SECTIONS.join(","));
-                    }
-                }
-                "--conns" => {
-                    let v = args.next().context("--conns needs N[,N...]")?;
-                    o.conns = v
-                        .split(',')
-                        .filter(|s| !s.is_empty())
-                        .map(|s| s.parse().context("--conns needs numbers"))
-                        .collect::<Result<_>>()?;
-                }
-                _ => bail!(
-                    "usage: relay [--quick] [--only SECTION,...] [--round-trips N] [--updates N] \
-                     [--runs N] [--starts N] [--loads N] [--conns N,N]\nsections: {}",
-                    SECTIONS.join(",")
-                ),
-            }
-        }
-        Ok(o)
-    }
-
-    fn wants(&self, section: &str) -> bool {
-        self.only.is_empty() || self.only.iter().any(|s| s == section)
-    }
-}
 
 /// The ways the editor's stdio reaches the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -570,12 +487,29 @@ fn machine(bins: &Bins) -> String {
     )
 }
 
+/// A binary of another workspace member, beside this benchmark's `deps/` folder
+/// (bench/run.sh builds them first).
+fn workspace_bin(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .ok_or_else(|| anyhow::anyhow!("no target dir above {}", exe.display()))?
+        .join(name);
+    anyhow::ensure!(
+        path.exists(),
+        "{} is missing: run bench/run.sh",
+        path.display()
+    );
+    Ok(path)
+}
+
 fn main() -> Result<()> {
     let opts = Opts::parse()?;
     let bins = Bins {
         acpd: env!("CARGO_BIN_EXE_acpd").into(),
-        shim: env!("CARGO_BIN_EXE_acp-shim").into(),
-        agent: env!("CARGO_BIN_EXE_acpd-scripted-agent").into(),
+        shim: workspace_bin("acp-shim")?,
+        agent: workspace_bin("acpd-scripted-agent")?,
         websocat: find_websocat()?,
     };
     let nofile = raise_nofile();

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acpd::store::{NewEntry, SessionRow, Store, StoreOptions};
+use acpd_store::{NewEntry, SessionRow, Store, StoreOptions};
 use anyhow::{Result, ensure};
 use sqlx::{Connection, Executor, PgConnection};
 use tokio::sync::watch;

@@ -1,4 +1,4 @@
-//! Fuzzes `jsonrpc::Message::parse`, the first thing every frame from a client meets.
+//! Fuzzes `acpd_wire::Message::parse`, the first thing every frame from a client meets.
 //!
 //! Beyond "does not panic": a message that parses writes out as text that parses back to the
 //! same message, and a frame that does not parse earns an error reply of the right code that
@@ -6,7 +6,7 @@
 
 #![no_main]
 
-use acpd::jsonrpc::{Malformed, Message, RequestId, code};
+use acpd_wire::{Malformed, Message, RequestId, code};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

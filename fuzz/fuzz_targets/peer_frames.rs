@@ -1,4 +1,4 @@
-//! Fuzzes dispatch: a `jsonrpc::spawn` peer over an in-memory link, fed arbitrary frames
+//! Fuzzes dispatch: an `acpd_wire::spawn` peer over an in-memory link, fed arbitrary frames
 //! (text, oversize, not UTF-8) while its owner answers every request it is handed.
 //!
 //! Checks: the peer never panics, writes only well-formed JSON-RPC, answers no request id
@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use acpd::jsonrpc::{self, InFrame, Incoming, Link, Message, RequestId};
+use acpd_wire::{InFrame, Incoming, Link, Message, RequestId};
 use libfuzzer_sys::fuzz_target;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -44,7 +44,7 @@ async fn run(input: Vec<(u8, String)>) {
         incoming: in_rx,
         outgoing: out_tx,
     };
-    let (_handle, mut incoming, peer) = jsonrpc::spawn(link, CancellationToken::new());
+    let (_handle, mut incoming, peer) = acpd_wire::spawn(link, CancellationToken::new());
 
     let feed = async move {
         for (kind, text) in input {

@@ -13,12 +13,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::AcpError;
 use crate::agent::{AgentHandle, AgentKey};
-use crate::jsonrpc::{
-    self, Incoming, IncomingRequest, Link, Notification, PeerHandle, Responder, ResponseError,
-};
+use crate::error::AcpError;
 use crate::session::{AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub};
+use acpd_wire::{
+    Incoming, IncomingRequest, Link, Notification, PeerHandle, Responder, ResponseError,
+};
 
 /// The protocol version acpd speaks.
 const PROTOCOL_VERSION: u64 = 1;
@@ -43,7 +43,7 @@ pub async fn run(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) {
 }
 
 async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) {
-    let (peer, mut incoming, peer_task) = jsonrpc::spawn(link, shutdown.child_token());
+    let (peer, mut incoming, peer_task) = acpd_wire::spawn(link, shutdown.child_token());
     tracing::debug!("connected");
     metrics::counter!(crate::metrics::CONNECTIONS_TOTAL).increment(1);
     metrics::gauge!(crate::metrics::CONNECTIONS_LIVE).increment(1);

@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{AgentError, AgentEvent, AgentHandle};
 use crate::config::AgentProfile;
-use crate::jsonrpc::{self, Incoming, Link, ResponseError};
+use acpd_wire::{self, Incoming, Link, ResponseError};
 
 /// Longest an agent may take to answer `initialize`.
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -74,8 +74,7 @@ pub(super) async fn start(
         }
     });
     let io_cancel = CancellationToken::new();
-    let (link, pump) =
-        crate::transport::lines::pump(stdout, stdin, MAX_AGENT_LINE, io_cancel.clone());
+    let (link, pump) = acpd_wire::lines::pump(stdout, stdin, MAX_AGENT_LINE, io_cancel.clone());
     tasks.spawn(pump);
     connect(
         &profile.name,
@@ -83,7 +82,6 @@ pub(super) async fn start(
         Process::Child(child),
         io_cancel,
         client_init,
-        generation,
         tasks,
         shutdown,
     )
@@ -98,11 +96,10 @@ pub(super) async fn connect(
     mut process: Process,
     io_cancel: CancellationToken,
     client_init: &Value,
-    generation: u64,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<AgentHandle, AgentError> {
-    let (peer, incoming, peer_task) = jsonrpc::spawn(link, io_cancel.clone());
+    let (peer, incoming, peer_task) = acpd_wire::spawn(link, io_cancel.clone());
     tasks.spawn(async move {
         let _ = peer_task.await;
     });
@@ -149,12 +146,10 @@ pub(super) async fn connect(
         init: Arc::new(init),
         router: router_tx,
         exited,
-        generation,
     })
 }
 
 /// What runs the agent: a child process, or a task inside acpd (the built-in agent).
-#[allow(dead_code)] // `Task` runs the built-in agent once it lands (issue 5).
 pub(super) enum Process {
     Child(Child),
     Task {

@@ -2,7 +2,6 @@
 //! profile), started on first use and restarted on the next use after it died.
 //! Each process is an ACP peer; `AgentHandle` is how sessions talk to it.
 
-pub mod builtin;
 pub mod hosted;
 
 use std::collections::HashMap;
@@ -14,16 +13,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{AgentProfile, BUILTIN_AGENT, Config};
-use crate::jsonrpc::{IncomingRequest, PeerError, PeerHandle, ResponseError};
+use acpd_wire::{IncomingRequest, PeerError, PeerHandle, ResponseError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error("no agent profile named {0:?}")]
     UnknownProfile(String),
-    #[error(
-        "the built-in agent is not available in this build; start acpd with --agent NAME=COMMAND to host an ACP agent"
-    )]
-    BuiltinUnavailable,
     #[error("cannot start agent {profile:?}: {source}")]
     Spawn {
         profile: String,
@@ -31,8 +26,6 @@ pub enum AgentError {
     },
     #[error("agent {profile:?} failed to initialize: {message}")]
     Initialize { profile: String, message: String },
-    #[error("the agent process exited")]
-    Exited,
     #[error("acpd is shutting down")]
     ShuttingDown,
 }
@@ -72,8 +65,6 @@ pub struct AgentHandle {
     router: mpsc::UnboundedSender<hosted::RouterCommand>,
     /// Fires when the process has exited.
     pub exited: CancellationToken,
-    /// Distinguishes restarts of the same profile.
-    pub generation: u64,
 }
 
 impl AgentHandle {
@@ -303,7 +294,7 @@ async fn start(
 ) -> Result<AgentHandle, AgentError> {
     match profile {
         Some(profile) => hosted::start(&profile, &client_init, generation, &tasks, shutdown).await,
-        None => start_builtin(&config, &client_init, generation, &tasks, shutdown).await,
+        None => start_builtin(&config, &client_init, &tasks, shutdown).await,
     }
 }
 
@@ -311,21 +302,18 @@ async fn start(
 async fn start_builtin(
     config: &Config,
     client_init: &Value,
-    generation: u64,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<AgentHandle, AgentError> {
-    let builtin_config =
-        builtin::BuiltinConfig::parse(&config.builtin, &config.data_dir).map_err(|e| {
-            AgentError::Initialize {
-                profile: BUILTIN_AGENT.to_owned(),
-                message: e.to_string(),
-            }
+    let builtin_config = acpd_builtin::BuiltinConfig::parse(&config.builtin, &config.data_dir)
+        .map_err(|e| AgentError::Initialize {
+            profile: BUILTIN_AGENT.to_owned(),
+            message: e.to_string(),
         })?;
-    let (acpd_side, agent_side, carry) = crate::jsonrpc::memory_pair();
+    let (acpd_side, agent_side, carry) = acpd_wire::memory_pair();
     tasks.spawn(carry);
     let cancel = CancellationToken::new();
-    let join = tasks.spawn(builtin::run(
+    let join = tasks.spawn(acpd_builtin::run(
         agent_side,
         Arc::new(builtin_config),
         cancel.clone(),
@@ -337,7 +325,6 @@ async fn start_builtin(
         hosted::Process::Task { join, cancel },
         io_cancel,
         client_init,
-        generation,
         tasks,
         shutdown,
     )

@@ -13,13 +13,12 @@ use sha2::{Digest, Sha256};
 
 use super::ServeError;
 use crate::config::Config;
-use crate::store::Store;
+use acpd_store::Store;
 
 /// The principal of the machine's own user (and of every client under `--no-auth`).
 pub const LOCAL_PRINCIPAL: &str = "local";
 
-/// The name of the file that holds the generated token, in the data directory.
-pub const TOKEN_FILE: &str = "token";
+pub use acpd_wire::local::TOKEN_FILE;
 
 /// Who a connection speaks for, and with which token (none under `--no-auth`).
 #[derive(Debug, Clone)]

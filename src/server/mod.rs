@@ -25,10 +25,10 @@ use crate::acp::connection::{self, ConnectionCtx};
 use crate::agent::AgentPool;
 use crate::config::Config;
 use crate::session::SessionHub;
-use crate::store::{Store, StoreError, StoreOptions};
 use crate::transport;
+use acpd_store::{Store, StoreError, StoreOptions};
 
-pub use auth::{Auth, LOCAL_PRINCIPAL, TOKEN_FILE, hash as auth_hash, new_secret as auth_secret};
+pub use auth::{Auth, LOCAL_PRINCIPAL, hash as auth_hash, new_secret as auth_secret};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -389,7 +389,7 @@ async fn accept_tcp(listener: TcpListener, st: AppState, shutdown: CancellationT
         st.tasks.spawn(async move {
             let _registration = registration;
             let (r, w) = stream.into_split();
-            let (link, pump) = transport::lines::pump(r, w, max, cancel.clone());
+            let (link, pump) = acpd_wire::lines::pump(r, w, max, cancel.clone());
             let pump = tokio::spawn(pump);
             connection::run(link, ctx, cancel).await;
             let _ = pump.await;

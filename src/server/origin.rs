@@ -7,6 +7,7 @@
 //! end up in proxy logs, shell history and `Referer` headers: they are refused outright, and
 //! the refusal never echoes them.
 
+use crate::config::normalize_origin;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
@@ -46,7 +47,7 @@ impl Origins {
         let allowed = origin
             .to_str()
             .ok()
-            .and_then(normalize)
+            .and_then(normalize_origin)
             .is_some_and(|o| self.allowed.contains(&o));
         if allowed {
             return Ok(());
@@ -77,23 +78,10 @@ fn has_credential_param(query: &str) -> bool {
     })
 }
 
-/// `scheme://host[:port]` in lower case without a trailing slash, the way browsers send it;
-/// `None` for anything else. Default ports are dropped so `https://x:443` equals `https://x`.
-pub fn normalize(origin: &str) -> Option<String> {
-    let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
-    let (scheme, rest) = origin.split_once("://")?;
-    if !matches!(scheme, "http" | "https") || rest.is_empty() || rest.contains(['/', '?', '#', '@'])
-    {
-        return None;
-    }
-    let default_port = if scheme == "https" { ":443" } else { ":80" };
-    let rest = rest.strip_suffix(default_port).unwrap_or(rest);
-    Some(format!("{scheme}://{rest}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use axum::body::Body;
 
     fn req(uri: &str, origin: Option<&str>) -> Request {
@@ -111,21 +99,21 @@ mod tests {
     #[test]
     fn normalize_accepts_origins_only() {
         assert_eq!(
-            normalize("HTTPS://Editor.Example/").as_deref(),
+            normalize_origin("HTTPS://Editor.Example/").as_deref(),
             Some("https://editor.example")
         );
         assert_eq!(
-            normalize("https://x.test:443").as_deref(),
+            normalize_origin("https://x.test:443").as_deref(),
             Some("https://x.test")
         );
         assert_eq!(
-            normalize("http://x.test:8080").as_deref(),
+            normalize_origin("http://x.test:8080").as_deref(),
             Some("http://x.test:8080")
         );
-        assert_eq!(normalize("null"), None);
-        assert_eq!(normalize("file://x"), None);
-        assert_eq!(normalize("https://x.test/path"), None);
-        assert_eq!(normalize("https://user@x.test"), None);
+        assert_eq!(normalize_origin("null"), None);
+        assert_eq!(normalize_origin("file://x"), None);
+        assert_eq!(normalize_origin("https://x.test/path"), None);
+        assert_eq!(normalize_origin("https://user@x.test"), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
+use acpd_store::Store;
 
 /// How often the tokens in use are checked for revocation.
 const REVOCATION_CHECK: Duration = Duration::from_secs(2);

@@ -20,10 +20,10 @@ use tokio::time::Instant;
 use super::outbox::{Out, Outbox};
 use super::pending::{Pending, PendingRequests};
 use super::{AttachMode, ConnId, HubCommand, SessionCommand, SessionHandle, Shared};
-use crate::acp::AcpError;
 use crate::agent::{AgentError, AgentEvent, AgentHandle};
-use crate::jsonrpc::{PeerError, Responder, ResponseError};
-use crate::store::{SessionRow, StoreError};
+use crate::error::AcpError;
+use acpd_store::{SessionRow, StoreError};
+use acpd_wire::{PeerError, Responder, ResponseError};
 
 pub(super) fn spawn(
     row: SessionRow,
@@ -113,7 +113,7 @@ enum TaskDone {
     /// A journal page for a lagging client.
     CatchUp {
         conn: ConnId,
-        page: Result<Vec<crate::store::JournalEntry>, StoreError>,
+        page: Result<Vec<acpd_store::JournalEntry>, StoreError>,
     },
 }
 

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::store::JournalEntry;
+use acpd_store::JournalEntry;
 
 /// `sessionUpdate` kinds whose text chunks concatenate into one message.
 const MERGEABLE: [&str; 3] = [
@@ -155,7 +155,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::compact;
-    use crate::store::JournalEntry;
+    use acpd_store::JournalEntry;
 
     fn entry(seq: i64, body: Value) -> JournalEntry {
         let kind = body["params"]["update"]["sessionUpdate"]

@@ -16,11 +16,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::acp::AcpError;
 use crate::agent::{AgentHandle, AgentKey, AgentPool};
 use crate::config::SessionSettings;
-use crate::jsonrpc::{PeerHandle, Responder, ResponseError};
-use crate::store::{ListQuery, SessionRow, Store};
+use crate::error::AcpError;
+use acpd_store::{ListQuery, SessionRow, Store};
+use acpd_wire::{PeerHandle, Responder, ResponseError};
 
 /// Identifies one client connection.
 pub type ConnId = Arc<str>;
@@ -222,24 +222,6 @@ impl SessionHub {
             .await
             .map_err(|_| AcpError::SessionGone)?;
         rx.await.map_err(|_| AcpError::SessionGone)?
-    }
-
-    /// Sends a command to a session, reopening it once if its actor just ended.
-    pub async fn send(
-        &self,
-        id: &str,
-        principal: &str,
-        cmd: SessionCommand,
-    ) -> Result<SessionHandle, AcpError> {
-        let handle = self.open(id, principal).await?;
-        match handle.send(cmd).await {
-            Ok(()) => Ok(handle),
-            Err(cmd) => {
-                let handle = self.open(id, principal).await?;
-                handle.send(cmd).await.map_err(|_| AcpError::SessionGone)?;
-                Ok(handle)
-            }
-        }
     }
 
     /// `session/new`: creates the agent-side session, records it, starts its actor and

@@ -6,8 +6,8 @@
 //! client reads) *lags*: live updates skip it and it is fed from the journal instead, a page at
 //! a time as its queue drains, with its other messages held back in order until it has caught
 //! up. Memory stays bounded, the agent is never slowed, and every other client and session goes
-//! on. A lagging client that takes nothing off its queue for `STALL_CUTOFF` is cut off (it can
-//! reconnect and replay from the journal).
+//! on. A lagging client that takes nothing off its queue for `slow_client_cutoff` (a setting)
+//! is cut off (it can reconnect and replay from the journal).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -19,14 +19,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{Client, ConnId};
-use crate::jsonrpc::{Responder, ResponseError};
+use acpd_wire::{Responder, ResponseError};
 
 /// Messages queued for one client before it counts as too slow and is disconnected.
 const CLIENT_QUEUE: usize = 4096;
 /// Bytes queued for one client before it counts as too slow.
 const CLIENT_QUEUE_BYTES: usize = 8 * 1024 * 1024;
-/// A lagging client that hands nothing to its connection for this long is cut off.
-const STALL_CUTOFF: Duration = Duration::from_secs(10);
 /// How often lagging clients are looked at (queue drained? stalled?).
 const LAG_CHECK: Duration = Duration::from_millis(20);
 /// Journal entries read per catch-up page.
@@ -274,7 +272,8 @@ impl Outbox {
 
     /// Cuts off lagging clients that stopped reading, and returns the journal pages to read for
     /// those whose queue has drained enough to take one.
-    pub fn lagging(&mut self) -> Vec<CatchUp> {
+    /// `cutoff`: how long a lagging client may hand nothing to its connection.
+    pub fn lagging(&mut self, cutoff: Duration) -> Vec<CatchUp> {
         let mut reads = vec![];
         let mut stalled = vec![];
         for c in &mut self.clients {
@@ -283,7 +282,7 @@ impl Outbox {
             if handed != lag.handed {
                 lag.handed = handed;
                 lag.moved_at = Instant::now();
-            } else if lag.moved_at.elapsed() > STALL_CUTOFF {
+            } else if lag.moved_at.elapsed() > cutoff {
                 stalled.push(c.client.conn.clone());
                 continue;
             }

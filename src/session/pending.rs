@@ -9,7 +9,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::ConnId;
-use crate::jsonrpc::{Responder, ResponseError};
+use acpd_wire::{Responder, ResponseError};
 
 const PERMISSION: &str = "session/request_permission";
 

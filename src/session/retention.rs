@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::compaction;
-use crate::store::{JournalEntry, Store, StoreError};
+use acpd_store::{JournalEntry, Store, StoreError};
 
 /// Entries read per page while compacting.
 const PAGE: i64 = 5000;

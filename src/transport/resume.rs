@@ -8,7 +8,6 @@
 //! Plain RFD clients (no subprotocol) never reach this module.
 
 mod owner;
-pub mod window;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,17 +20,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::jsonrpc::Link;
+use acpd_wire::Link;
 use owner::{Control, Owner};
 
-/// The WebSocket subprotocol that turns resumption on.
-pub const SUBPROTOCOL: &str = "acpd.resume.v1";
-/// Request header: the `Acp-Connection-Id` of the link to resume.
-pub const RESUME_HEADER: &str = "acpd-resume";
-/// Request and response header: the last SEQ this side received on the link.
-pub const LAST_SEQ_HEADER: &str = "acpd-last-seq";
-/// Response header of every upgrade (RFD).
-pub const CONNECTION_ID_HEADER: &str = "acp-connection-id";
+pub use acpd_wire::resume::{
+    CONNECTION_ID_HEADER, LAST_SEQ_HEADER, RESUME_HEADER, SUBPROTOCOL, window,
+};
 
 /// Tunables, from `Config`.
 #[derive(Debug, Clone)]
@@ -206,8 +200,8 @@ impl Resumer {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let id: Arc<str> = Arc::from(id.as_str());
-        let (in_tx, in_rx) = mpsc::channel(super::LINK_QUEUE);
-        let (out_tx, out_rx) = mpsc::channel(super::LINK_QUEUE);
+        let (in_tx, in_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
+        let (out_tx, out_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
         let (ctl_tx, ctl_rx) = mpsc::channel(4);
         let insert = RegistryCmd::Insert {
             id: id.clone(),

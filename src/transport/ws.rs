@@ -8,7 +8,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::jsonrpc::{InFrame, Link};
+use acpd_wire::{InFrame, Link};
 
 /// How often the server pings an idle socket, so proxies keep it and dead peers are noticed.
 const PING_EVERY: Duration = Duration::from_secs(20);
@@ -38,8 +38,8 @@ pub fn pump(
     max_message_bytes: usize,
     cancel: CancellationToken,
 ) -> (Link, impl Future<Output = ()> + Send) {
-    let (in_tx, in_rx) = mpsc::channel(super::LINK_QUEUE);
-    let (out_tx, mut out_rx) = mpsc::channel::<String>(super::LINK_QUEUE);
+    let (in_tx, in_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
+    let (out_tx, mut out_rx) = mpsc::channel::<String>(acpd_wire::LINK_QUEUE);
     let link = Link {
         incoming: in_rx,
         outgoing: out_tx,

@@ -17,6 +17,7 @@ mod durability;
 mod handshake;
 mod hostile;
 mod journal_retention;
+mod layering;
 mod limits;
 mod load_resume;
 mod new_session;

@@ -62,7 +62,7 @@ impl Daemon {
             .arg("--data-dir")
             .arg(dir.path())
             .arg("--agent")
-            .arg(format!("s={}", env!("CARGO_BIN_EXE_acpd-scripted-agent")))
+            .arg(format!("s={}", crate::support::scripted_agent_bin()))
             .arg("--keepalive-ms")
             .arg(KEEPALIVE_MS.to_string())
             .arg("--bootstrap-delay-ms")
@@ -148,7 +148,7 @@ impl Shim {
     pub fn spawn(url: &str, extra: &[&str], dir: &Path) -> Result<Shim> {
         let stderr_path = dir.join(format!("shim-{}.log", free_port()));
         let err = std::fs::File::create(&stderr_path)?;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_acp-shim"))
+        let mut child = Command::new(crate::support::shim_bin())
             .args(extra)
             .arg(url)
             .env("ACP_SHIM_KEEPALIVE_MS", KEEPALIVE_MS.to_string())

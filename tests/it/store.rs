@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use acpd::session::compaction::compact;
-use acpd::store::{
+use acpd::compact;
+use acpd_store::{
     DurableSeq, JournalEntry, ListQuery, NewEntry, SessionPatch, SessionRow, Store, StoreError,
     StoreKind, StoreOptions,
 };

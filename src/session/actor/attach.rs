@@ -4,11 +4,11 @@
 use serde_json::{Value, json};
 
 use super::{AgentState, Inflight, Session};
-use crate::acp::AcpError;
-use crate::jsonrpc::Responder;
+use crate::error::AcpError;
 use crate::session::outbox::{Attached, Out};
 use crate::session::{AttachMode, Client};
-use crate::store::{SessionPatch, StoreError};
+use acpd_store::{SessionPatch, StoreError};
+use acpd_wire::Responder;
 
 /// Journal entries read per page when replaying.
 const REPLAY_PAGE: i64 = 1000;

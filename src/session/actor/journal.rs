@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::{Session, TaskDone};
 use crate::session::outbox::{CATCH_UP_PAGE, CatchUp, Out};
 use crate::session::{ConnId, now_ms};
-use crate::store::{JournalEntry, NewEntry, SessionPatch, StoreError};
+use acpd_store::{JournalEntry, NewEntry, SessionPatch, StoreError};
 
 impl Session {
     /// Journals one `session/update` and queues it for the attached clients.
@@ -109,7 +109,8 @@ impl Session {
         for id in self.outbox.flush(durable).await {
             self.dispatch(id, None);
         }
-        for CatchUp { conn, after } in self.outbox.lagging() {
+        for CatchUp { conn, after } in self.outbox.lagging(self.shared.settings.slow_client_cutoff)
+        {
             let store = self.shared.store.clone();
             let id = self.id.clone();
             self.tasks.spawn(async move {

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::{AgentState, Inflight, Restore, Session, TaskDone};
-use crate::acp::AcpError;
 use crate::agent::{AgentHandle, AgentKey};
-use crate::jsonrpc::ResponseError;
-use crate::store::SessionPatch;
+use crate::error::AcpError;
+use acpd_store::SessionPatch;
+use acpd_wire::ResponseError;
 
 impl Session {
     /// Asks the pool for the agent, unless that is already under way.

@@ -19,8 +19,8 @@ use tokio_util::task::TaskTracker;
 
 use super::window::{self, Frame, Window, WindowError};
 use super::{Rejected, ResumeSettings};
-use crate::jsonrpc::InFrame;
 use crate::transport::ws::{BURST, CloseReason};
+use acpd_wire::InFrame;
 
 /// What the registry and the upgrade handler tell an owner.
 pub(super) enum Control {

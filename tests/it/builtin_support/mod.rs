@@ -118,7 +118,7 @@ impl Acpd {
             .arg(self.dir.path().join("data"))
             .arg("--config")
             .arg(self.dir.path().join("acpd.toml"))
-            .env("ACPD_LOG", "info,acpd=debug")
+            .env("ACPD_LOG", "info,acpd=debug,acpd_builtin=debug")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log)

@@ -400,19 +400,19 @@ impl Drop for Daemon {
                 self.log_path().display()
             );
         }
-        if let Store::Postgres(db) = &mut self.store {
-            if let Some(db) = db.take() {
-                // Drop cannot await; a thread with its own runtime can.
-                let _ = std::thread::spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build();
-                    if let Ok(rt) = rt {
-                        rt.block_on(db.drop_db());
-                    }
-                })
-                .join();
-            }
+        if let Store::Postgres(db) = &mut self.store
+            && let Some(db) = db.take()
+        {
+            // Drop cannot await; a thread with its own runtime can.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                if let Ok(rt) = rt {
+                    rt.block_on(db.drop_db());
+                }
+            })
+            .join();
         }
     }
 }

@@ -111,7 +111,33 @@ pub fn is_rfc3339(s: &str) -> bool {
 
 /// Path of the scripted agent binary.
 pub fn scripted_agent_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_acpd-scripted-agent")
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| workspace_bin("acpd-scripted-agent"))
+}
+
+/// Path of the acp-shim binary.
+pub fn shim_bin() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| workspace_bin("acp-shim"))
+}
+
+/// A binary of another workspace member, beside this test binary's `deps/` folder. Cargo
+/// builds it for `cargo test` because its crate has an integration test of its own
+/// (`crates/*/tests/`); `CARGO_BIN_EXE_*` only names binaries of this package.
+fn workspace_bin(name: &str) -> String {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target profile dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test` at the workspace root \
+         (or `cargo build --workspace` first)",
+        path.display()
+    );
+    path.to_string_lossy().into_owned()
 }
 
 /// Path of the acpd binary.

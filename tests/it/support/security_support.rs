@@ -187,7 +187,7 @@ pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
 /// The token acpd writes for the local user on first start (the listener is bound a moment
 /// before it is written, hence the wait).
 pub async fn read_token(data_dir: &Path) -> String {
-    let path = data_dir.join(acpd::server::TOKEN_FILE);
+    let path = data_dir.join(acpd_wire::local::TOKEN_FILE);
     let read = || std::fs::read_to_string(&path).unwrap_or_default();
     eventually(&format!("{}", path.display()), || !read().trim().is_empty()).await;
     read().trim().to_string()

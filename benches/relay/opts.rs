@@ -1,0 +1,88 @@
+//! The benchmark's command line: how many of each measurement, and which sections run.
+
+use anyhow::{Context, Result, bail};
+
+#[derive(Debug, Clone)]
+pub struct Opts {
+    pub round_trips: usize,
+    pub updates: u64,
+    pub runs: usize,
+    pub starts: usize,
+    pub loads: usize,
+    pub conns: Vec<usize>,
+    pub store_appends: i64,
+    /// Sections to run (`--only`); all when empty.
+    pub only: Vec<String>,
+}
+
+/// The sections `--only` can pick.
+const SECTIONS: [&str; 6] = ["rt", "stream", "load", "start", "store", "conns"];
+
+impl Opts {
+    pub fn parse() -> Result<Opts> {
+        let mut o = Opts {
+            round_trips: 2000,
+            updates: 100_000,
+            runs: 3,
+            starts: 20,
+            loads: 5,
+            conns: vec![1000, 10_000],
+            store_appends: 100_000,
+            only: Vec::new(),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            let mut num = |what: &str| -> Result<u64> {
+                args.next()
+                    .and_then(|v| v.parse().ok())
+                    .with_context(|| format!("{what} needs a number"))
+            };
+            match a.as_str() {
+                // `cargo bench` passes this to every bench target.
+                "--bench" => {}
+                "--quick" => {
+                    o = Opts {
+                        round_trips: 300,
+                        updates: 20_000,
+                        runs: 1,
+                        starts: 5,
+                        loads: 2,
+                        conns: vec![1000],
+                        store_appends: 20_000,
+                        only: std::mem::take(&mut o.only),
+                    }
+                }
+                "--round-trips" => o.round_trips = num(&a)?.max(1) as usize,
+                "--updates" => o.updates = num(&a)?.max(1),
+                "--runs" => o.runs = num(&a)?.max(1) as usize,
+                "--starts" => o.starts = num(&a)?.max(1) as usize,
+                "--loads" => o.loads = num(&a)?.max(1) as usize,
+                "--only" => {
+                    let v = args.next().context("--only needs SECTION[,SECTION...]")?;
+                    o.only = v.split(',').map(str::to_owned).collect();
+                    if let Some(bad) = o.only.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
+                        bail!("unknown section {bad}; sections: {}", SECTIONS.join(","));
+                    }
+                }
+                "--conns" => {
+                    let v = args.next().context("--conns needs N[,N...]")?;
+                    o.conns = v
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(|s| s.parse().context("--conns needs numbers"))
+                        .collect::<Result<_>>()?;
+                }
+                _ => bail!(
+                    "usage: relay [--quick] [--only SECTION,...] [--round-trips N] [--updates N] \
+                     [--runs N] [--starts N] [--loads N] [--conns N,N]\nsections: {}",
+                    SECTIONS.join(",")
+                ),
+            }
+        }
+        Ok(o)
+    }
+
+    pub fn wants(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == section)
+    }
+}

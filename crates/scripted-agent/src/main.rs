@@ -1,0 +1,265 @@
+//! acpd-scripted-agent: a real stdio ACP v1 agent whose prompts are scripts.
+//!
+//! It is the stand-in for third-party agents in acpd's tests and demos. Each prompt's text is
+//! a list of commands (see `script.rs`): emit updates, call the client (permission, fs,
+//! terminal, extension), wait for cancellation, crash. Newline-delimited JSON-RPC on
+//! stdin/stdout, logs on stderr. Standalone on purpose: it must not share code with the
+//! daemon it tests.
+//!
+//! Flags: `--no-load` (no `loadSession`), `--no-resume` (no `sessionCapabilities.resume`),
+//! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes).
+
+mod io;
+mod script;
+mod state;
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use io::{Out, RpcError};
+use state::{Agent, Flags, MODES, VERBOSITY};
+
+fn usage() -> ! {
+    eprintln!("usage: acpd-scripted-agent [--no-load] [--no-resume] [--pid-dir DIR]");
+    std::process::exit(64);
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let mut flags = Flags::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--no-load" => flags.no_load = true,
+            "--no-resume" => flags.no_resume = true,
+            "--pid-dir" => {
+                let dir = args.next().unwrap_or_else(|| usage());
+                let path = std::path::Path::new(&dir).join(std::process::id().to_string());
+                if let Err(e) =
+                    std::fs::create_dir_all(&dir).and_then(|_| std::fs::File::create(&path))
+                {
+                    eprintln!("scripted-agent: cannot create {}: {e}", path.display());
+                    std::process::exit(1);
+                }
+            }
+            _ => usage(),
+        }
+    }
+    eprintln!(
+        "scripted-agent[{}]: started ({flags:?})",
+        std::process::id()
+    );
+    let agent = Arc::new(Agent::new(Out::start(), flags));
+
+    let mut stdin = BufReader::new(tokio::io::stdin());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match stdin.read_line(&mut line).await {
+            Ok(0) | Err(_) => {
+                // The client closed our stdin: nobody can talk to us any more.
+                eprintln!(
+                    "scripted-agent[{}]: stdin closed, exiting",
+                    std::process::id()
+                );
+                std::process::exit(0);
+            }
+            Ok(_) => {}
+        }
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(msg) => dispatch(&agent, msg),
+            Err(e) => agent.out.respond(
+                Value::Null,
+                Err(RpcError::new(-32700, format!("Parse error: {e}"))),
+            ),
+        }
+    }
+}
+
+/// Routes one incoming message. Never awaits: turns run on their own tasks so the loop keeps
+/// reading (responses to the agent's own requests and `session/cancel` arrive mid-turn).
+fn dispatch(agent: &Arc<Agent>, msg: Value) {
+    let method = msg.get("method").and_then(Value::as_str);
+    let params = msg.get("params").cloned().unwrap_or(Value::Null);
+    match (method, msg.get("id")) {
+        (Some(method), Some(id)) => {
+            let id = id.clone();
+            if method == "session/prompt" {
+                prompt(agent, id, params);
+            } else {
+                let result = handle_request(agent, method, params);
+                agent.out.respond(id, result);
+            }
+        }
+        (Some(method), None) => {
+            if method == "session/cancel"
+                && let Some(sid) = params["sessionId"].as_str()
+            {
+                agent.cancel(sid);
+            }
+            // Every other notification (`$/cancel_request`, extensions) is ignored.
+        }
+        (None, Some(_)) => agent.peer.resolve(&msg),
+        (None, None) => agent
+            .out
+            .respond(Value::Null, Err(RpcError::new(-32600, "Invalid Request"))),
+    }
+}
+
+fn session_id(params: &Value) -> Result<String, RpcError> {
+    params["sessionId"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| RpcError::invalid_params("sessionId is required"))
+}
+
+fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Value, RpcError> {
+    eprintln!("scripted-agent[{}]: {method}", std::process::id());
+    match method {
+        "initialize" => {
+            *agent.client_caps.lock().unwrap() = params
+                .get("clientCapabilities")
+                .cloned()
+                .unwrap_or(Value::Null);
+            Ok(initialize_result(&agent.flags))
+        }
+        "authenticate" | "logout" => Ok(json!({})),
+        "session/new" => {
+            let sid = agent.create_session();
+            // Sent before the response on purpose: the daemon must hold it until the client
+            // knows the session (Zed drops updates for sessions it has not registered yet).
+            agent.emit(
+                &sid,
+                json!({
+                    "sessionUpdate": "available_commands_update",
+                    "availableCommands": [{ "name": "echo", "description": "Echo text" }],
+                }),
+            );
+            let mut result = agent.with_session(&sid, |s| s.setup_result())?;
+            result["sessionId"] = json!(sid);
+            Ok(result)
+        }
+        "session/load" if !agent.flags.no_load => {
+            let sid = session_id(&params)?;
+            let (history, result) =
+                agent.with_session(&sid, |s| (s.history.clone(), s.setup_result()))?;
+            for update in history {
+                agent.out.notify(
+                    "session/update",
+                    json!({ "sessionId": sid, "update": update }),
+                );
+            }
+            Ok(result)
+        }
+        "session/resume" if !agent.flags.no_resume => {
+            let sid = session_id(&params)?;
+            agent.ensure_session(&sid);
+            agent.with_session(&sid, |s| s.setup_result())
+        }
+        "session/set_mode" => {
+            let sid = session_id(&params)?;
+            let mode = params["modeId"].as_str().unwrap_or_default().to_string();
+            if !MODES.iter().any(|(id, _)| *id == mode) {
+                return Err(RpcError::invalid_params(format!("unknown mode {mode:?}")));
+            }
+            agent.with_session(&sid, |s| s.mode = mode.clone())?;
+            agent.emit(
+                &sid,
+                json!({ "sessionUpdate": "current_mode_update", "currentModeId": mode }),
+            );
+            Ok(json!({}))
+        }
+        "session/set_config_option" => {
+            let sid = session_id(&params)?;
+            if params["configId"] != "verbosity" {
+                return Err(RpcError::invalid_params(format!(
+                    "unknown config option {}",
+                    params["configId"]
+                )));
+            }
+            let value = params["value"].as_str().unwrap_or_default().to_string();
+            if !VERBOSITY.iter().any(|(v, _)| *v == value) {
+                return Err(RpcError::invalid_params(format!(
+                    "unknown verbosity {value:?}"
+                )));
+            }
+            let options = agent.with_session(&sid, |s| {
+                s.verbosity = value;
+                s.config_options()
+            })?;
+            agent.emit(
+                &sid,
+                json!({ "sessionUpdate": "config_option_update", "configOptions": options }),
+            );
+            Ok(json!({ "configOptions": options }))
+        }
+        "_scripted/echo" => Ok(params),
+        _ => Err(RpcError::method_not_found(method)),
+    }
+}
+
+fn initialize_result(flags: &Flags) -> Value {
+    let mut session_caps = json!({});
+    if !flags.no_resume {
+        session_caps["resume"] = json!({});
+    }
+    json!({
+        "protocolVersion": 1,
+        "agentCapabilities": {
+            "loadSession": !flags.no_load,
+            "promptCapabilities": { "image": false, "audio": false, "embeddedContext": true },
+            "mcpCapabilities": { "http": false, "sse": false },
+            "sessionCapabilities": session_caps,
+        },
+        "authMethods": [
+            { "id": "token", "name": "Token" },
+            { "id": "term", "name": "Terminal login", "type": "terminal", "args": ["--login"], "env": {} },
+        ],
+        "agentInfo": { "name": "scripted-agent", "version": "0.1.0" },
+    })
+}
+
+/// Starts a turn: records the prompt in the history, then runs the script on its own task.
+fn prompt(agent: &Arc<Agent>, id: Value, params: Value) {
+    let started = (|| {
+        let sid = session_id(&params)?;
+        let blocks = params["prompt"].as_array().cloned().unwrap_or_default();
+        let text: Vec<&str> = blocks
+            .iter()
+            .filter(|b| b["type"] == "text")
+            .filter_map(|b| b["text"].as_str())
+            .collect();
+        let commands = script::parse(&text.join("\n")).map_err(RpcError::invalid_params)?;
+        agent.with_session(&sid, |s| {
+            for block in &blocks {
+                s.history
+                    .push(json!({ "sessionUpdate": "user_message_chunk", "content": block }));
+            }
+        })?;
+        let (turn, cancel) = agent.begin_turn(&sid)?;
+        Ok::<_, RpcError>((sid, commands, turn, cancel))
+    })();
+    let (sid, commands, turn, cancel) = match started {
+        Ok(v) => v,
+        Err(e) => return agent.out.respond(id, Err(e)),
+    };
+    let agent = agent.clone();
+    tokio::spawn(async move {
+        let lock = agent.with_session(&sid, |s| s.turn_lock.clone());
+        let Ok(lock) = lock else { return };
+        let _turn_guard = lock.lock().await;
+        let end = script::run(&agent, &sid, commands, &cancel).await;
+        agent.end_turn(&sid, turn);
+        let result = match end {
+            script::TurnEnd::Stop(reason) => Ok(json!({ "stopReason": reason })),
+            script::TurnEnd::Error(e) => Err(e),
+        };
+        agent.out.respond(id, result);
+    });
+}

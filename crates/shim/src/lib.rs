@@ -1,0 +1,269 @@
+//! `acp-shim`: an ACP agent command for editors that speak stdio, relaying to acpd over a
+//! resumable WebSocket link (`acpd.resume.v1`).
+//!
+//! stdout carries protocol lines only; logs go to stderr (warn by default, `ACPD_LOG` for
+//! more). A dropped link is resumed with nothing lost or repeated; a restarted daemon is
+//! recovered from its journal. Fatal errors end with one `acp-shim: ...` line on stderr and
+//! a distinct exit code (see `Exit`).
+
+mod connect;
+mod editor;
+mod relay;
+mod tls;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use tokio_tungstenite::tungstenite::http::Uri;
+
+/// How the shim ends. Codes follow BSD sysexits.
+#[derive(Debug)]
+pub enum Exit {
+    /// stdin closed: 0.
+    Clean,
+    /// Bad arguments, token file, URL or agent profile: 64 (`EX_USAGE`).
+    Usage(String),
+    /// The daemon broke the protocol, or is not acpd: 65 (`EX_DATAERR`).
+    Protocol(String),
+    /// Cannot reach the daemon on the first connect: 69 (`EX_UNAVAILABLE`).
+    Unavailable(String),
+    /// stdout to the editor failed: 74 (`EX_IOERR`).
+    Io(String),
+    /// TLS handshake or certificate check failed: 76 (`EX_PROTOCOL`).
+    Tls(String),
+    /// The daemon refused the token (401/403): 77 (`EX_NOPERM`).
+    Auth(String),
+}
+
+impl Exit {
+    pub fn code(&self) -> u8 {
+        match self {
+            Exit::Clean => 0,
+            Exit::Usage(_) => 64,
+            Exit::Protocol(_) => 65,
+            Exit::Unavailable(_) => 69,
+            Exit::Io(_) => 74,
+            Exit::Tls(_) => 76,
+            Exit::Auth(_) => 77,
+        }
+    }
+
+    fn message(&self) -> Option<String> {
+        match self {
+            Exit::Clean => None,
+            Exit::Usage(m) => Some(m.clone()),
+            Exit::Protocol(m) => Some(format!("protocol error: {m}")),
+            Exit::Unavailable(m) => Some(format!("cannot reach acpd: {m}")),
+            Exit::Io(m) => Some(format!("I/O error: {m}")),
+            Exit::Tls(m) => Some(format!("TLS error: {m}")),
+            Exit::Auth(m) => Some(m.clone()),
+        }
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "acp-shim",
+    version,
+    about = "ACP agent command that relays stdio to an acpd daemon over WebSocket, surviving drops and restarts",
+    after_help = "Token: --token-file, else $ACPD_TOKEN, else (loopback URLs only) the daemon's own \
+                  token file in $XDG_DATA_HOME/acpd or ~/.local/share/acpd.\n\
+                  Exit codes: 0 stdin closed, 64 usage, 65 protocol, 69 unreachable, 74 stdout, 76 TLS, 77 auth."
+)]
+struct Cli {
+    /// Agent profile on the daemon (sent as `?agent=NAME`).
+    #[arg(long, value_name = "NAME")]
+    agent: Option<String>,
+    /// File holding the bearer token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// PEM file of CA certificates to trust for wss:// (instead of the web PKI roots).
+    #[arg(long, value_name = "FILE", conflicts_with = "pin_sha256")]
+    ca: Option<PathBuf>,
+    /// Trust exactly the certificate with this SHA-256 fingerprint (hex, colons allowed).
+    #[arg(long, value_name = "HEX")]
+    pin_sha256: Option<String>,
+    /// Keepalive ping interval in milliseconds (about three silent intervals mean a dead link).
+    #[arg(
+        long,
+        hide = true,
+        env = "ACP_SHIM_KEEPALIVE_MS",
+        default_value_t = 15_000
+    )]
+    keepalive_ms: u64,
+    /// The daemon: ws://HOST:PORT[/acp] or wss://HOST[:PORT][/acp].
+    url: String,
+}
+
+/// The whole program; `src/bin/acp-shim.rs` only calls this.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 64 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_logging();
+    let exit = match target(&cli) {
+        Err(e) => e,
+        Ok(target) => match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => {
+                let keepalive = Duration::from_millis(cli.keepalive_ms.max(50));
+                let exit = rt.block_on(relay::run(target, keepalive));
+                // stdin is read on a blocking thread that cannot be interrupted: don't wait.
+                rt.shutdown_background();
+                exit
+            }
+            Err(e) => Exit::Io(format!("cannot start the runtime: {e}")),
+        },
+    };
+    if let Some(m) = exit.message() {
+        tracing::debug!(code = exit.code(), "exiting");
+        eprintln!("acp-shim: {m}");
+    }
+    ExitCode::from(exit.code())
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+fn target(cli: &Cli) -> Result<connect::Target, Exit> {
+    let usage = |m: String| Exit::Usage(m);
+    let uri: Uri = cli
+        .url
+        .parse()
+        .map_err(|e| usage(format!("invalid URL {:?}: {e}", cli.url)))?;
+    let secure = match uri.scheme_str() {
+        Some("ws") => false,
+        Some("wss") => true,
+        _ => {
+            return Err(usage(format!(
+                "URL {:?} must start with ws:// or wss://",
+                cli.url
+            )));
+        }
+    };
+    let host = uri
+        .host()
+        .ok_or_else(|| usage(format!("URL {:?} has no host", cli.url)))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(if secure { 443 } else { 80 });
+    let path = match uri.path() {
+        "" | "/" => "/acp",
+        p => p,
+    };
+    let mut query: Vec<String> = uri.query().map(|q| vec![q.to_owned()]).unwrap_or_default();
+    if let Some(agent) = &cli.agent {
+        if agent.is_empty()
+            || !agent
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(usage(format!("invalid --agent {agent:?}")));
+        }
+        query.push(format!("agent={agent}"));
+    }
+    let authority = uri.authority().map(|a| a.as_str()).unwrap_or(&host);
+    let mut full = format!("{}://{authority}{path}", if secure { "wss" } else { "ws" });
+    if !query.is_empty() {
+        full.push('?');
+        full.push_str(&query.join("&"));
+    }
+    let uri: Uri = full
+        .parse()
+        .map_err(|e| usage(format!("invalid URL {full:?}: {e}")))?;
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    let token = token(cli, loopback)?;
+    if token.is_some() && !secure && !loopback {
+        tracing::warn!("sending the token over plain ws:// to a non-loopback host; use wss://");
+    }
+    let tls = if secure {
+        let trust = match (&cli.ca, &cli.pin_sha256) {
+            (Some(ca), _) => tls::Trust::CaFile(ca.clone()),
+            (None, Some(pin)) => {
+                tls::Trust::Pin(tls::parse_pin(pin).map_err(|e| usage(e.to_string()))?)
+            }
+            (None, None) => tls::Trust::WebPki,
+        };
+        Some(tls::client_config(&trust).map_err(|e| match e {
+            tls::TlsSetupError::Rustls(e) => Exit::Tls(e.to_string()),
+            other => usage(other.to_string()),
+        })?)
+    } else {
+        if cli.ca.is_some() || cli.pin_sha256.is_some() {
+            return Err(usage("--ca and --pin-sha256 need a wss:// URL".into()));
+        }
+        None
+    };
+    let keepalive = Duration::from_millis(cli.keepalive_ms.max(50));
+    Ok(connect::Target {
+        uri,
+        host,
+        port,
+        tls,
+        token,
+        // Bounded so a blackholed daemon is retried, not waited on forever.
+        handshake_timeout: (keepalive * 3).clamp(Duration::from_secs(1), Duration::from_secs(10)),
+    })
+}
+
+/// `--token-file`, else `ACPD_TOKEN`, else for a loopback daemon its own token file.
+fn token(cli: &Cli, loopback: bool) -> Result<Option<String>, Exit> {
+    if let Some(path) = &cli.token_file {
+        return read_token(path)
+            .map(Some)
+            .map_err(|e| Exit::Usage(format!("cannot read token file {}: {e}", path.display())));
+    }
+    if let Ok(t) = std::env::var("ACPD_TOKEN")
+        && !t.trim().is_empty()
+    {
+        return Ok(Some(t.trim().to_owned()));
+    }
+    if !loopback {
+        return Ok(None);
+    }
+    let dir = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/share"))
+        });
+    let Some(path) = dir.map(|d| d.join("acpd").join(acpd_wire::local::TOKEN_FILE)) else {
+        return Ok(None);
+    };
+    Ok(read_token(&path).ok())
+}
+
+fn read_token(path: &Path) -> std::io::Result<String> {
+    let t = std::fs::read_to_string(path)?;
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "empty",
+        ));
+    }
+    Ok(t.to_owned())
+}

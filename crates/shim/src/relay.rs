@@ -1,0 +1,570 @@
+//! The shim's one loop: editor lines in, daemon frames out and back, reconnects.
+//!
+//! The loop owns everything mutable: the resumable window, the current socket, the restart
+//! bookkeeping, the queues to stdout and of held editor messages. Sockets, stdin, stdout and
+//! connection attempts are tasks that talk to it over bounded channels, so it never waits on
+//! the network or on the editor.
+
+use std::collections::{HashSet, VecDeque};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::value::RawValue;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::Exit;
+use super::connect::{self, ConnectError, Connected, Target, Ws};
+use super::editor::{FromDaemon, Tracker};
+use acpd_wire::resume::window::{self, Frame, Window};
+
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Largest editor line; the daemon enforces its own (smaller) limit with a proper error.
+const MAX_LINE: usize = 256 << 20;
+/// Editor messages buffered for the daemon before stdin stops being read.
+const BUFFER_MAX: usize = 64 << 20;
+const HELD_MAX: usize = 1024;
+const STDOUT_MAX: usize = 256;
+/// After stdin closes: how long to finish sending what the editor wrote.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+enum WsOut {
+    Text(String),
+    Close(u16),
+}
+
+enum SockEvent {
+    Text(u64, String),
+    Closed(u64, Option<(u16, String)>),
+}
+
+/// The loop's end of one socket; dropping it kills the socket's tasks.
+struct Socket {
+    no: u64,
+    writer: mpsc::Sender<WsOut>,
+    kill: CancellationToken,
+    closing: bool,
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        if !self.closing {
+            self.kill.cancel();
+        }
+    }
+}
+
+struct Relay {
+    target: Arc<Target>,
+    keepalive: Duration,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+    window: Window,
+    /// The link to resume; `None` until the first upgrade, and after the daemon forgot it.
+    conn_id: Option<String>,
+    tracker: Tracker,
+    socket: Option<Socket>,
+    sock_no: u64,
+    events: mpsc::Sender<SockEvent>,
+    ever_connected: bool,
+    backoff: Duration,
+    retry_at: Option<Instant>,
+    connecting: Option<oneshot::Receiver<Result<Connected, ConnectError>>>,
+    to_stdout: VecDeque<String>,
+    /// Editor messages waiting for a re-attach to finish.
+    held: VecDeque<String>,
+    /// The shim's own requests whose answers the re-attach waits for.
+    recovering: HashSet<String>,
+    last_heard: Instant,
+    last_ping: Instant,
+    pings: u64,
+}
+
+/// Runs the shim until stdin closes (exit 0) or something fatal happens.
+pub async fn run(target: Target, keepalive: Duration) -> Exit {
+    let tasks = TaskTracker::new();
+    let cancel = CancellationToken::new();
+    let (stdin_tx, mut stdin_rx) = mpsc::channel::<String>(64);
+    tasks.spawn(read_stdin(stdin_tx, cancel.clone()));
+    let (stdout_tx, stdout_rx) = mpsc::channel::<String>(STDOUT_MAX);
+    let stdout_task = tokio::spawn(write_stdout(stdout_rx));
+    let (events_tx, mut events) = mpsc::channel::<SockEvent>(64);
+    let mut r = Relay {
+        target: Arc::new(target),
+        keepalive,
+        tasks: tasks.clone(),
+        cancel: cancel.clone(),
+        window: Window::new(),
+        conn_id: None,
+        tracker: Tracker::new(),
+        socket: None,
+        sock_no: 0,
+        events: events_tx,
+        ever_connected: false,
+        backoff: BACKOFF_START,
+        retry_at: None,
+        connecting: None,
+        to_stdout: VecDeque::new(),
+        held: VecDeque::new(),
+        recovering: HashSet::new(),
+        last_heard: Instant::now(),
+        last_ping: Instant::now(),
+        pings: 0,
+    };
+    r.start_connect();
+    let mut stdin_open = true;
+    let mut closing_since: Option<Instant> = None;
+    let mut tick = tokio::time::interval(keepalive.min(Duration::from_secs(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let exit = loop {
+        let writer = r.socket.as_ref().map(|s| s.writer.clone());
+        let take_stdin =
+            stdin_open && r.held.len() < HELD_MAX && r.window.buffered_bytes() < BUFFER_MAX;
+        let retry_at = r.retry_at;
+        let result = tokio::select! {
+            biased;
+            line = stdin_rx.recv(), if take_stdin => match line {
+                Some(l) => { r.on_editor(l); Ok(()) }
+                None => {
+                    tracing::debug!("stdin closed");
+                    stdin_open = false;
+                    closing_since = Some(Instant::now());
+                    Ok(())
+                }
+            },
+            Some(ev) = events.recv(), if r.to_stdout.len() < STDOUT_MAX => r.on_socket(ev),
+            permit = writer_permit(writer), if r.window.has_unwritten() && r.socket.is_some() => {
+                if let (Some(p), Some(f)) = (permit, r.window.next_frame()) {
+                    p.send(WsOut::Text(f));
+                }
+                Ok(())
+            }
+            permit = stdout_tx.reserve(), if !r.to_stdout.is_empty() => match permit {
+                Ok(p) => { if let Some(m) = r.to_stdout.pop_front() { p.send(m) } Ok(()) }
+                Err(_) => Err(Exit::Io("stdout closed".into())),
+            },
+            res = connected(r.connecting.as_mut()) => {
+                r.connecting = None;
+                r.on_connect(res.unwrap_or_else(|_| Err(ConnectError::Unreachable("connect task ended".into()))))
+            }
+            _ = sleep_until(retry_at), if r.connecting.is_none() => { r.start_connect(); Ok(()) }
+            _ = tick.tick() => { r.on_tick(&events); Ok(()) }
+        };
+        if let Err(e) = result {
+            break e;
+        }
+        if let Some(since) = closing_since {
+            let flushed = !r.window.has_unwritten() && r.held.is_empty() && r.recovering.is_empty();
+            if flushed && let Some(s) = r.socket.as_mut() {
+                // A normal close tells acpd the link is done (no grace period to wait out).
+                s.closing = true;
+                let _ = s.writer.try_send(WsOut::Close(1000));
+                break Exit::Clean;
+            }
+            if (r.socket.is_none() && r.connecting.is_none()) || since.elapsed() > CLOSE_WAIT {
+                if r.window.has_unwritten() || !r.held.is_empty() {
+                    tracing::warn!("stdin closed while messages were still unsent to acpd");
+                }
+                break Exit::Clean;
+            }
+        }
+    };
+    // Everything already meant for the editor still goes out.
+    for m in r.to_stdout.drain(..) {
+        if stdout_tx.send(m).await.is_err() {
+            break;
+        }
+    }
+    drop(stdout_tx);
+    cancel.cancel();
+    drop(r);
+    tasks.close();
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = stdout_task.await;
+        tasks.wait().await;
+    })
+    .await;
+    exit
+}
+
+impl Relay {
+    fn on_editor(&mut self, line: String) {
+        if let Err(e) = serde_json::from_str::<&RawValue>(&line) {
+            // Never put invalid JSON inside a frame: answer the editor here, as a server would.
+            let msg = serde_json::json!({
+                "jsonrpc": "2.0", "id": null,
+                "error": { "code": -32700, "message": format!("Parse error: {e}") },
+            });
+            self.to_stdout.push_back(msg.to_string());
+            return;
+        }
+        let Some(line) = self.tracker.note_editor(line) else {
+            return;
+        };
+        if self.recovering.is_empty() {
+            self.window.push(line);
+        } else {
+            self.held.push_back(line);
+        }
+    }
+
+    fn on_socket(&mut self, ev: SockEvent) -> Result<(), Exit> {
+        let current = |no: u64| self.socket.as_ref().is_some_and(|s| s.no == no);
+        match ev {
+            SockEvent::Text(no, text) if current(no) => {
+                self.last_heard = Instant::now();
+                self.on_frame(&text)
+                    .map_err(|e| Exit::Protocol(e.to_string()))?;
+                if self.window.ack_urgent() {
+                    self.send_ack();
+                }
+                Ok(())
+            }
+            SockEvent::Closed(no, close) if current(no) => {
+                self.socket = None;
+                match close {
+                    Some((1001 | 1012, reason)) => {
+                        tracing::info!(%reason, "acpd is restarting; reconnecting")
+                    }
+                    Some((code @ (1002 | 1003 | 1007 | 1008), reason)) => {
+                        return Err(Exit::Protocol(format!(
+                            "acpd closed the link ({code} {reason})"
+                        )));
+                    }
+                    other => tracing::info!(close = ?other, "link to acpd lost; reconnecting"),
+                }
+                self.schedule_reconnect();
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn on_frame(&mut self, text: &str) -> Result<(), window::WindowError> {
+        match window::parse(text)? {
+            Frame::Data { seq, ack, msg } => {
+                if let Some(a) = ack {
+                    self.window.on_ack(a)?;
+                }
+                if self.window.on_data(seq)? {
+                    self.deliver(msg.get());
+                }
+            }
+            Frame::Ack(a) => self.window.on_ack(a)?,
+            Frame::Ping(n) => {
+                if let Some(s) = &self.socket {
+                    let _ = s.writer.try_send(WsOut::Text(window::pong_frame(n)));
+                }
+            }
+            Frame::Pong(_) => {}
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, m: &str) {
+        match self.tracker.note_daemon(m) {
+            FromDaemon::Forward(None) => self.to_stdout.push_back(one_line(m)),
+            FromDaemon::Forward(Some(rewritten)) => self.to_stdout.push_back(rewritten),
+            FromDaemon::Private { id, ok } => {
+                if !ok {
+                    tracing::warn!(%id, "re-attach request failed: {m}");
+                }
+                if self.recovering.remove(&id) && self.recovering.is_empty() {
+                    tracing::info!("re-attached; resuming the editor's traffic");
+                    while let Some(h) = self.held.pop_front() {
+                        self.window.push(h);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_connect(&mut self, res: Result<Connected, ConnectError>) -> Result<(), Exit> {
+        match res {
+            Ok(c) => {
+                let resumed = self.conn_id.is_some();
+                self.window
+                    .resume_from(c.peer_received)
+                    .map_err(|e| Exit::Protocol(format!("cannot resume the link: {e}")))?;
+                if !resumed {
+                    self.conn_id = Some(c.conn_id.clone());
+                }
+                tracing::info!(link = %c.conn_id, resumed, "connected to acpd");
+                self.ever_connected = true;
+                self.backoff = BACKOFF_START;
+                self.start_socket(c.ws);
+                Ok(())
+            }
+            Err(ConnectError::Gone) if self.conn_id.is_some() => {
+                self.restart();
+                self.retry_at = Some(Instant::now());
+                Ok(())
+            }
+            Err(e) if e.retryable() && self.ever_connected => {
+                tracing::info!(error = %e, "reconnect failed; retrying");
+                self.schedule_reconnect();
+                Ok(())
+            }
+            Err(e) => Err(match e {
+                ConnectError::Unreachable(m) => Exit::Unavailable(m),
+                ConnectError::Auth(s) => Exit::Auth(format!(
+                    "acpd refused the token ({s}); check --token-file or ACPD_TOKEN"
+                )),
+                ConnectError::Tls(m) => Exit::Tls(m),
+                ConnectError::NotFound(m) => {
+                    Exit::Usage(format!("acpd has no such endpoint or agent profile ({m})"))
+                }
+                ConnectError::Gone => Exit::Protocol("a new link was answered 410".into()),
+                ConnectError::Protocol(m) => Exit::Protocol(m),
+            }),
+        }
+    }
+
+    /// The daemon no longer knows the link: start a new one and re-attach the sessions.
+    fn restart(&mut self) {
+        let unsent = self.window.take_unwritten();
+        self.window = Window::new();
+        self.conn_id = None;
+        let plan = self.tracker.on_restart(unsent);
+        tracing::warn!(
+            sessions = self.tracker.open_sessions(),
+            answered = plan.answers.len(),
+            "acpd restarted (or the link expired): re-attaching sessions"
+        );
+        self.to_stdout.extend(plan.answers);
+        for m in plan.resend {
+            self.window.push(m);
+        }
+        let mut held: VecDeque<String> = plan.requeued.into();
+        held.append(&mut self.held);
+        self.recovering = plan.private;
+        if self.recovering.is_empty() {
+            for m in held {
+                self.window.push(m);
+            }
+        } else {
+            self.held = held;
+        }
+    }
+
+    fn on_tick(&mut self, events: &mpsc::Receiver<SockEvent>) {
+        let Some(s) = &self.socket else { return };
+        if self.last_heard.elapsed() > self.keepalive * 3 && events.is_empty() {
+            tracing::info!("acpd stopped answering (keepalive); reconnecting");
+            self.socket = None;
+            self.backoff = BACKOFF_START;
+            self.retry_at = Some(Instant::now());
+            return;
+        }
+        if self.last_ping.elapsed() >= self.keepalive {
+            self.pings += 1;
+            self.last_ping = Instant::now();
+            let _ = s
+                .writer
+                .try_send(WsOut::Text(window::ping_frame(self.pings)));
+        }
+        if self.window.ack_due() {
+            self.send_ack();
+        }
+    }
+
+    fn send_ack(&mut self) {
+        if let Some(s) = &self.socket
+            && s.writer
+                .try_send(WsOut::Text(self.window.ack_frame()))
+                .is_ok()
+        {
+            self.window.ack_sent_now();
+        }
+    }
+
+    fn schedule_reconnect(&mut self) {
+        let jitter = RandomState::new().hash_one(Instant::now()) % 1000;
+        let half = self.backoff / 2;
+        let wait = half + half.mul_f64(jitter as f64 / 1000.0);
+        self.retry_at = Some(Instant::now() + wait);
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+    }
+
+    fn start_connect(&mut self) {
+        self.retry_at = None;
+        let target = self.target.clone();
+        let resume = self.conn_id.clone().map(|id| (id, self.window.received()));
+        let (tx, rx) = oneshot::channel();
+        let cancel = self.cancel.clone();
+        self.tasks.spawn(async move {
+            let attempt = connect::connect(&target, resume.as_ref().map(|(i, n)| (i.as_str(), *n)));
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                r = attempt => { let _ = tx.send(r); }
+            }
+        });
+        self.connecting = Some(rx);
+    }
+
+    fn start_socket(&mut self, ws: Ws) {
+        self.sock_no += 1;
+        let no = self.sock_no;
+        let (mut sink, mut stream) = ws.split();
+        // Not a child of `cancel`: a closing socket's writer must outlive the loop.
+        let kill = CancellationToken::new();
+        let (tx, mut rx) = mpsc::channel::<WsOut>(64);
+        let k = kill.clone();
+        self.tasks.spawn(async move {
+            while let Some(out) = tokio::select! { _ = k.cancelled() => None, o = rx.recv() => o } {
+                match out {
+                    WsOut::Text(t) => {
+                        let r = tokio::select! {
+                            _ = k.cancelled() => break,
+                            r = sink.send(Message::Text(t.into())) => r,
+                        };
+                        if r.is_err() {
+                            break;
+                        }
+                    }
+                    WsOut::Close(code) => {
+                        let frame = CloseFrame {
+                            code: code.into(),
+                            reason: "".into(),
+                        };
+                        let close = async {
+                            let _ = sink.send(Message::Close(Some(frame))).await;
+                            let _ = sink.close().await;
+                        };
+                        let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
+                        break;
+                    }
+                }
+            }
+        });
+        let k = kill.clone();
+        let events = self.events.clone();
+        self.tasks.spawn(async move {
+            let close = loop {
+                let msg = tokio::select! {
+                    _ = k.cancelled() => return,
+                    m = stream.next() => m,
+                };
+                match msg {
+                    Some(Ok(Message::Text(t))) => {
+                        let ev = SockEvent::Text(no, t.as_str().to_owned());
+                        tokio::select! {
+                            _ = k.cancelled() => return,
+                            r = events.send(ev) => if r.is_err() { return },
+                        }
+                    }
+                    Some(Ok(Message::Close(f))) => {
+                        break f.map(|f| (u16::from(f.code), f.reason.as_str().to_owned()));
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "socket read failed");
+                        break None;
+                    }
+                    None => break None,
+                }
+            };
+            let _ = events.send(SockEvent::Closed(no, close)).await;
+        });
+        self.socket = Some(Socket {
+            no,
+            writer: tx,
+            kill,
+            closing: false,
+        });
+        self.last_heard = Instant::now();
+        self.last_ping = Instant::now();
+    }
+}
+
+/// A daemon message as one stdout line (JSON whitespace may hold newlines; strings cannot).
+fn one_line(m: &str) -> String {
+    if m.bytes().any(|b| b == b'\n' || b == b'\r')
+        && let Ok(v) = serde_json::from_str::<serde_json::Value>(m)
+    {
+        return v.to_string();
+    }
+    m.to_owned()
+}
+
+async fn writer_permit(w: Option<mpsc::Sender<WsOut>>) -> Option<mpsc::OwnedPermit<WsOut>> {
+    match w {
+        Some(w) => w.reserve_owned().await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+async fn connected(
+    rx: Option<&mut oneshot::Receiver<Result<Connected, ConnectError>>>,
+) -> Result<Result<Connected, ConnectError>, oneshot::error::RecvError> {
+    match rx {
+        Some(rx) => rx.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Editor lines to the loop; ends (dropping `tx`) at end of input.
+async fn read_stdin(tx: mpsc::Sender<String>, cancel: CancellationToken) {
+    let mut lines = FramedRead::new(
+        tokio::io::stdin(),
+        LinesCodec::new_with_max_length(MAX_LINE),
+    );
+    loop {
+        let line = tokio::select! {
+            _ = cancel.cancelled() => return,
+            l = lines.next() => l,
+        };
+        match line {
+            Some(Ok(l)) if l.trim().is_empty() => {}
+            Some(Ok(l)) => {
+                if tx.send(l).await.is_err() {
+                    return;
+                }
+            }
+            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                tracing::error!("an editor message over {MAX_LINE} bytes was dropped");
+            }
+            Some(Err(LinesCodecError::Io(e))) => {
+                tracing::warn!(error = %e, "stdin read failed");
+                return;
+            }
+            None => return,
+        }
+    }
+}
+
+/// Lines to stdout, flushed whenever the queue runs dry.
+async fn write_stdout(mut rx: mpsc::Receiver<String>) {
+    use tokio::io::AsyncWriteExt;
+    let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
+    while let Some(line) = rx.recv().await {
+        let r = async {
+            out.write_all(line.as_bytes()).await?;
+            out.write_all(b"\n").await?;
+            if rx.is_empty() {
+                out.flush().await?;
+            }
+            Ok::<(), std::io::Error>(())
+        };
+        if let Err(e) = r.await {
+            tracing::warn!(error = %e, "stdout write failed");
+            return;
+        }
+    }
+    let _ = out.flush().await;
+}

@@ -1,0 +1,328 @@
+//! The two connection pools behind `Store`: URL parsing, connecting, migrations, error triage.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use super::{StoreError, StoreKind};
+
+/// Both migration folders hold the same file names, so both migrators know the same versions.
+static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("../../migrations/sqlite");
+static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
+
+/// Newest journal disk format this build reads and writes (`meta.journal_format`).
+pub const JOURNAL_FORMAT: i64 = 1;
+
+/// A request waits at most this long for a pooled connection, so an unreachable database turns
+/// into a clear `StoreError::Unavailable` instead of a hang.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long SQLite waits on another connection's write lock before reporting busy.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Enum dispatch over the two pools; both are cheap `Arc` handles.
+#[derive(Clone, Debug)]
+pub(crate) enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs the same block against whichever pool is in use. The block is compiled once per
+/// backend, so it may only use SQL both understand (`$N` placeholders work in SQLite too).
+macro_rules! on_pool {
+    ($pool:expr, |$p:ident| $body:expr) => {
+        match $pool {
+            $crate::backend::Pool::Sqlite($p) => $body,
+            $crate::backend::Pool::Postgres($p) => $body,
+        }
+    };
+}
+pub(crate) use on_pool;
+
+/// The statement opening a write transaction. SQLite takes the write lock up front
+/// (`IMMEDIATE`) so a transaction never has to upgrade a read lock, which fails with
+/// `SQLITE_BUSY` without waiting for the busy timeout.
+pub(crate) fn begin_write(pool: &Pool) -> &'static str {
+    match pool {
+        Pool::Sqlite(_) => "BEGIN IMMEDIATE",
+        Pool::Postgres(_) => "BEGIN",
+    }
+}
+
+impl Pool {
+    /// Connects to the store named by `url` without touching its schema.
+    pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Pool, StoreError> {
+        let max_connections = max_connections.max(1);
+        if url.starts_with("sqlite:") {
+            let opts = SqliteConnectOptions::from_str(url)
+                .map_err(|e| StoreError::InvalidUrl(format!("{url}: {e}")))?;
+            let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+            // foreign_keys: journal and agent_state rows must belong to a session.
+            let opts = opts
+                .create_if_missing(true)
+                .foreign_keys(true)
+                .busy_timeout(SQLITE_BUSY_TIMEOUT);
+            let pool = if in_memory {
+                // An in-memory database lives as long as one of its connections: keep exactly
+                // one, forever. One connection also avoids shared-cache table locks, which
+                // fail immediately instead of honouring the busy timeout.
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .min_connections(1)
+                    .idle_timeout(None)
+                    .max_lifetime(None)
+                    .acquire_timeout(ACQUIRE_TIMEOUT)
+                    .connect_with(opts)
+                    .await
+            } else {
+                if let Some(dir) = opts
+                    .get_filename()
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                {
+                    tokio::fs::create_dir_all(dir).await.map_err(|e| {
+                        StoreError::Unavailable(format!("creating {}: {e}", dir.display()))
+                    })?;
+                }
+                // WAL lets readers run beside the journal writer. synchronous=NORMAL in WAL mode
+                // fsyncs at checkpoints, not at every commit: a commit survives an acpd crash
+                // but the last commits before a power loss or OS crash may be rolled back, so
+                // the durable watermark means "survives the process", not "survives the machine".
+                // That trade buys an order of magnitude in commit rate.
+                let opts = opts
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Normal);
+                SqlitePoolOptions::new()
+                    .max_connections(max_connections)
+                    .acquire_timeout(ACQUIRE_TIMEOUT)
+                    .connect_with(opts)
+                    .await
+            };
+            pool.map(Pool::Sqlite).map_err(db)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let opts = PgConnectOptions::from_str(url)
+                .map_err(|e| StoreError::InvalidUrl(format!("{}: {e}", redact(url))))?;
+            // test_before_acquire (the default) pings idle connections, so connections killed
+            // by a server restart are replaced instead of failing the next query.
+            PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .test_before_acquire(true)
+                .connect_with(opts)
+                .await
+                .map(Pool::Postgres)
+                .map_err(db)
+        } else {
+            Err(StoreError::InvalidUrl(format!(
+                "{}: expected sqlite://PATH, sqlite::memory: or postgres://...",
+                redact(url)
+            )))
+        }
+    }
+
+    pub(crate) fn kind(&self) -> StoreKind {
+        match self {
+            Pool::Sqlite(_) => StoreKind::Sqlite,
+            Pool::Postgres(_) => StoreKind::Postgres,
+        }
+    }
+
+    /// Refuses a schema newer than this build knows, applies pending migrations, checks the
+    /// journal format, and returns the schema version now in place.
+    pub(crate) async fn migrate(&self) -> Result<i64, StoreError> {
+        let migrator = match self {
+            Pool::Sqlite(_) => &SQLITE_MIGRATOR,
+            Pool::Postgres(_) => &POSTGRES_MIGRATOR,
+        };
+        let known = migrator
+            .iter()
+            .filter(|m| m.migration_type.is_up_migration())
+            .map(|m| m.version)
+            .max()
+            .unwrap_or(0);
+        // Checked before sqlx runs: its own check would report a bare "missing migration".
+        if let Some(found) = self.applied_version().await?
+            && found > known
+        {
+            return Err(StoreError::SchemaTooNew { found, known });
+        }
+        match self {
+            Pool::Sqlite(p) => migrator.run(p).await?,
+            Pool::Postgres(p) => migrator.run(p).await?,
+        }
+        let format: Option<String> = on_pool!(self, |p| sqlx::query_scalar(
+            "SELECT value FROM meta WHERE key = 'journal_format'"
+        )
+        .fetch_optional(p)
+        .await
+        .map_err(db)?);
+        let format = format.and_then(|f| f.parse::<i64>().ok()).unwrap_or(0);
+        if format > JOURNAL_FORMAT {
+            return Err(StoreError::SchemaTooNew {
+                found: format,
+                known: JOURNAL_FORMAT,
+            });
+        }
+        Ok(self.applied_version().await?.unwrap_or(0))
+    }
+
+    /// Highest migration version recorded in the database, `None` before the first migration.
+    async fn applied_version(&self) -> Result<Option<i64>, StoreError> {
+        let exists: bool = match self {
+            Pool::Sqlite(p) => sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master \
+                 WHERE type = 'table' AND name = '_sqlx_migrations')",
+            )
+            .fetch_one(p)
+            .await
+            .map_err(db)?,
+            Pool::Postgres(p) => {
+                sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+                    .fetch_one(p)
+                    .await
+                    .map_err(db)?
+            }
+        };
+        if !exists {
+            return Ok(None);
+        }
+        on_pool!(self, |p| sqlx::query_scalar(
+            "SELECT MAX(version) FROM _sqlx_migrations"
+        )
+        .fetch_one(p)
+        .await
+        .map_err(db))
+    }
+
+    pub(crate) async fn close(&self) {
+        on_pool!(self, |p| p.close().await)
+    }
+}
+
+/// Drops the password from a URL before it goes into an error message.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let host_start = rest.find('/').unwrap_or(rest.len());
+    match rest[..host_start].rfind('@') {
+        Some(at) => match rest[..at].find(':') {
+            Some(colon) => format!(
+                "{}{}:***{}",
+                &url[..scheme_end],
+                &rest[..colon],
+                &rest[at..]
+            ),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// How a failed statement should be treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The database could not be reached or was busy: the same statement may succeed later.
+    Transient,
+    /// The data itself was rejected (constraint, bad value): retrying the same rows is useless.
+    Data,
+    /// Anything else (a bug, a broken schema).
+    Other,
+}
+
+pub(crate) fn classify(e: &sqlx::Error) -> Failure {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::BeginFailed => Failure::Transient,
+        sqlx::Error::Encode(_) => Failure::Data,
+        sqlx::Error::Database(d) => {
+            let code = d.code().unwrap_or_default();
+            if d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some()
+            {
+                // SQLSTATE classes: 08 connection, 40 rollback (serialization, deadlock),
+                // 53 resources, 57 operator intervention (e.g. pg_terminate_backend, shutdown),
+                // 58 system I/O; 22 data exception, 23 integrity violation.
+                match code.get(..2) {
+                    Some("08" | "40" | "53" | "57" | "58") => Failure::Transient,
+                    Some("22" | "23") => Failure::Data,
+                    _ => Failure::Other,
+                }
+            } else {
+                // SQLite: an extended result code; the low byte is the primary code.
+                match code.parse::<i64>().map(|n| n & 0xff) {
+                    // BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN, PROTOCOL
+                    Ok(5 | 6 | 7 | 10 | 13 | 14 | 15) => Failure::Transient,
+                    // TOOBIG, CONSTRAINT, MISMATCH, RANGE
+                    Ok(18 | 19 | 20 | 25) => Failure::Data,
+                    _ => Failure::Other,
+                }
+            }
+        }
+        _ => Failure::Other,
+    }
+}
+
+/// Maps a driver error to the store boundary: connectivity problems become `Unavailable`.
+pub(crate) fn db(e: sqlx::Error) -> StoreError {
+    if classify(&e) == Failure::Transient {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Database(e)
+    }
+}
+
+/// True when `e` is a unique or foreign-key violation, which the caller reports as a conflict.
+pub(crate) fn is_constraint(e: &sqlx::Error) -> bool {
+    matches!(
+        e.as_database_error().map(|d| d.kind()),
+        Some(sqlx::error::ErrorKind::UniqueViolation | sqlx::error::ErrorKind::ForeignKeyViolation)
+    )
+}
+
+/// Current time as Unix epoch milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A unique or foreign-key violation becomes `Conflict(what)`; anything else maps as usual.
+pub(crate) fn conflict_or_db(
+    what: impl FnOnce() -> String,
+) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |e| {
+        if is_constraint(&e) {
+            StoreError::Conflict(what())
+        } else {
+            db(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redact_hides_password_only() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+        assert_eq!(redact("nonsense"), "nonsense");
+    }
+}

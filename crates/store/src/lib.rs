@@ -1,0 +1,373 @@
+//! Durable memory of acpd: sessions, their journals, agent-private state, principals and tokens.
+//!
+//! `Store` picks SQLite or Postgres from the URL. It knows nothing of ACP or JSON-RPC: journal
+//! bodies are opaque JSON text written and read back byte for byte.
+//!
+//! THIS FILE IS THE CONTRACT the session layer codes against.
+//!
+//! Layout: `backend` (pools, migrations, error triage), `writer` (group commit of journal
+//! appends), `journal` (journal SQL), `sessions` (session rows, agent state), `auth`
+//! (principals, tokens), `rows` (row decoding, list cursor).
+
+mod auth;
+mod backend;
+mod journal;
+pub mod metrics;
+mod rows;
+mod sessions;
+mod writer;
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use backend::{Pool, db, on_pool};
+
+pub use backend::JOURNAL_FORMAT;
+
+/// Errors at the store boundary. The session layer maps them to JSON-RPC errors once.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid store url: {0}")]
+    InvalidUrl(String),
+    #[error(
+        "the store's schema version {found} is newer than this acpd knows ({known}); upgrade acpd"
+    )]
+    SchemaTooNew { found: i64, known: i64 },
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("invalid cursor")]
+    InvalidCursor,
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Which backend a `Store` talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Sqlite,
+    Postgres,
+}
+
+/// Tuning knobs, all with safe defaults.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Most journal entries committed in one transaction.
+    pub journal_batch_max: usize,
+    /// Appends buffered while the database is unreachable before `append` applies backpressure.
+    pub journal_queue: usize,
+    /// Pool size.
+    pub max_connections: u32,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            journal_batch_max: 512,
+            journal_queue: 8192,
+            max_connections: 8,
+        }
+    }
+}
+
+/// One session row. Times are Unix epoch milliseconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRow {
+    pub id: String,
+    pub principal_id: String,
+    /// Agent profile name (`builtin`, or a `[agents.NAME]` profile).
+    pub agent: String,
+    /// The id the agent itself uses for this session, when it has one.
+    pub agent_session_id: Option<String>,
+    pub cwd: String,
+    /// JSON array of absolute paths.
+    pub additional_dirs: String,
+    pub title: Option<String>,
+    pub mode_id: Option<String>,
+    /// JSON object: config option id -> value.
+    pub config_values: String,
+    /// JSON object: opaque per-session data of the session layer (e.g. the agent's last
+    /// `modes`/`configOptions`, the original `mcpServers`).
+    pub meta: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub closed: bool,
+    /// Highest journal seq written for this session (0 when empty).
+    pub last_seq: i64,
+    /// Replica that currently owns the live session (roadmap: several replicas).
+    pub owner_instance: Option<String>,
+    pub lease_until_ms: Option<i64>,
+}
+
+/// Fields of a session to change; `None` leaves a field alone. Always bumps `updated_at_ms`.
+#[derive(Debug, Clone, Default)]
+pub struct SessionPatch {
+    pub agent_session_id: Option<Option<String>>,
+    pub cwd: Option<String>,
+    pub additional_dirs: Option<String>,
+    pub title: Option<Option<String>>,
+    pub mode_id: Option<Option<String>>,
+    pub config_values: Option<String>,
+    pub meta: Option<String>,
+    pub closed: Option<bool>,
+    pub owner_instance: Option<Option<String>>,
+    pub lease_until_ms: Option<Option<i64>>,
+    pub updated_at_ms: i64,
+}
+
+/// A `session/list` query, scoped to one principal.
+#[derive(Debug, Clone)]
+pub struct ListQuery {
+    pub principal_id: String,
+    /// Exact match on the session's cwd.
+    pub cwd: Option<String>,
+    /// Opaque cursor from a previous page's `next_cursor`.
+    pub cursor: Option<String>,
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct SessionPage {
+    pub sessions: Vec<SessionRow>,
+    pub next_cursor: Option<String>,
+}
+
+/// One journal entry as stored: the exact JSON text that was sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JournalEntry {
+    pub session_id: String,
+    pub seq: i64,
+    /// What the body is, e.g. the `sessionUpdate` kind; opaque to the store.
+    pub kind: String,
+    pub body: String,
+    pub at_ms: i64,
+}
+
+/// Durable watermark of one session's journal: the highest seq known committed.
+pub type DurableSeq = watch::Sender<i64>;
+
+/// An append on its way to the group-commit writer.
+#[derive(Debug, Clone)]
+pub struct NewEntry {
+    pub session_id: Arc<str>,
+    pub seq: i64,
+    pub kind: Arc<str>,
+    pub body: Arc<str>,
+    pub at_ms: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct PrincipalRow {
+    pub id: String,
+    pub name: String,
+    pub created_at_ms: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct TokenRow {
+    pub id: String,
+    pub principal_id: String,
+    pub name: String,
+    pub created_at_ms: i64,
+    pub last_used_ms: Option<i64>,
+    pub revoked: bool,
+}
+
+/// Handle to the store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    /// To the group-commit writer; see `writer`.
+    appends: mpsc::Sender<writer::Msg>,
+    writer_finished: writer::Finished,
+}
+
+impl Store {
+    /// Connects (creating a SQLite file if missing), runs migrations, refuses a newer schema,
+    /// and starts the journal writer.
+    pub async fn open(url: &str, opts: StoreOptions) -> Result<Store, StoreError> {
+        let pool = Pool::connect(url, opts.max_connections).await?;
+        if let Err(e) = pool.migrate().await {
+            pool.close().await;
+            return Err(e);
+        }
+        let (appends, writer_finished) = writer::spawn(pool.clone(), &opts);
+        Ok(Store {
+            inner: Arc::new(Inner {
+                pool,
+                appends,
+                writer_finished,
+            }),
+        })
+    }
+
+    /// Runs migrations only; returns the schema version now in place.
+    pub async fn migrate(url: &str) -> Result<i64, StoreError> {
+        let pool = Pool::connect(url, 1).await?;
+        let version = pool.migrate().await;
+        pool.close().await;
+        version
+    }
+
+    pub fn kind(&self) -> StoreKind {
+        self.inner.pool.kind()
+    }
+
+    /// Cheap round trip, for readiness.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        on_pool!(&self.inner.pool, |p| sqlx::query("SELECT 1")
+            .execute(p)
+            .await
+            .map(drop)
+            .map_err(db))
+    }
+
+    /// Flushes the journal writer (every queued append committed or reported) and closes.
+    ///
+    /// Appends after (or racing with) `close` fail with `Unavailable`. While the database is
+    /// unreachable the writer keeps retrying, so callers bound this with their own deadline.
+    pub async fn close(&self) {
+        // A send error means another `close` got there first; wait for the writer all the same,
+        // so the pool is never closed under a flush in progress.
+        let _ = self.inner.appends.send(writer::Msg::Close).await;
+        let mut finished = self.inner.writer_finished.clone();
+        // Only ever resolves with an error: the writer never sends, it drops its sender.
+        let _ = finished.changed().await;
+        self.inner.pool.close().await;
+    }
+
+    /// Fails with `Conflict` when a session with that id exists (even a deleted one).
+    pub async fn insert_session(&self, row: &SessionRow) -> Result<(), StoreError> {
+        sessions::insert_session(&self.inner.pool, row).await
+    }
+
+    /// A session that exists and is not deleted.
+    pub async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {
+        sessions::session(&self.inner.pool, id).await
+    }
+
+    /// Fails with `Conflict` when the session is unknown or deleted.
+    pub async fn update_session(&self, id: &str, patch: &SessionPatch) -> Result<(), StoreError> {
+        sessions::update_session(&self.inner.pool, id, patch).await
+    }
+
+    /// Newest first by creation, stable under concurrent inserts and updates.
+    ///
+    /// Keyset pagination on `(created_at_ms, id)`: a page never repeats or skips a session that
+    /// existed when the listing started. A `limit` of 0 is read as 1.
+    pub async fn list_sessions(&self, q: &ListQuery) -> Result<SessionPage, StoreError> {
+        sessions::list_sessions(&self.inner.pool, q).await
+    }
+
+    /// Marks the session deleted and removes its journal and agent state. `false` if unknown.
+    pub async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
+        sessions::delete_session(&self.inner.pool, id).await
+    }
+
+    /// Queues an append for group commit. Returns once queued (waits only when the queue is
+    /// full). `durable` is advanced to `entry.seq` once the entry's batch has committed.
+    ///
+    /// Entries of a deleted session are discarded (and acknowledged). An entry the database
+    /// rejects (e.g. its session never existed) is logged and never acknowledged.
+    pub async fn append(
+        &self,
+        entry: NewEntry,
+        durable: Arc<DurableSeq>,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .appends
+            .send(writer::Msg::Append(entry, durable))
+            .await
+            .map_err(|_| StoreError::Unavailable("the store is closed".into()))
+    }
+
+    /// Entries with `seq > after_seq`, ascending, at most `limit`.
+    pub async fn journal_after(
+        &self,
+        session_id: &str,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<JournalEntry>, StoreError> {
+        journal::journal_after(&self.inner.pool, session_id, after_seq, limit).await
+    }
+
+    /// Replaces the entries with `first_seq <= seq <= last_seq` by `entries` (compaction).
+    ///
+    /// Atomic. `entries` must belong to `session_id`, lie within the range and have strictly
+    /// increasing seqs, else `Conflict`; so must the session exist. `last_seq` of the session
+    /// never goes down, so a seq once handed out is never reused.
+    pub async fn replace_journal_range(
+        &self,
+        session_id: &str,
+        first_seq: i64,
+        last_seq: i64,
+        entries: &[JournalEntry],
+    ) -> Result<(), StoreError> {
+        journal::replace_journal_range(&self.inner.pool, session_id, first_seq, last_seq, entries)
+            .await
+    }
+
+    /// Count and total body bytes of a session's journal.
+    pub async fn journal_size(&self, session_id: &str) -> Result<(i64, i64), StoreError> {
+        journal::journal_size(&self.inner.pool, session_id).await
+    }
+
+    /// Sets one agent-private value; `Conflict` when the session is unknown or deleted.
+    pub async fn put_agent_state(
+        &self,
+        session_id: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), StoreError> {
+        sessions::put_agent_state(&self.inner.pool, session_id, key, value).await
+    }
+
+    pub async fn agent_state(
+        &self,
+        session_id: &str,
+        key: &str,
+    ) -> Result<Option<String>, StoreError> {
+        sessions::agent_state(&self.inner.pool, session_id, key).await
+    }
+
+    /// The principal with that name, created if missing.
+    pub async fn ensure_principal(&self, name: &str) -> Result<PrincipalRow, StoreError> {
+        auth::ensure_principal(&self.inner.pool, name).await
+    }
+
+    /// Stores a token (only its hash). `Conflict` for an unknown principal or a hash in use.
+    pub async fn insert_token(
+        &self,
+        principal_id: &str,
+        name: &str,
+        hash: &str,
+    ) -> Result<TokenRow, StoreError> {
+        auth::insert_token(&self.inner.pool, principal_id, name, hash).await
+    }
+
+    /// The live (not revoked) token with that hash and its principal; marks it used.
+    pub async fn token_by_hash(
+        &self,
+        hash: &str,
+    ) -> Result<Option<(TokenRow, PrincipalRow)>, StoreError> {
+        auth::token_by_hash(&self.inner.pool, hash).await
+    }
+
+    /// Every token, revoked ones included, oldest first.
+    pub async fn list_tokens(&self) -> Result<Vec<TokenRow>, StoreError> {
+        auth::list_tokens(&self.inner.pool).await
+    }
+
+    /// `false` when no live token has that id.
+    pub async fn revoke_token(&self, id: &str) -> Result<bool, StoreError> {
+        auth::revoke_token(&self.inner.pool, id).await
+    }
+}

@@ -1,0 +1,20 @@
+//! acpd's wire: JSON-RPC 2.0 messages, the `Peer` that runs one link, newline framing and the
+//! link-resumption window. Knows nothing of ACP, HTTP or SQL; the daemon and acp-shim share it.
+
+pub mod lines;
+pub mod local;
+mod msg;
+mod peer;
+pub mod resume;
+
+pub use msg::{
+    Malformed, Message, Notification, Request, RequestId, Response, ResponseError, code,
+};
+pub use peer::{
+    InFrame, Incoming, IncomingRequest, Link, OutgoingRequest, PeerError, PeerHandle, Responder,
+    memory_pair, spawn,
+};
+
+/// Depth of the channels between a pump and its peer: enough to keep a socket busy, small
+/// enough that a stalled client pushes back on its sessions.
+pub const LINK_QUEUE: usize = 256;

@@ -1,0 +1,575 @@
+//! The JSON-RPC peer: one task per link that numbers outgoing requests, matches their
+//! responses, hands incoming requests and notifications to its owner, and makes sure every
+//! incoming request is answered exactly once.
+//!
+//! The task owns both pending maps (ours and theirs); nothing else touches them. It never
+//! blocks on one side while the other waits: frames to deliver and frames to write sit in
+//! small local queues, and each source is read only while its queue has room.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::msg::{Malformed, Message, Notification, Request, RequestId, Response, ResponseError};
+
+/// What a transport hands the peer.
+#[derive(Debug)]
+pub enum InFrame {
+    Text(String),
+    /// A frame over the size limit, dropped unread; carries its size.
+    TooLarge(usize),
+    /// A frame whose bytes are not UTF-8 (newline transports; WebSocket checks this itself).
+    NotUtf8,
+}
+
+/// Both directions of a transport, as channels. Closing `incoming` ends the peer.
+pub struct Link {
+    pub incoming: mpsc::Receiver<InFrame>,
+    pub outgoing: mpsc::Sender<String>,
+}
+
+/// Failure of a request we sent.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PeerError {
+    #[error("the peer answered with an error: {0}")]
+    Remote(ResponseError),
+    #[error("the connection closed before an answer arrived")]
+    Disconnected,
+}
+
+/// A request or notification from the other side, for the owner to handle.
+#[derive(Debug)]
+pub enum Incoming {
+    Request(IncomingRequest),
+    Notification(Notification),
+    /// The answer to a request sent with `PeerHandle::request_in_band`, delivered in wire
+    /// order with everything else the other side sent before it.
+    Response {
+        route: String,
+        tag: u64,
+        result: Result<Value, ResponseError>,
+    },
+}
+
+#[derive(Debug)]
+pub struct IncomingRequest {
+    pub method: String,
+    pub params: Option<Value>,
+    pub responder: Responder,
+    /// Fired by `$/cancel_request` for this request, or when the link closes.
+    pub cancelled: CancellationToken,
+}
+
+/// Where the answer to one of our requests goes.
+enum Reply {
+    Oneshot(oneshot::Sender<Result<Value, PeerError>>),
+    InBand { route: String, tag: u64 },
+}
+
+enum Command {
+    Request {
+        id: u64,
+        method: String,
+        params: Option<Value>,
+        reply: Reply,
+    },
+    Notify {
+        method: String,
+        params: Option<Value>,
+    },
+    Raw(String),
+    Reply {
+        id: RequestId,
+        result: Result<Value, ResponseError>,
+    },
+    Forget {
+        id: u64,
+        notify_peer: bool,
+    },
+}
+
+/// Sends requests and notifications to the other side. Cheap to clone.
+#[derive(Clone)]
+pub struct PeerHandle {
+    tx: mpsc::Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    closed: CancellationToken,
+    /// Ends the peer task; not a channel message, so it works when the link is jammed.
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for PeerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerHandle")
+            .field("closed", &self.closed.is_cancelled())
+            .finish()
+    }
+}
+
+impl PeerHandle {
+    /// Sends a request and waits for its answer. Dropping the future withdraws the request
+    /// (`$/cancel_request`), so an abandoned request never leaks a pending entry.
+    pub async fn request(&self, method: &str, params: Option<Value>) -> Result<Value, PeerError> {
+        self.start_request(method, params).await?.wait().await
+    }
+
+    /// Sends a request and returns a handle to its answer.
+    pub async fn start_request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<OutgoingRequest, PeerError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Request {
+                id,
+                method: method.to_owned(),
+                params,
+                reply: Reply::Oneshot(reply),
+            })
+            .await
+            .map_err(|_| PeerError::Disconnected)?;
+        Ok(OutgoingRequest {
+            id,
+            rx,
+            tx: self.tx.clone(),
+            done: false,
+        })
+    }
+
+    /// Sends a request whose answer comes back through the owner's `Incoming` stream as
+    /// `Incoming::Response { route, tag, .. }`, after every message that preceded it on the
+    /// wire. A turn's reply then never overtakes the turn's updates. If the link closes first,
+    /// no answer comes: the owner learns of the closed link instead.
+    pub async fn request_in_band(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        route: &str,
+        tag: u64,
+    ) -> Result<u64, PeerError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let reply = Reply::InBand {
+            route: route.to_owned(),
+            tag,
+        };
+        self.tx
+            .send(Command::Request {
+                id,
+                method: method.to_owned(),
+                params,
+                reply,
+            })
+            .await
+            .map_err(|_| PeerError::Disconnected)?;
+        Ok(id)
+    }
+
+    /// Asks the other side to stop working on a request (`$/cancel_request`).
+    pub fn cancel_request(&self, id: u64) {
+        let _ = self.tx.try_send(Command::Forget {
+            id,
+            notify_peer: false,
+        });
+    }
+
+    pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), PeerError> {
+        self.tx
+            .send(Command::Notify {
+                method: method.to_owned(),
+                params,
+            })
+            .await
+            .map_err(|_| PeerError::Disconnected)
+    }
+
+    /// Sends a message that is already serialized (journaled updates are sent byte for byte).
+    pub async fn send_raw(&self, text: String) -> Result<(), PeerError> {
+        self.tx
+            .send(Command::Raw(text))
+            .await
+            .map_err(|_| PeerError::Disconnected)
+    }
+
+    /// Ends the link: the peer stops, pending requests fail, the transport closes. Used to
+    /// cut off a client that cannot keep up or whose token was revoked.
+    pub fn close(&self) {
+        self.stop.cancel();
+    }
+
+    /// Fires when the peer task has ended.
+    pub fn closed(&self) -> CancellationToken {
+        self.closed.clone()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+}
+
+/// An answer on its way. Dropped before it arrives, it withdraws the request.
+pub struct OutgoingRequest {
+    id: u64,
+    rx: oneshot::Receiver<Result<Value, PeerError>>,
+    tx: mpsc::Sender<Command>,
+    done: bool,
+}
+
+impl OutgoingRequest {
+    /// The wire id of this request on its link.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Asks the other side to stop working on it (`$/cancel_request`); the answer still comes.
+    pub fn cancel(&self) {
+        let _ = self.tx.try_send(Command::Forget {
+            id: self.id,
+            notify_peer: false,
+        });
+    }
+
+    pub async fn wait(mut self) -> Result<Value, PeerError> {
+        let r = (&mut self.rx).await.unwrap_or(Err(PeerError::Disconnected));
+        self.done = true;
+        r
+    }
+}
+
+impl Drop for OutgoingRequest {
+    fn drop(&mut self) {
+        if !self.done {
+            send_from_drop(
+                &self.tx,
+                Command::Forget {
+                    id: self.id,
+                    notify_peer: true,
+                },
+            );
+        }
+    }
+}
+
+/// Answers one incoming request. Dropped unanswered, it answers `-32603` so the other side
+/// never waits forever.
+#[derive(Debug)]
+pub struct Responder {
+    id: Option<RequestId>,
+    tx: mpsc::Sender<Command>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Command")
+    }
+}
+
+impl Responder {
+    pub async fn respond(mut self, result: Result<Value, ResponseError>) {
+        if let Some(id) = self.id.take() {
+            let _ = self.tx.send(Command::Reply { id, result }).await;
+        }
+    }
+
+    pub fn id(&self) -> Option<&RequestId> {
+        self.id.as_ref()
+    }
+
+    /// Whether this answers a request that came over `peer`'s link.
+    pub fn is_for(&self, peer: &PeerHandle) -> bool {
+        self.tx.same_channel(&peer.tx)
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let result = Err(ResponseError::internal(
+                "the request was dropped without an answer",
+            ));
+            send_from_drop(&self.tx, Command::Reply { id, result });
+        }
+    }
+}
+
+/// Drop cannot await: try the channel, and if it is full, finish the send on a task.
+fn send_from_drop(tx: &mpsc::Sender<Command>, cmd: Command) {
+    if let Err(mpsc::error::TrySendError::Full(cmd)) = tx.try_send(cmd)
+        && let Ok(rt) = tokio::runtime::Handle::try_current()
+    {
+        let tx = tx.clone();
+        rt.spawn(async move {
+            let _ = tx.send(cmd).await;
+        });
+    }
+}
+
+/// Queue limits: how far each side may run ahead before its source stops being read.
+const DELIVER_QUEUE: usize = 64;
+const WRITE_QUEUE: usize = 256;
+const COMMANDS: usize = 256;
+
+/// Starts the peer task. Returns its handle, the stream of incoming requests and
+/// notifications, and the task's waiter. The task ends when the link closes or `shutdown`
+/// fires; pending outgoing requests then fail with `Disconnected`.
+pub fn spawn(
+    link: Link,
+    shutdown: CancellationToken,
+) -> (
+    PeerHandle,
+    mpsc::Receiver<Incoming>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = mpsc::channel(COMMANDS);
+    let (in_tx, in_rx) = mpsc::channel(DELIVER_QUEUE);
+    let closed = CancellationToken::new();
+    let stop = shutdown.child_token();
+    let handle = PeerHandle {
+        stop: stop.clone(),
+        tx: tx.clone(),
+        next_id: Arc::new(AtomicU64::new(1)),
+        closed: closed.clone(),
+    };
+    let task = PeerTask {
+        self_tx: tx,
+        ours: HashMap::new(),
+        theirs: HashMap::new(),
+        to_deliver: VecDeque::new(),
+        to_write: VecDeque::new(),
+    };
+    let join = tokio::spawn(async move {
+        task.run(link, rx, in_tx, stop).await;
+        closed.cancel();
+    });
+    (handle, in_rx, join)
+}
+
+struct PeerTask {
+    /// For responders handed to the owner.
+    self_tx: mpsc::Sender<Command>,
+    /// Requests we sent, by wire id.
+    ours: HashMap<u64, Reply>,
+    /// Requests they sent that are not answered yet.
+    theirs: HashMap<RequestId, CancellationToken>,
+    to_deliver: VecDeque<Incoming>,
+    to_write: VecDeque<String>,
+}
+
+impl PeerTask {
+    async fn run(
+        mut self,
+        mut link: Link,
+        mut commands: mpsc::Receiver<Command>,
+        deliver: mpsc::Sender<Incoming>,
+        shutdown: CancellationToken,
+    ) {
+        let mut link_open = true;
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                permit = link.outgoing.reserve(), if !self.to_write.is_empty() => match permit {
+                    Ok(p) => p.send(self.to_write.pop_front().unwrap_or_default()),
+                    Err(_) => break,
+                },
+                cmd = commands.recv(), if self.to_write.len() < WRITE_QUEUE => match cmd {
+                    Some(cmd) => self.on_command(cmd),
+                    None => break,
+                },
+                permit = deliver.reserve(), if !self.to_deliver.is_empty() => match permit {
+                    Ok(p) => { if let Some(m) = self.to_deliver.pop_front() { p.send(m) } }
+                    // The owner is gone: nobody can answer; the dropped responders reply -32603.
+                    Err(_) => self.to_deliver.clear(),
+                },
+                frame = link.incoming.recv(), if link_open && self.to_deliver.len() < DELIVER_QUEUE => match frame {
+                    Some(InFrame::Text(t)) => self.on_frame(&t),
+                    Some(InFrame::NotUtf8) => self.write(Malformed::Parse("invalid UTF-8".into()).reply().into()),
+                    Some(InFrame::TooLarge(n)) => {
+                        let e = ResponseError::invalid_request(format!("message of {n} bytes is over the size limit"));
+                        self.write(Response { id: RequestId::Null, result: Err(e) }.into());
+                    }
+                    None => link_open = false,
+                },
+                else => break,
+            }
+            if !link_open && self.to_write.is_empty() {
+                break;
+            }
+        }
+        for (_, token) in self.theirs.drain() {
+            token.cancel();
+        }
+        for (_, reply) in self.ours.drain() {
+            if let Reply::Oneshot(tx) = reply {
+                let _ = tx.send(Err(PeerError::Disconnected));
+            }
+        }
+    }
+
+    fn write(&mut self, m: Message) {
+        self.to_write.push_back(m.to_text());
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Request {
+                id,
+                method,
+                params,
+                reply,
+            } => {
+                self.ours.insert(id, reply);
+                self.write(
+                    Request {
+                        id: RequestId::from(id),
+                        method,
+                        params,
+                    }
+                    .into(),
+                );
+            }
+            Command::Notify { method, params } => {
+                self.write(Notification { method, params }.into())
+            }
+            Command::Raw(text) => self.to_write.push_back(text),
+            Command::Reply { id, result } => {
+                // Only the first answer to a request goes out.
+                if self.theirs.remove(&id).is_some() {
+                    self.write(Response { id, result }.into());
+                }
+            }
+            Command::Forget { id, notify_peer } => {
+                if notify_peer {
+                    self.ours.remove(&id);
+                }
+                if notify_peer || self.ours.contains_key(&id) {
+                    let params = json!({ "requestId": id });
+                    self.write(
+                        Notification {
+                            method: "$/cancel_request".into(),
+                            params: Some(params),
+                        }
+                        .into(),
+                    );
+                }
+            }
+        }
+    }
+
+    fn on_frame(&mut self, text: &str) {
+        tracing::trace!(frame = %text, "in");
+        let msg = match Message::parse(text) {
+            Ok(m) => m,
+            Err(bad) => {
+                if let Malformed::Parse(e) = &bad {
+                    tracing::debug!(error = %e, "malformed frame");
+                }
+                self.write(bad.reply().into());
+                return;
+            }
+        };
+        match msg {
+            Message::Response(r) => {
+                let key = match &r.id {
+                    RequestId::Number(n) => n.as_u64(),
+                    RequestId::String(s) => s.parse().ok(),
+                    RequestId::Null => None,
+                };
+                match key.and_then(|k| self.ours.remove(&k)) {
+                    Some(Reply::Oneshot(tx)) => {
+                        let _ = tx.send(r.result.map_err(PeerError::Remote));
+                    }
+                    Some(Reply::InBand { route, tag }) => {
+                        self.to_deliver.push_back(Incoming::Response {
+                            route,
+                            tag,
+                            result: r.result,
+                        });
+                    }
+                    None => tracing::debug!(id = %r.id, "response to no pending request"),
+                }
+            }
+            Message::Notification(n) if n.method == "$/cancel_request" => {
+                let id = n
+                    .params
+                    .as_ref()
+                    .and_then(|p| p.get("requestId"))
+                    .and_then(RequestId::from_value);
+                if let Some(token) = id.and_then(|id| self.theirs.get(&id)) {
+                    token.cancel();
+                }
+            }
+            Message::Notification(n) => self.to_deliver.push_back(Incoming::Notification(n)),
+            Message::Request(r) => {
+                if r.id == RequestId::Null || self.theirs.contains_key(&r.id) {
+                    let why = if r.id == RequestId::Null {
+                        "id must not be null"
+                    } else {
+                        "id is already in use"
+                    };
+                    self.write(
+                        Response {
+                            id: r.id,
+                            result: Err(ResponseError::invalid_request(why)),
+                        }
+                        .into(),
+                    );
+                    return;
+                }
+                let cancelled = CancellationToken::new();
+                self.theirs.insert(r.id.clone(), cancelled.clone());
+                let responder = Responder {
+                    id: Some(r.id),
+                    tx: self.self_tx.clone(),
+                };
+                self.to_deliver
+                    .push_back(Incoming::Request(IncomingRequest {
+                        method: r.method,
+                        params: r.params,
+                        responder,
+                        cancelled,
+                    }));
+            }
+        }
+    }
+}
+
+/// Two links joined back to back in memory, for an agent that runs inside acpd.
+pub fn memory_pair() -> (Link, Link, impl Future<Output = ()> + Send) {
+    let (a_out, mut a_out_rx) = mpsc::channel::<String>(crate::LINK_QUEUE);
+    let (b_out, mut b_out_rx) = mpsc::channel::<String>(crate::LINK_QUEUE);
+    let (a_in_tx, a_in) = mpsc::channel(crate::LINK_QUEUE);
+    let (b_in_tx, b_in) = mpsc::channel(crate::LINK_QUEUE);
+    // One task carries both directions; it ends when both sides have hung up.
+    let carry = async move {
+        let (mut a_open, mut b_open) = (true, true);
+        while a_open || b_open {
+            tokio::select! {
+                m = a_out_rx.recv(), if a_open => match m {
+                    Some(t) => { let _ = b_in_tx.send(InFrame::Text(t)).await; }
+                    None => a_open = false,
+                },
+                m = b_out_rx.recv(), if b_open => match m {
+                    Some(t) => { let _ = a_in_tx.send(InFrame::Text(t)).await; }
+                    None => b_open = false,
+                },
+            }
+        }
+    };
+    (
+        Link {
+            incoming: a_in,
+            outgoing: a_out,
+        },
+        Link {
+            incoming: b_in,
+            outgoing: b_out,
+        },
+        carry,
+    )
+}

@@ -1,0 +1,89 @@
+//! `AcpError` and the one place that turns errors into JSON-RPC error replies.
+//!
+//! Internal failures are logged in full and answered with a generic message; nothing about
+//! the store or the host leaks to clients.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use crate::agent::AgentError;
+use acpd_store::StoreError;
+use acpd_wire::{PeerError, ResponseError, code};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AcpError {
+    #[error("initialize must come first")]
+    NotInitialized,
+    #[error("invalid params: {0}")]
+    InvalidParams(String),
+    #[error("session {0} not found")]
+    SessionNotFound(String),
+    #[error(transparent)]
+    Agent(#[from] Arc<AgentError>),
+    /// The agent answered with an error: passed to the client as it is.
+    #[error("agent error: {0}")]
+    AgentReply(ResponseError),
+    #[error("the agent process exited ({0}); the next prompt restarts it")]
+    AgentExited(String),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("the session is closing")]
+    SessionGone,
+    #[error("too many live sessions for this user")]
+    TooManySessions,
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<PeerError> for AcpError {
+    fn from(e: PeerError) -> Self {
+        match e {
+            PeerError::Remote(r) => AcpError::AgentReply(r),
+            PeerError::Disconnected => AcpError::AgentExited("its connection closed".into()),
+        }
+    }
+}
+
+impl From<AcpError> for ResponseError {
+    fn from(e: AcpError) -> ResponseError {
+        match e {
+            AcpError::NotInitialized => {
+                ResponseError::invalid_request("initialize must come first")
+            }
+            AcpError::InvalidParams(m) => ResponseError::invalid_params(m),
+            AcpError::SessionNotFound(id) => {
+                ResponseError::new(code::RESOURCE_NOT_FOUND, "Resource not found")
+                    .with_data(json!({ "sessionId": id }))
+            }
+            AcpError::AgentReply(r) => r,
+            AcpError::Agent(a) => match &*a {
+                AgentError::UnknownProfile(_) | AgentError::ShuttingDown => {
+                    ResponseError::internal(a.to_string())
+                }
+                AgentError::Spawn { profile, .. } | AgentError::Initialize { profile, .. } => {
+                    tracing::error!(error = %a, "agent unavailable");
+                    ResponseError::internal(format!(
+                        "agent {profile:?} could not be started; see the acpd log"
+                    ))
+                }
+            },
+            e @ AcpError::AgentExited(_) => ResponseError::internal(e.to_string()),
+            AcpError::Store(StoreError::InvalidCursor) => {
+                ResponseError::invalid_params("invalid cursor")
+            }
+            AcpError::Store(s) => {
+                tracing::error!(error = %s, "store failure");
+                ResponseError::internal("the session store is unavailable; try again")
+            }
+            AcpError::SessionGone => ResponseError::internal("the session is closing; try again"),
+            AcpError::TooManySessions => ResponseError::internal(
+                "too many live sessions for this user; close some (session/close) and retry",
+            ),
+            AcpError::Internal(m) => {
+                tracing::error!(error = %m, "internal error");
+                ResponseError::internal("internal error")
+            }
+        }
+    }
+}
