@@ -143,7 +143,11 @@ pub struct BuiltinConfig {
     pub max_turn_requests: u32,
     pub retries: u32,
     pub retry_base: Duration,
-    pub request_timeout: Duration,
+    /// How long connecting to a model provider may take.
+    pub connect_timeout: Duration,
+    /// How long a model request may go without a byte arriving (waiting for the answer to
+    /// start, or mid-stream); there is no limit on the whole answer.
+    pub read_timeout: Duration,
     /// Route file tools through `fs/*` when the client offers it.
     pub client_fs: bool,
     /// Route shell through `terminal/*` when the client offers it.
@@ -177,7 +181,10 @@ struct FileBuiltin {
     max_turn_requests: Option<u32>,
     retries: Option<u32>,
     retry_base_ms: Option<u64>,
+    /// Replaced by `read_timeout_secs`; still accepted so old config files load.
     request_timeout_secs: Option<u64>,
+    connect_timeout_secs: Option<u64>,
+    read_timeout_secs: Option<u64>,
     client_fs: Option<bool>,
     client_terminal: Option<bool>,
     host_fs: Option<bool>,
@@ -305,6 +312,12 @@ impl BuiltinConfig {
             extra_options.push(o);
         }
         let secs = |v: Option<u64>, d: u64| Duration::from_secs(v.unwrap_or(d));
+        if file.request_timeout_secs.is_some() {
+            tracing::warn!(
+                "[builtin] request_timeout_secs is no longer used (it cut off long answers): \
+                 a model request now ends when nothing arrives for read_timeout_secs"
+            );
+        }
         Ok(BuiltinConfig {
             state_dir: data_dir.join("builtin"),
             models,
@@ -312,7 +325,8 @@ impl BuiltinConfig {
             max_turn_requests: file.max_turn_requests.unwrap_or(50).max(1),
             retries: file.retries.unwrap_or(4),
             retry_base: Duration::from_millis(file.retry_base_ms.unwrap_or(500)),
-            request_timeout: secs(file.request_timeout_secs, 600),
+            connect_timeout: secs(file.connect_timeout_secs, 30).max(Duration::from_secs(1)),
+            read_timeout: secs(file.read_timeout_secs, 300).max(Duration::from_secs(1)),
             client_fs: file.client_fs.unwrap_or(true),
             client_terminal: file.client_terminal.unwrap_or(true),
             host_fs: file.host_fs.unwrap_or(true),
