@@ -11,6 +11,7 @@ mod agent_processes;
 mod bad_input;
 mod builtin;
 mod builtin_support;
+mod builtin_tools;
 mod cancel;
 mod client_requests;
 mod durability;
