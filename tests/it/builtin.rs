@@ -469,3 +469,34 @@ async fn builtin_an_answer_longer_than_the_read_timeout_streams_to_the_end() {
         .collect();
     assert_eq!(said, "one two three four");
 }
+
+#[tokio::test]
+async fn builtin_an_endless_event_ends_the_turn_with_an_error() {
+    let model = ModelServer::start().await;
+    let acpd = Acpd::start(&builtin_config(model.addr, "")).await;
+    let mut ed = acpd.editor(no_caps()).await;
+    let (sid, _) = ed.new_session(&acpd.work(), json!({})).await;
+    for m in ["claude", "gpt"] {
+        ed.request(
+            "session/set_config_option",
+            json!({ "sessionId": sid, "configId": "model", "value": m }),
+        )
+        .await
+        .expect("switch model");
+        model.push_stream(vec![text("before"), Ev::Endless]);
+        let e = ed.prompt(&sid, "talk").await.unwrap_err();
+        assert!(
+            e["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("over 16 MiB"),
+            "{m}: {e}"
+        );
+    }
+    // The session goes on.
+    model.push_stream(vec![text("fine")]);
+    assert_eq!(
+        ed.prompt(&sid, "again").await.unwrap()["stopReason"],
+        "end_turn"
+    );
+}

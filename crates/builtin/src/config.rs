@@ -136,40 +136,40 @@ pub struct ExtraValue {
 #[derive(Debug, Clone)]
 pub struct BuiltinConfig {
     /// Where session transcripts live: `<data_dir>/builtin`.
-    pub state_dir: PathBuf,
-    pub models: Vec<ModelSpec>,
-    pub default_model: Option<String>,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) models: Vec<ModelSpec>,
+    pub(crate) default_model: Option<String>,
     /// Model requests per prompt before the turn stops with `max_turn_requests`.
-    pub max_turn_requests: u32,
-    pub retries: u32,
-    pub retry_base: Duration,
+    pub(crate) max_turn_requests: u32,
+    pub(crate) retries: u32,
+    pub(crate) retry_base: Duration,
     /// How long connecting to a model provider may take.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// How long a model request may go without a byte arriving (waiting for the answer to
     /// start, or mid-stream); there is no limit on the whole answer.
-    pub read_timeout: Duration,
+    pub(crate) read_timeout: Duration,
     /// Route file tools through `fs/*` when the client offers it.
-    pub client_fs: bool,
+    pub(crate) client_fs: bool,
     /// Route shell through `terminal/*` when the client offers it.
-    pub client_terminal: bool,
+    pub(crate) client_terminal: bool,
     /// Run file tools on the daemon host when the client route is not used.
-    pub host_fs: bool,
+    pub(crate) host_fs: bool,
     /// Run shell commands on the daemon host when the client route is not used.
-    pub host_shell: bool,
-    pub shell_timeout: Duration,
-    pub output_limit: usize,
-    pub permissions_off: bool,
-    pub tool_policy: BTreeMap<String, ToolPolicy>,
+    pub(crate) host_shell: bool,
+    pub(crate) shell_timeout: Duration,
+    pub(crate) output_limit: usize,
+    pub(crate) permissions_off: bool,
+    pub(crate) tool_policy: BTreeMap<String, ToolPolicy>,
     /// Replaces the generated system prompt.
-    pub system_prompt: Option<String>,
-    pub system_prompt_append: Option<String>,
+    pub(crate) system_prompt: Option<String>,
+    pub(crate) system_prompt_append: Option<String>,
     /// The system prompt is fixed at a session's first prompt (provider caches keep hitting).
-    pub freeze_system_prompt: bool,
-    pub extra_options: Vec<ExtraOption>,
+    pub(crate) freeze_system_prompt: bool,
+    pub(crate) extra_options: Vec<ExtraOption>,
     /// A session with no turn leaves memory after this long (its transcript stays on disk).
-    pub idle_unload: Duration,
+    pub(crate) idle_unload: Duration,
     /// How long an MCP server may take to start and list its tools.
-    pub mcp_connect_timeout: Duration,
+    pub(crate) mcp_connect_timeout: Duration,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -344,12 +344,12 @@ impl BuiltinConfig {
         })
     }
 
-    pub fn model(&self, id: &str) -> Option<&ModelSpec> {
+    pub(crate) fn model(&self, id: &str) -> Option<&ModelSpec> {
         self.models.iter().find(|m| m.id == id)
     }
 
     /// The policy for `tool`, before anything the user said "always" to.
-    pub fn policy(&self, tool: &str, mutating: bool) -> ToolPolicy {
+    pub(crate) fn policy(&self, tool: &str, mutating: bool) -> ToolPolicy {
         if self.permissions_off {
             return ToolPolicy::Allow;
         }

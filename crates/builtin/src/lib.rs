@@ -33,7 +33,7 @@ use session::{Ended, Session, SessionCmd};
 use state::StateError;
 
 /// Per-agent state every session shares.
-pub struct Shared {
+pub(crate) struct Shared {
     pub config: Arc<BuiltinConfig>,
     pub peer: PeerHandle,
     /// For MCP servers over HTTP (their event streams may idle for long).

@@ -32,6 +32,8 @@ pub enum Ev {
     Pause(u64),
     /// Never finishes: the stream stays open until the client goes away.
     Hang,
+    /// Starts an event and never ends its line: data until the client goes away.
+    Endless,
     /// Overrides the finish reason (Anthropic names: end_turn, tool_use, max_tokens, refusal).
     Finish(&'static str),
 }
@@ -216,6 +218,15 @@ async fn send(tx: &Tx, s: String) -> bool {
     tx.send(s).await.is_ok()
 }
 
+/// Sends `start`, then 64 KiB chunks without a line end until the client is gone.
+async fn endless(tx: &Tx, start: &str) {
+    let chunk = "x".repeat(64 * 1024);
+    let mut ok = send(tx, start.to_owned()).await;
+    while ok {
+        ok = send(tx, chunk.clone()).await;
+    }
+}
+
 /// Splits text in two so the client sees several deltas.
 fn halves(s: &str) -> Vec<String> {
     let mid = s
@@ -302,6 +313,10 @@ async fn anthropic_events(evs: Vec<Ev>, tx: Tx) {
                 tx.closed().await;
                 return;
             }
+            Ev::Endless => {
+                endless(&tx, "event: content_block_delta\ndata: ").await;
+                return;
+            }
             Ev::Finish(f) => {
                 stop = f;
                 true
@@ -364,6 +379,10 @@ async fn openai_events(evs: Vec<Ev>, tx: Tx) {
             }
             Ev::Hang => {
                 tx.closed().await;
+                return;
+            }
+            Ev::Endless => {
+                endless(&tx, "data: ").await;
                 return;
             }
             Ev::Finish(f) => {

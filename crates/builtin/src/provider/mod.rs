@@ -194,7 +194,8 @@ fn stream_error(e: sse::SseError, read_timeout: Duration) -> ProviderError {
     }
     match e {
         sse::SseError::TooLarge(n) => ProviderError::Stream(format!(
-            "the model provider sent an event over {n} bytes; the stream was cut off"
+            "the model provider sent an event over {} MiB; the stream was cut off",
+            n >> 20
         )),
         other => ProviderError::Stream(other.to_string()),
     }
