@@ -500,3 +500,29 @@ async fn builtin_an_endless_event_ends_the_turn_with_an_error() {
         "end_turn"
     );
 }
+
+#[tokio::test]
+async fn builtin_provider_retries_are_bounded() {
+    let model = ModelServer::start().await;
+    let acpd = Acpd::start(&builtin_config(model.addr, "retries = 2")).await;
+    let mut ed = acpd.editor(no_caps()).await;
+    let (sid, _) = ed.new_session(&acpd.work(), json!({})).await;
+    // Busy three times: the first try and both retries fail, then the turn gives up.
+    for _ in 0..3 {
+        model.push(Reply::Status(503, "overloaded"));
+    }
+    let e = ed.prompt(&sid, "hi").await.unwrap_err();
+    let msg = e["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("503") && msg.contains("overloaded"), "{e}");
+    // A 400 is not retried.
+    model.push(Reply::Status(400, "bad request"));
+    let e = ed.prompt(&sid, "hi").await.unwrap_err();
+    assert!(e.to_string().contains("bad request"), "{e}");
+    // Exactly 3 + 1 requests were made before this one.
+    model.push_stream(vec![text("fine")]);
+    assert_eq!(
+        ed.prompt(&sid, "again").await.unwrap()["stopReason"],
+        "end_turn"
+    );
+    assert_eq!(model.wait_requests(5).await.len(), 5);
+}

@@ -75,15 +75,23 @@ pub fn check(env: &ToolEnv<'_>, name: &str, input: &Value) -> Result<(), ToolErr
     let Route::Host(hp) = route else {
         return Ok(());
     };
-    let checked = if name == "write_file" || name == "edit" {
-        hp.root.check_write(&hp.rel)
-    } else {
-        hp.root.check(&hp.rel)
-    };
-    match checked {
-        Err(e) if beneath::is_escape(&e) || beneath::is_unsupported(&e) => Err(host_error(&hp, e)),
-        _ => Ok(()),
+    // Reads follow links as the kernel does; writes follow a final link to its target.
+    let mut checks = vec![];
+    if name != "write_file" {
+        checks.push(hp.root.check(&hp.rel));
     }
+    if name == "write_file" || name == "edit" {
+        checks.push(hp.root.check_write(&hp.rel));
+    }
+    for c in checks {
+        match c {
+            Err(e) if beneath::is_escape(&e) || beneath::is_unsupported(&e) => {
+                return Err(host_error(&hp, e));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn read_route(env: &ToolEnv<'_>, p: &str) -> Result<Route, ToolError> {
