@@ -10,6 +10,7 @@ mod support;
 mod agent_processes;
 mod bad_input;
 mod builtin;
+mod builtin_provider;
 mod builtin_support;
 mod builtin_tools;
 mod cancel;
