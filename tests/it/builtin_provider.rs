@@ -144,3 +144,22 @@ async fn builtin_provider_retries_are_bounded() {
     );
     assert_eq!(model.wait_requests(5).await.len(), 5);
 }
+
+#[tokio::test]
+async fn builtin_a_provider_that_never_answers_ends_the_turn_within_the_read_timeout() {
+    let model = ModelServer::start().await;
+    let config = builtin_config(model.addr, "read_timeout_secs = 1\nretries = 1");
+    let acpd = Acpd::start(&config).await;
+    let mut ed = acpd.editor(no_caps()).await;
+    let (sid, _) = ed.new_session(&acpd.work(), json!({})).await;
+    // Silent twice: the first try and its one retry.
+    model.push(Reply::Silent);
+    model.push(Reply::Silent);
+    let e = ed.prompt(&sid, "hello?").await.unwrap_err();
+    let msg = e["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("no answer within 1 s (read_timeout_secs"),
+        "a clear error: {e}"
+    );
+    assert_eq!(model.requests().len(), 2, "retried once, then gave up");
+}

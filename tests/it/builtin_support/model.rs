@@ -53,6 +53,8 @@ pub fn tool(name: &str, input: Value) -> Ev {
 pub enum Reply {
     Stream(Vec<Ev>),
     Status(u16, &'static str),
+    /// Never answers, not even the status line (until the client goes away).
+    Silent,
 }
 
 #[derive(Debug, Clone)]
@@ -175,6 +177,7 @@ fn record(shared: &Shared, api: &'static str, headers: &HeaderMap, body: &str) -
 async fn anthropic(State(shared): State<Shared>, headers: HeaderMap, body: String) -> Response {
     match record(&shared, "anthropic", &headers, &body) {
         Reply::Status(code, msg) => error(code, msg),
+        Reply::Silent => std::future::pending().await,
         Reply::Stream(evs) => sse(move |tx| anthropic_events(evs, tx)),
     }
 }
@@ -182,6 +185,7 @@ async fn anthropic(State(shared): State<Shared>, headers: HeaderMap, body: Strin
 async fn openai(State(shared): State<Shared>, headers: HeaderMap, body: String) -> Response {
     match record(&shared, "openai", &headers, &body) {
         Reply::Status(code, msg) => error(code, msg),
+        Reply::Silent => std::future::pending().await,
         Reply::Stream(evs) => sse(move |tx| openai_events(evs, tx)),
     }
 }

@@ -251,7 +251,7 @@ pub async fn start(
         };
         let resp = rb.body(body.clone()).send().await.map_err(|e| Failed {
             retry: e.is_connect() || e.is_timeout() || e.is_request(),
-            error: ProviderError::Network(e.to_string()),
+            error: send_error(&e, config),
             retry_after: None,
         })?;
         if resp.status().is_success() {
@@ -264,7 +264,7 @@ pub async fn start(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let message = error_message(&resp.text().await.unwrap_or_default());
+        let message = error_message(&error_body(resp).await);
         if status == 401 || status == 403 {
             return Err(Failed::last(ProviderError::Auth(format!(
                 "the model provider refused the credentials for {:?} ({status}): {message}",
@@ -305,6 +305,36 @@ pub async fn start(
         done: false,
         read_timeout: config.read_timeout,
     })
+}
+
+/// What a request that got no answer tells the user.
+fn send_error(e: &reqwest::Error, config: &BuiltinConfig) -> ProviderError {
+    let why = match (e.is_connect(), e.is_timeout()) {
+        (true, true) => format!(
+            "no connection within {} s (connect_timeout_secs in [builtin])",
+            config.connect_timeout.as_secs()
+        ),
+        (false, true) => format!(
+            "no answer within {} s (read_timeout_secs in [builtin])",
+            config.read_timeout.as_secs()
+        ),
+        _ => e.to_string(),
+    };
+    ProviderError::Network(why)
+}
+
+/// The start of an error response's body (a provider's error page can be of any size).
+async fn error_body(resp: reqwest::Response) -> String {
+    const MAX: usize = 64 * 1024;
+    let mut body = Vec::new();
+    let mut chunks = resp.bytes_stream();
+    while body.len() < MAX
+        && let Some(Ok(chunk)) = chunks.next().await
+    {
+        let room = MAX - body.len();
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 /// No wait between attempts is longer than this, whatever `retry-after` says.
