@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::ToolError;
-use super::beneath::{self, Root};
-pub use beneath::normalize;
+use super::beneath::{Root, normalize};
 
 #[derive(Debug, Clone)]
 pub struct Roots {
