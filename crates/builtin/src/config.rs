@@ -136,36 +136,40 @@ pub struct ExtraValue {
 #[derive(Debug, Clone)]
 pub struct BuiltinConfig {
     /// Where session transcripts live: `<data_dir>/builtin`.
-    pub state_dir: PathBuf,
-    pub models: Vec<ModelSpec>,
-    pub default_model: Option<String>,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) models: Vec<ModelSpec>,
+    pub(crate) default_model: Option<String>,
     /// Model requests per prompt before the turn stops with `max_turn_requests`.
-    pub max_turn_requests: u32,
-    pub retries: u32,
-    pub retry_base: Duration,
-    pub request_timeout: Duration,
+    pub(crate) max_turn_requests: u32,
+    pub(crate) retries: u32,
+    pub(crate) retry_base: Duration,
+    /// How long connecting to a model provider may take.
+    pub(crate) connect_timeout: Duration,
+    /// How long a model request may go without a byte arriving (waiting for the answer to
+    /// start, or mid-stream); there is no limit on the whole answer.
+    pub(crate) read_timeout: Duration,
     /// Route file tools through `fs/*` when the client offers it.
-    pub client_fs: bool,
+    pub(crate) client_fs: bool,
     /// Route shell through `terminal/*` when the client offers it.
-    pub client_terminal: bool,
+    pub(crate) client_terminal: bool,
     /// Run file tools on the daemon host when the client route is not used.
-    pub host_fs: bool,
+    pub(crate) host_fs: bool,
     /// Run shell commands on the daemon host when the client route is not used.
-    pub host_shell: bool,
-    pub shell_timeout: Duration,
-    pub output_limit: usize,
-    pub permissions_off: bool,
-    pub tool_policy: BTreeMap<String, ToolPolicy>,
+    pub(crate) host_shell: bool,
+    pub(crate) shell_timeout: Duration,
+    pub(crate) output_limit: usize,
+    pub(crate) permissions_off: bool,
+    pub(crate) tool_policy: BTreeMap<String, ToolPolicy>,
     /// Replaces the generated system prompt.
-    pub system_prompt: Option<String>,
-    pub system_prompt_append: Option<String>,
+    pub(crate) system_prompt: Option<String>,
+    pub(crate) system_prompt_append: Option<String>,
     /// The system prompt is fixed at a session's first prompt (provider caches keep hitting).
-    pub freeze_system_prompt: bool,
-    pub extra_options: Vec<ExtraOption>,
+    pub(crate) freeze_system_prompt: bool,
+    pub(crate) extra_options: Vec<ExtraOption>,
     /// A session with no turn leaves memory after this long (its transcript stays on disk).
-    pub idle_unload: Duration,
+    pub(crate) idle_unload: Duration,
     /// How long an MCP server may take to start and list its tools.
-    pub mcp_connect_timeout: Duration,
+    pub(crate) mcp_connect_timeout: Duration,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -177,7 +181,10 @@ struct FileBuiltin {
     max_turn_requests: Option<u32>,
     retries: Option<u32>,
     retry_base_ms: Option<u64>,
+    /// Replaced by `read_timeout_secs`; still accepted so old config files load.
     request_timeout_secs: Option<u64>,
+    connect_timeout_secs: Option<u64>,
+    read_timeout_secs: Option<u64>,
     client_fs: Option<bool>,
     client_terminal: Option<bool>,
     host_fs: Option<bool>,
@@ -305,6 +312,12 @@ impl BuiltinConfig {
             extra_options.push(o);
         }
         let secs = |v: Option<u64>, d: u64| Duration::from_secs(v.unwrap_or(d));
+        if file.request_timeout_secs.is_some() {
+            tracing::warn!(
+                "[builtin] request_timeout_secs is no longer used (it cut off long answers): \
+                 a model request now ends when nothing arrives for read_timeout_secs"
+            );
+        }
         Ok(BuiltinConfig {
             state_dir: data_dir.join("builtin"),
             models,
@@ -312,7 +325,8 @@ impl BuiltinConfig {
             max_turn_requests: file.max_turn_requests.unwrap_or(50).max(1),
             retries: file.retries.unwrap_or(4),
             retry_base: Duration::from_millis(file.retry_base_ms.unwrap_or(500)),
-            request_timeout: secs(file.request_timeout_secs, 600),
+            connect_timeout: secs(file.connect_timeout_secs, 30).max(Duration::from_secs(1)),
+            read_timeout: secs(file.read_timeout_secs, 300).max(Duration::from_secs(1)),
             client_fs: file.client_fs.unwrap_or(true),
             client_terminal: file.client_terminal.unwrap_or(true),
             host_fs: file.host_fs.unwrap_or(true),
@@ -330,12 +344,12 @@ impl BuiltinConfig {
         })
     }
 
-    pub fn model(&self, id: &str) -> Option<&ModelSpec> {
+    pub(crate) fn model(&self, id: &str) -> Option<&ModelSpec> {
         self.models.iter().find(|m| m.id == id)
     }
 
     /// The policy for `tool`, before anything the user said "always" to.
-    pub fn policy(&self, tool: &str, mutating: bool) -> ToolPolicy {
+    pub(crate) fn policy(&self, tool: &str, mutating: bool) -> ToolPolicy {
         if self.permissions_off {
             return ToolPolicy::Allow;
         }

@@ -33,10 +33,13 @@ use session::{Ended, Session, SessionCmd};
 use state::StateError;
 
 /// Per-agent state every session shares.
-pub struct Shared {
+pub(crate) struct Shared {
     pub config: Arc<BuiltinConfig>,
     pub peer: PeerHandle,
+    /// For MCP servers over HTTP (their event streams may idle for long).
     pub http: reqwest::Client,
+    /// For model providers: connect and read (idle) timeouts from the config.
+    pub model_http: reqwest::Client,
     pub caps: ClientCaps,
 }
 
@@ -46,10 +49,17 @@ pub async fn run(link: Link, config: Arc<BuiltinConfig>, cancel: CancellationTok
     // reqwest is built without a bundled TLS provider: ring is installed once per process
     // (an error only means one is installed already).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let http = match reqwest::Client::builder()
+    let clients = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs(30))
         .build()
-    {
+        .and_then(|http| {
+            let model_http = reqwest::Client::builder()
+                .connect_timeout(config.connect_timeout)
+                .read_timeout(config.read_timeout)
+                .build()?;
+            Ok((http, model_http))
+        });
+    let (http, model_http) = match clients {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "built-in agent: cannot build the HTTP client");
@@ -63,6 +73,7 @@ pub async fn run(link: Link, config: Arc<BuiltinConfig>, cancel: CancellationTok
         config,
         peer,
         http,
+        model_http,
         shared: None,
         live: HashMap::new(),
         tasks: JoinSet::new(),
@@ -95,6 +106,7 @@ struct Agent {
     config: Arc<BuiltinConfig>,
     peer: PeerHandle,
     http: reqwest::Client,
+    model_http: reqwest::Client,
     /// Set by `initialize`.
     shared: Option<Arc<Shared>>,
     live: HashMap<Arc<str>, mpsc::Sender<SessionCmd>>,
@@ -129,6 +141,7 @@ impl Agent {
                 config: self.config.clone(),
                 peer: self.peer.clone(),
                 http: self.http.clone(),
+                model_http: self.model_http.clone(),
                 caps,
             }));
             return responder.respond(Ok(initialize_result())).await;

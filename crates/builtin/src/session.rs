@@ -323,7 +323,7 @@ impl Session {
         let ctx = TurnCtx {
             client: self.client.clone(),
             config: self.shared.config.clone(),
-            http: self.shared.http.clone(),
+            http: self.shared.model_http.clone(),
             caps: self.shared.caps,
             roots: self.roots.clone(),
             settings: self.settings.subscribe(),

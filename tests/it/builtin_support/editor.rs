@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::Message;
 
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -22,7 +22,8 @@ type Replies = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value, Value>>>>>;
 /// A terminal the agent created: its output so far and its exit.
 struct Term {
     output: Arc<Mutex<String>>,
-    exit: Arc<tokio::sync::OnceCell<Option<i32>>>,
+    /// `Some(exit code)` once the command ended.
+    exit: watch::Receiver<Option<Option<i32>>>,
     kill: Option<oneshot::Sender<()>>,
 }
 
@@ -43,6 +44,8 @@ pub struct Editor {
     next_id: AtomicU64,
     updates: mpsc::UnboundedReceiver<Value>,
     handled: Arc<Mutex<Handled>>,
+    /// Fires whenever the agent sent us a request.
+    requested: Arc<Notify>,
     task: tokio::task::JoinHandle<()>,
     /// Every `session/update` params seen so far.
     pub seen: Vec<Value>,
@@ -69,7 +72,13 @@ impl Editor {
         let (up_tx, updates) = mpsc::unbounded_channel();
         let replies: Replies = Default::default();
         let handled: Arc<Mutex<Handled>> = Default::default();
-        let (r2, h2, o2) = (replies.clone(), handled.clone(), out.clone());
+        let requested = Arc::new(Notify::new());
+        let (r2, h2, o2, n2) = (
+            replies.clone(),
+            handled.clone(),
+            out.clone(),
+            requested.clone(),
+        );
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -81,6 +90,7 @@ impl Editor {
                         Some(Ok(Message::Text(t))) => {
                             let v: Value = serde_json::from_str(t.as_str()).expect("json from acpd");
                             on_message(v, &r2, &h2, &o2, &up_tx);
+                            n2.notify_waiters();
                         }
                         Some(Ok(_)) => {}
                         _ => break,
@@ -94,6 +104,7 @@ impl Editor {
             next_id: AtomicU64::new(1),
             updates,
             handled,
+            requested,
             task,
             seen: vec![],
         };
@@ -185,6 +196,24 @@ impl Editor {
 
     pub fn request_methods(&self) -> Vec<String> {
         self.requests().into_iter().map(|(m, _)| m).collect()
+    }
+
+    /// Waits until the agent has sent us a request for `method` (collecting updates).
+    pub async fn wait_request(&mut self, method: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let notified = self.requested.notified();
+            if self.request_methods().iter().any(|m| m == method) {
+                return;
+            }
+            tokio::select! {
+                _ = notified => {}
+                Some(u) = self.updates.recv() => self.seen.push(u),
+                _ = tokio::time::sleep_until(deadline) => {
+                    panic!("no {method} request in time; got {:?}", self.request_methods())
+                }
+            }
+        }
     }
 
     /// New session in `cwd`; returns its id.
@@ -314,9 +343,9 @@ async fn handle(
             };
             let id = format!("term-{}", uuid::Uuid::new_v4().simple());
             let output = Arc::new(Mutex::new(String::new()));
-            let exit = Arc::new(tokio::sync::OnceCell::new());
+            let (exit_tx, exit) = watch::channel(None);
             let (kill_tx, kill_rx) = oneshot::channel::<()>();
-            let (o2, e2) = (output.clone(), exit.clone());
+            let o2 = output.clone();
             tokio::spawn(async move {
                 let mut stdout = child.stdout.take();
                 let mut buf = String::new();
@@ -330,7 +359,7 @@ async fn handle(
                     _ = kill_rx => { let _ = child.start_kill(); }
                 }
                 let code = child.wait().await.ok().and_then(|s| s.code());
-                let _ = e2.set(code);
+                let _ = exit_tx.send(Some(code));
             });
             handled.lock().unwrap().terminals.insert(
                 id.clone(),
@@ -361,18 +390,17 @@ async fn handle(
             }
             match m {
                 "terminal/wait_for_exit" => {
-                    let code = loop {
-                        if let Some(c) = exit.get() {
-                            break *c;
-                        }
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    let mut exit = exit;
+                    let code = match exit.wait_for(Option::is_some).await {
+                        Ok(c) => c.flatten(),
+                        Err(_) => None,
                     };
                     Ok(json!({ "exitCode": code }))
                 }
                 "terminal/output" => {
                     let text = output.lock().unwrap().clone();
                     let mut r = json!({ "output": text, "truncated": false });
-                    if let Some(c) = exit.get() {
+                    if let Some(c) = *exit.borrow() {
                         r["exitStatus"] = json!({ "exitCode": c });
                     }
                     Ok(r)

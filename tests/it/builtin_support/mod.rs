@@ -14,6 +14,22 @@ use tokio::process::{Child, Command};
 pub use editor::Editor;
 pub use model::ModelServer;
 
+/// Matches a `session/update` of one kind.
+pub fn is(kind: &'static str) -> impl Fn(&serde_json::Value) -> bool {
+    move |u| u["sessionUpdate"] == kind
+}
+
+/// The tool_call_updates seen in a final state (completed or failed).
+pub fn finished_updates(seen: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    seen.iter()
+        .map(|u| u["update"].clone())
+        .filter(|u| {
+            u["sessionUpdate"] == "tool_call_update"
+                && (u["status"] == "completed" || u["status"] == "failed")
+        })
+        .collect()
+}
+
 /// Client capabilities of an editor that offers files and terminals (like Zed).
 pub fn full_caps() -> serde_json::Value {
     serde_json::json!({ "fs": { "readTextFile": true, "writeTextFile": true }, "terminal": true })
@@ -139,6 +155,9 @@ impl Acpd {
         self.child = Some(cmd.spawn().expect("spawn acpd"));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while tokio::net::TcpStream::connect(self.addr).await.is_err() {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("acpd exited with {status}; log:\n{}", self.log());
+            }
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "acpd did not listen; log:\n{}",

@@ -32,6 +32,8 @@ pub enum Ev {
     Pause(u64),
     /// Never finishes: the stream stays open until the client goes away.
     Hang,
+    /// Starts an event and never ends its line: data until the client goes away.
+    Endless,
     /// Overrides the finish reason (Anthropic names: end_turn, tool_use, max_tokens, refusal).
     Finish(&'static str),
 }
@@ -51,6 +53,8 @@ pub fn tool(name: &str, input: Value) -> Ev {
 pub enum Reply {
     Stream(Vec<Ev>),
     Status(u16, &'static str),
+    /// Never answers, not even the status line (until the client goes away).
+    Silent,
 }
 
 #[derive(Debug, Clone)]
@@ -173,6 +177,7 @@ fn record(shared: &Shared, api: &'static str, headers: &HeaderMap, body: &str) -
 async fn anthropic(State(shared): State<Shared>, headers: HeaderMap, body: String) -> Response {
     match record(&shared, "anthropic", &headers, &body) {
         Reply::Status(code, msg) => error(code, msg),
+        Reply::Silent => std::future::pending().await,
         Reply::Stream(evs) => sse(move |tx| anthropic_events(evs, tx)),
     }
 }
@@ -180,6 +185,7 @@ async fn anthropic(State(shared): State<Shared>, headers: HeaderMap, body: Strin
 async fn openai(State(shared): State<Shared>, headers: HeaderMap, body: String) -> Response {
     match record(&shared, "openai", &headers, &body) {
         Reply::Status(code, msg) => error(code, msg),
+        Reply::Silent => std::future::pending().await,
         Reply::Stream(evs) => sse(move |tx| openai_events(evs, tx)),
     }
 }
@@ -214,6 +220,15 @@ where
 /// Sends a chunk; false when the client is gone.
 async fn send(tx: &Tx, s: String) -> bool {
     tx.send(s).await.is_ok()
+}
+
+/// Sends `start`, then 64 KiB chunks without a line end until the client is gone.
+async fn endless(tx: &Tx, start: &str) {
+    let chunk = "x".repeat(64 * 1024);
+    let mut ok = send(tx, start.to_owned()).await;
+    while ok {
+        ok = send(tx, chunk.clone()).await;
+    }
 }
 
 /// Splits text in two so the client sees several deltas.
@@ -302,6 +317,10 @@ async fn anthropic_events(evs: Vec<Ev>, tx: Tx) {
                 tx.closed().await;
                 return;
             }
+            Ev::Endless => {
+                endless(&tx, "event: content_block_delta\ndata: ").await;
+                return;
+            }
             Ev::Finish(f) => {
                 stop = f;
                 true
@@ -364,6 +383,10 @@ async fn openai_events(evs: Vec<Ev>, tx: Tx) {
             }
             Ev::Hang => {
                 tx.closed().await;
+                return;
+            }
+            Ev::Endless => {
+                endless(&tx, "data: ").await;
                 return;
             }
             Ev::Finish(f) => {

@@ -1,19 +1,21 @@
 //! LLM providers: one streaming request per model call, normalized into `Delta`s.
 //!
-//! `start` sends the request, retrying 429/5xx (and connection failures) with exponential
-//! backoff before anything was streamed; once the body streams, a failure ends the call
-//! (retrying then would repeat text the user has already seen).
+//! `start` sends the request, retrying 408/409/429/5xx (and connection failures) with
+//! exponential backoff (`backon`; a `retry-after` wins) before anything was streamed; once
+//! the body streams, a failure ends the call (retrying then would repeat text the user has
+//! already seen). The HTTP client has a connect and a read (idle) timeout, no deadline for
+//! the whole request: a long answer streams as long as it keeps coming, a stalled one ends
+//! within the read timeout.
 
 mod anthropic;
 mod openai;
 mod sse;
 
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use backon::{ExponentialBuilder, Retryable};
+use futures_util::StreamExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -125,11 +127,12 @@ enum Format {
 
 /// An answer being streamed.
 pub struct DeltaStream {
-    body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
-    sse: sse::Parser,
+    events: sse::Events,
     format: Format,
     queue: VecDeque<Delta>,
     done: bool,
+    /// For the message when the stream stalls.
+    read_timeout: Duration,
 }
 
 impl DeltaStream {
@@ -142,26 +145,24 @@ impl DeltaStream {
             if self.done {
                 return None;
             }
-            match self.body.next().await {
-                Some(Ok(bytes)) => {
-                    for ev in self.sse.feed(&bytes) {
-                        let r = match &mut self.format {
-                            Format::Anthropic(s) => s.on_event(&ev, &mut self.queue),
-                            Format::Openai(s) => s.on_event(&ev, &mut self.queue),
-                        };
-                        match r {
-                            Ok(true) => self.done = true,
-                            Ok(false) => {}
-                            Err(e) => {
-                                self.done = true;
-                                return Some(Err(e));
-                            }
+            match self.events.next().await {
+                Some(Ok(ev)) => {
+                    let r = match &mut self.format {
+                        Format::Anthropic(s) => s.on_event(&ev, &mut self.queue),
+                        Format::Openai(s) => s.on_event(&ev, &mut self.queue),
+                    };
+                    match r {
+                        Ok(true) => self.done = true,
+                        Ok(false) => {}
+                        Err(e) => {
+                            self.done = true;
+                            return Some(Err(e));
                         }
                     }
                 }
                 Some(Err(e)) => {
                     self.done = true;
-                    return Some(Err(ProviderError::Stream(e.to_string())));
+                    return Some(Err(stream_error(e, self.read_timeout)));
                 }
                 None => {
                     self.done = true;
@@ -173,6 +174,46 @@ impl DeltaStream {
                     self.queue.extend(tail);
                 }
             }
+        }
+    }
+}
+
+/// What a failed stream tells the user.
+fn stream_error(e: sse::SseError, read_timeout: Duration) -> ProviderError {
+    let stalled = match &e {
+        sse::SseError::Body(b) => b
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_timeout),
+        _ => false,
+    };
+    if stalled {
+        return ProviderError::Stream(format!(
+            "the model stopped sending: nothing arrived for {} s (read_timeout_secs in [builtin])",
+            read_timeout.as_secs_f64()
+        ));
+    }
+    match e {
+        sse::SseError::TooLarge(n) => ProviderError::Stream(format!(
+            "the model provider sent an event over {} MiB; the stream was cut off",
+            n >> 20
+        )),
+        other => ProviderError::Stream(other.to_string()),
+    }
+}
+
+/// Why one attempt failed, and whether another is worth it.
+struct Failed {
+    error: ProviderError,
+    retry: bool,
+    retry_after: Option<Duration>,
+}
+
+impl Failed {
+    fn last(error: ProviderError) -> Failed {
+        Failed {
+            error,
+            retry: false,
+            retry_after: None,
         }
     }
 }
@@ -199,81 +240,105 @@ pub async fn start(
         ProviderKind::Anthropic => anthropic::request(&endpoint, spec, req),
         ProviderKind::Openai => openai::request(&endpoint, spec, req),
     };
-    let mut attempt = 0u32;
-    loop {
-        let mut rb = http
+    let attempt = || async {
+        let rb = http
             .post(&url)
-            .timeout(config.request_timeout)
             .header("content-type", "application/json")
             .header("accept", "text/event-stream");
-        rb = match spec.provider {
+        let rb = match spec.provider {
             ProviderKind::Anthropic => anthropic::headers(rb, &endpoint),
             ProviderKind::Openai => openai::headers(rb, &endpoint),
         };
-        let sent = tokio::select! {
-            _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
-            r = rb.body(body.clone()).send() => r,
-        };
-        let retry_after;
-        match sent {
-            Ok(resp) if resp.status().is_success() => {
-                let format = match spec.provider {
-                    ProviderKind::Anthropic => Format::Anthropic(Default::default()),
-                    ProviderKind::Openai => Format::Openai(Default::default()),
-                };
-                return Ok(DeltaStream {
-                    body: Box::pin(resp.bytes_stream()),
-                    sse: sse::Parser::default(),
-                    format,
-                    queue: VecDeque::new(),
-                    done: false,
-                });
-            }
-            Ok(resp) => {
-                let status = resp.status().as_u16();
-                retry_after = resp
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs);
-                let text = tokio::select! {
-                    _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
-                    t = resp.text() => t.unwrap_or_default(),
-                };
-                let message = error_message(&text);
-                if status == 401 || status == 403 {
-                    return Err(ProviderError::Auth(format!(
-                        "the model provider refused the credentials for {:?} ({status}): {message}",
-                        spec.id
-                    )));
-                }
-                let retryable = status == 408 || status == 409 || status == 429 || status >= 500;
-                if !retryable || attempt >= config.retries {
-                    return Err(ProviderError::Api { status, message });
-                }
-                tracing::info!(status, attempt, model = %spec.id, "model provider busy; retrying");
-            }
-            Err(e) => {
-                retry_after = None;
-                if attempt >= config.retries
-                    || !(e.is_connect() || e.is_timeout() || e.is_request())
-                {
-                    return Err(ProviderError::Network(e.to_string()));
-                }
-                tracing::info!(error = %e, attempt, model = %spec.id, "model provider unreachable; retrying");
-            }
+        let resp = rb.body(body.clone()).send().await.map_err(|e| Failed {
+            retry: e.is_connect() || e.is_timeout() || e.is_request(),
+            error: send_error(&e, config),
+            retry_after: None,
+        })?;
+        if resp.status().is_success() {
+            return Ok(resp);
         }
-        attempt += 1;
-        let backoff = retry_after
-            .unwrap_or_else(|| config.retry_base * 2u32.saturating_pow(attempt - 1))
-            .min(Duration::from_secs(60));
-        tokio::select! {
-            _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
-            _ = tokio::time::sleep(backoff) => {}
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let message = error_message(&error_body(resp).await);
+        if status == 401 || status == 403 {
+            return Err(Failed::last(ProviderError::Auth(format!(
+                "the model provider refused the credentials for {:?} ({status}): {message}",
+                spec.id
+            ))));
         }
-    }
+        Err(Failed {
+            retry: status == 408 || status == 409 || status == 429 || status >= 500,
+            error: ProviderError::Api { status, message },
+            retry_after,
+        })
+    };
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(config.retry_base)
+        .with_max_delay(MAX_BACKOFF)
+        .with_max_times(config.retries as usize)
+        .with_jitter();
+    let sent = attempt
+        .retry(backoff)
+        .when(|f: &Failed| f.retry)
+        // The server's own `retry-after` wins over the computed delay (within the cap).
+        .adjust(|f: &Failed, d| d.map(|d| f.retry_after.unwrap_or(d).min(MAX_BACKOFF)))
+        .notify(|f: &Failed, d| {
+            tracing::info!(error = %f.error, model = %spec.id, delay_ms = d.as_millis() as u64, "model provider call failed; retrying");
+        });
+    let resp = tokio::select! {
+        _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
+        r = sent => r.map_err(|f| f.error)?,
+    };
+    let format = match spec.provider {
+        ProviderKind::Anthropic => Format::Anthropic(Default::default()),
+        ProviderKind::Openai => Format::Openai(Default::default()),
+    };
+    Ok(DeltaStream {
+        events: sse::Events::new(resp.bytes_stream(), sse::MAX_EVENT),
+        format,
+        queue: VecDeque::new(),
+        done: false,
+        read_timeout: config.read_timeout,
+    })
 }
+
+/// What a request that got no answer tells the user.
+fn send_error(e: &reqwest::Error, config: &BuiltinConfig) -> ProviderError {
+    let why = match (e.is_connect(), e.is_timeout()) {
+        (true, true) => format!(
+            "no connection within {} s (connect_timeout_secs in [builtin])",
+            config.connect_timeout.as_secs()
+        ),
+        (false, true) => format!(
+            "no answer within {} s (read_timeout_secs in [builtin])",
+            config.read_timeout.as_secs()
+        ),
+        _ => e.to_string(),
+    };
+    ProviderError::Network(why)
+}
+
+/// The start of an error response's body (a provider's error page can be of any size).
+async fn error_body(resp: reqwest::Response) -> String {
+    const MAX: usize = 64 * 1024;
+    let mut body = Vec::new();
+    let mut chunks = resp.bytes_stream();
+    while body.len() < MAX
+        && let Some(Ok(chunk)) = chunks.next().await
+    {
+        let room = MAX - body.len();
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// No wait between attempts is longer than this, whatever `retry-after` says.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// The human part of a provider's error body (both formats nest it under `error.message`).
 fn error_message(body: &str) -> String {

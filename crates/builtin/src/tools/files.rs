@@ -1,6 +1,7 @@
 //! File tools: read_file, write_file and edit through the client's `fs/*` when it offers
 //! them (the editor sees unsaved buffers and its own edits), else on the host, confined;
-//! list_dir, glob and grep on the host.
+//! list_dir, glob and grep on the host. Host files are opened beneath the session's
+//! roots (`beneath`); `check` judges a call's path before anyone is asked for permission.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,6 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
 
+use super::beneath::{self, Kind, Root};
+use super::paths::HostPath;
 use super::{Outcome, ToolEnv, ToolError};
 
 /// Directories a search never enters.
@@ -27,7 +30,68 @@ fn arg<'a>(input: &'a Value, k: &str) -> Result<&'a str, ToolError> {
 /// Which route a file operation takes.
 enum Route {
     Client(PathBuf),
-    Host(PathBuf),
+    Host(HostPath),
+}
+
+/// What a host file error tells the model.
+fn host_error(p: &HostPath, e: std::io::Error) -> ToolError {
+    if beneath::is_escape(&e) {
+        ToolError::Outside(p.abs.clone())
+    } else if beneath::is_unsupported(&e) {
+        ToolError::Failed(
+            "host file tools need the openat2 system call (Linux 5.6 or later), which this \
+             kernel refuses"
+                .into(),
+        )
+    } else {
+        ToolError::Io(p.display(), e)
+    }
+}
+
+/// Runs a blocking file operation beneath `p`'s root.
+async fn on_host<T: Send + 'static>(
+    p: &HostPath,
+    f: impl FnOnce(&Root, &Path) -> std::io::Result<T> + Send + 'static,
+) -> Result<T, ToolError> {
+    let (root, rel) = (p.root.clone(), p.rel.clone());
+    match tokio::task::spawn_blocking(move || f(&root, &rel)).await {
+        Ok(r) => r.map_err(|e| host_error(p, e)),
+        Err(e) => Err(ToolError::Failed(e.to_string())),
+    }
+}
+
+/// Refuses a call whose path is outside the session's directories (symlinks followed as
+/// the tool would), before the user is asked to allow it. A file that does not exist yet
+/// passes: the tool reports it.
+pub fn check(env: &ToolEnv<'_>, name: &str, input: &Value) -> Result<(), ToolError> {
+    let p = || arg(input, "path");
+    let route = match name {
+        "read_file" => read_route(env, p()?)?,
+        "write_file" => write_route(env, p()?)?,
+        "edit" => edit_route(env, p()?)?,
+        "list_dir" | "glob" | "grep" => Route::Host(host_dir(env, input)?),
+        _ => return Ok(()),
+    };
+    let Route::Host(hp) = route else {
+        return Ok(());
+    };
+    // Reads follow links as the kernel does; writes follow a final link to its target.
+    let mut checks = vec![];
+    if name != "write_file" {
+        checks.push(hp.root.check(&hp.rel));
+    }
+    if name == "write_file" || name == "edit" {
+        checks.push(hp.root.check_write(&hp.rel));
+    }
+    for c in checks {
+        match c {
+            Err(e) if beneath::is_escape(&e) || beneath::is_unsupported(&e) => {
+                return Err(host_error(&hp, e));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn read_route(env: &ToolEnv<'_>, p: &str) -> Result<Route, ToolError> {
@@ -50,6 +114,17 @@ fn write_route(env: &ToolEnv<'_>, p: &str) -> Result<Route, ToolError> {
     }
 }
 
+/// Read and write take the same route, so the edit applies to what the editor shows.
+fn edit_route(env: &ToolEnv<'_>, p: &str) -> Result<Route, ToolError> {
+    if env.config.client_fs && env.caps.read_text_file && env.caps.write_text_file {
+        Ok(Route::Client(env.roots.for_client(p)?))
+    } else if env.config.host_fs {
+        Ok(Route::Host(env.roots.for_host(p)?))
+    } else {
+        Err(ToolError::Unavailable("file editing"))
+    }
+}
+
 async fn read_text(env: &ToolEnv<'_>, route: &Route) -> Result<String, ToolError> {
     match route {
         Route::Client(p) => {
@@ -63,19 +138,9 @@ async fn read_text(env: &ToolEnv<'_>, route: &Route) -> Result<String, ToolError
                 .to_owned())
         }
         Route::Host(p) => {
-            let len = tokio::fs::metadata(p)
-                .await
-                .map_err(|e| ToolError::Io(env.roots.display(p), e))?
-                .len();
-            if len > MAX_READ {
-                return Err(ToolError::Failed(format!(
-                    "{} is {len} bytes, over the {MAX_READ}-byte limit for text files",
-                    env.roots.display(p)
-                )));
-            }
-            tokio::fs::read_to_string(p)
-                .await
-                .map_err(|e| ToolError::Io(env.roots.display(p), e))
+            let bytes = on_host(p, |root, rel| root.read(rel, MAX_READ)).await?;
+            String::from_utf8(bytes)
+                .map_err(|_| ToolError::Failed(format!("{} is not UTF-8 text", p.display())))
         }
     }
 }
@@ -93,21 +158,16 @@ async fn write_text(env: &ToolEnv<'_>, route: &Route, content: &str) -> Result<(
             Ok(())
         }
         Route::Host(p) => {
-            if let Some(parent) = p.parent() {
-                tokio::fs::create_dir_all(parent)
-                    .await
-                    .map_err(|e| ToolError::Io(env.roots.display(p), e))?;
-            }
-            tokio::fs::write(p, content)
-                .await
-                .map_err(|e| ToolError::Io(env.roots.display(p), e))
+            let content = content.as_bytes().to_vec();
+            on_host(p, move |root, rel| root.write(rel, &content)).await
         }
     }
 }
 
 fn path_of(route: &Route) -> &Path {
     match route {
-        Route::Client(p) | Route::Host(p) => p,
+        Route::Client(p) => p,
+        Route::Host(p) => &p.abs,
     }
 }
 
@@ -142,7 +202,10 @@ pub async fn write_file(env: &ToolEnv<'_>, input: &Value) -> Result<Outcome, Too
     let route = write_route(env, arg(input, "path")?)?;
     let content = arg(input, "content")?;
     let old = match &route {
-        Route::Host(p) => tokio::fs::read_to_string(p).await.ok(),
+        Route::Host(p) => on_host(p, |root, rel| root.read(rel, MAX_READ))
+            .await
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok()),
         Route::Client(_) => None,
     };
     write_text(env, &route, content).await?;
@@ -162,14 +225,7 @@ pub async fn edit(env: &ToolEnv<'_>, input: &Value) -> Result<Outcome, ToolError
     if old_string.is_empty() {
         return Err(ToolError::BadInput("`old_string` must not be empty".into()));
     }
-    // Read and write take the same route, so the edit applies to what the editor shows.
-    let route = if env.config.client_fs && env.caps.read_text_file && env.caps.write_text_file {
-        Route::Client(env.roots.for_client(p)?)
-    } else if env.config.host_fs {
-        Route::Host(env.roots.for_host(p)?)
-    } else {
-        return Err(ToolError::Unavailable("file editing"));
-    };
+    let route = edit_route(env, p)?;
     let text = read_text(env, &route).await?;
     let count = text.matches(old_string).count();
     if count == 0 {
@@ -203,7 +259,7 @@ fn fence(s: &str) -> String {
     format!("```\n{s}\n```")
 }
 
-fn host_dir(env: &ToolEnv<'_>, input: &Value) -> Result<PathBuf, ToolError> {
+fn host_dir(env: &ToolEnv<'_>, input: &Value) -> Result<HostPath, ToolError> {
     if !env.config.host_fs {
         return Err(ToolError::Unavailable("file search"));
     }
@@ -213,21 +269,18 @@ fn host_dir(env: &ToolEnv<'_>, input: &Value) -> Result<PathBuf, ToolError> {
 
 pub async fn list_dir(env: &ToolEnv<'_>, input: &Value) -> Result<Outcome, ToolError> {
     let dir = host_dir(env, input)?;
-    let mut rd = tokio::fs::read_dir(&dir)
-        .await
-        .map_err(|e| ToolError::Io(env.roots.display(&dir), e))?;
-    let mut names = vec![];
-    while let Ok(Some(e)) = rd.next_entry().await {
-        let mut name = e.file_name().to_string_lossy().into_owned();
-        if e.file_type().await.is_ok_and(|t| t.is_dir()) {
-            name.push('/');
-        }
-        names.push(name);
-        if names.len() >= 2000 {
-            break;
-        }
-    }
-    names.sort();
+    let entries = on_host(&dir, |root, rel| root.list(rel)).await?;
+    let names: Vec<String> = entries
+        .into_iter()
+        .take(2000)
+        .map(|(name, kind)| {
+            let mut name = name.display().to_string();
+            if kind == Kind::Dir {
+                name.push('/');
+            }
+            name
+        })
+        .collect();
     Ok(Outcome::text(env.truncate(names.join("\n"))))
 }
 
@@ -249,29 +302,28 @@ async fn blocking_walk<T: Send + 'static>(
     }
 }
 
-/// Files under `root` (depth first, sorted, skipping VCS and build directories).
-fn walk(root: &Path, stop: &AtomicBool, mut visit: impl FnMut(&Path) -> bool) {
-    let mut stack = vec![root.to_path_buf()];
+/// Files under `base` (relative to `root`), depth first, sorted, skipping VCS and build
+/// directories and symlinks; `visit` gets each path relative to `base`. Every directory is
+/// opened beneath the root, so one swapped for a link mid-walk is not entered.
+fn walk(root: &Root, base: &Path, stop: &AtomicBool, mut visit: impl FnMut(&Path) -> bool) {
+    let mut stack = vec![PathBuf::new()];
     let mut seen = 0usize;
     while let Some(dir) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
+        let Ok(entries) = root.list(&base.join(&dir)) else {
             continue;
         };
-        let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
-        entries.sort_by_key(|e| std::cmp::Reverse(e.file_name()));
-        for e in entries {
+        for (name, kind) in entries.into_iter().rev() {
             seen += 1;
             if seen > MAX_WALK || stop.load(Ordering::Relaxed) {
                 return;
             }
-            let Ok(t) = e.file_type() else { continue };
-            let path = e.path();
-            if t.is_dir() {
-                if !SKIP_DIRS.contains(&e.file_name().to_string_lossy().as_ref()) {
-                    stack.push(path);
+            let path = dir.join(&name);
+            match kind {
+                Kind::Dir if !SKIP_DIRS.contains(&name.to_string_lossy().as_ref()) => {
+                    stack.push(path)
                 }
-            } else if t.is_file() && !visit(&path) {
-                return;
+                Kind::File if !visit(&path) => return,
+                _ => {}
             }
         }
     }
@@ -284,14 +336,11 @@ pub async fn glob(env: &ToolEnv<'_>, input: &Value) -> Result<Outcome, ToolError
         .build()
         .map_err(|e| ToolError::BadInput(format!("bad glob: {e}")))?
         .compile_matcher();
-    let root = host_dir(env, input)?;
-    let r2 = root.clone();
+    let dir = host_dir(env, input)?;
     let found = blocking_walk(env, move |stop| {
         let mut out = vec![];
-        walk(&r2, stop, |p| {
-            if let Ok(rel) = p.strip_prefix(&r2)
-                && matcher.is_match(rel)
-            {
+        walk(&dir.root, &dir.rel, stop, |rel| {
+            if matcher.is_match(rel) {
                 out.push(rel.display().to_string());
             }
             out.len() < 1000
@@ -325,24 +374,17 @@ pub async fn grep(env: &ToolEnv<'_>, input: &Value) -> Result<Outcome, ToolError
         ),
         None => None,
     };
-    let root = host_dir(env, input)?;
+    let dir = host_dir(env, input)?;
     let limit = env.config.output_limit;
-    let r2 = root.clone();
     let lines = blocking_walk(env, move |stop| {
         let mut out: Vec<String> = vec![];
         let mut size = 0usize;
-        walk(&r2, stop, |p| {
-            let rel = p.strip_prefix(&r2).unwrap_or(p);
+        walk(&dir.root, &dir.rel, stop, |rel| {
             if filter.as_ref().is_some_and(|f| !f.is_match(rel)) {
                 return true;
             }
-            if std::fs::metadata(p)
-                .map(|m| m.len() > MAX_SEARCH_FILE)
-                .unwrap_or(true)
-            {
-                return true;
-            }
-            let Ok(bytes) = std::fs::read(p) else {
+            // Too large, unreadable, or swapped for something else: skipped.
+            let Ok(bytes) = dir.root.read(&dir.rel.join(rel), MAX_SEARCH_FILE) else {
                 return true;
             };
             if bytes.iter().take(8192).any(|b| *b == 0) {

@@ -2,6 +2,7 @@
 //! client's capabilities and the config), how each call is presented to the client (title,
 //! kind, locations), and their execution.
 
+mod beneath;
 mod files;
 pub mod mcp;
 pub mod paths;
@@ -283,6 +284,12 @@ pub fn describe(name: &str, input: &Value, roots: &Roots) -> (String, &'static s
             None => (other.to_owned(), "other", vec![]),
         },
     }
+}
+
+/// Refuses a call before it is presented for permission: a file tool's path outside the
+/// session's directories.
+pub fn check(env: &ToolEnv<'_>, name: &str, input: &Value) -> Result<(), ToolError> {
+    files::check(env, name, input)
 }
 
 /// Runs one call of a built-in or client-declared tool.

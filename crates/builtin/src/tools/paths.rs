@@ -1,18 +1,40 @@
 //! Confinement: every path a tool touches must lie under the session's cwd or one of its
-//! additional directories. On the host, symlinks are resolved (the deepest existing ancestor
-//! is canonicalized) before the prefix check, so neither `..` nor a link can escape. Paths
-//! for the client are checked lexically: they name files on the editor's machine.
+//! additional directories. Paths are first judged lexically (`..` resolved, relative ones
+//! under the cwd); on the host the file is then opened beneath the root's descriptor
+//! (`beneath`), so the kernel refuses symlinks that lead outside, however they got there.
+//! Paths for the client are checked lexically only: they name files on the editor's machine.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::ToolError;
+use super::beneath::{Root, normalize};
 
 #[derive(Debug, Clone)]
 pub struct Roots {
     /// As the client gave them (absolute).
     pub lexical: Vec<PathBuf>,
-    /// Canonicalized on the host; roots that do not exist here are left out.
-    host: Vec<PathBuf>,
+    /// Opened on the host, with the lexical path each was given as; roots that do not
+    /// exist here are left out.
+    host: Vec<(PathBuf, Arc<Root>)>,
+}
+
+/// A file on the host, as a path beneath one of the roots.
+#[derive(Debug, Clone)]
+pub struct HostPath {
+    pub root: Arc<Root>,
+    /// Relative to the root, without `..`.
+    pub rel: PathBuf,
+    /// Absolute, as the model and the client see it.
+    pub abs: PathBuf,
+}
+
+impl HostPath {
+    /// How it is shown to the model: relative to its root.
+    pub fn display(&self) -> String {
+        let s = self.rel.display().to_string();
+        if s.is_empty() { ".".into() } else { s }
+    }
 }
 
 impl Roots {
@@ -23,7 +45,7 @@ impl Roots {
             .collect();
         let host = lexical
             .iter()
-            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .filter_map(|p| Some((p.clone(), Arc::new(Root::open(p).ok()?))))
             .collect();
         Roots { lexical, host }
     }
@@ -52,88 +74,25 @@ impl Roots {
         }
     }
 
-    /// A path on the host with symlinks resolved, inside a (canonical) root.
-    pub fn for_host(&self, p: &str) -> Result<PathBuf, ToolError> {
+    /// A path on the host, lexically inside a root; opening it beneath that root is what
+    /// keeps symlinks from leading out.
+    pub fn for_host(&self, p: &str) -> Result<HostPath, ToolError> {
         let abs = self.absolute(p);
-        let resolved = resolve_existing_prefix(&abs);
-        if self.host.iter().any(|r| resolved.starts_with(r)) {
-            Ok(resolved)
-        } else {
-            Err(ToolError::Outside(abs))
-        }
-    }
-
-    /// How a host path is shown to the model: relative to the root it is under.
-    pub fn display(&self, p: &Path) -> String {
-        for r in self.host.iter().chain(self.lexical.iter()) {
-            if let Ok(rel) = p.strip_prefix(r) {
-                let s = rel.display().to_string();
-                return if s.is_empty() { ".".into() } else { s };
+        for (lexical, root) in &self.host {
+            let rel = abs
+                .strip_prefix(lexical)
+                .or_else(|_| abs.strip_prefix(&root.canonical));
+            if let Ok(rel) = rel {
+                return Ok(HostPath {
+                    root: root.clone(),
+                    rel: rel.to_path_buf(),
+                    abs: abs.clone(),
+                });
             }
         }
-        p.display().to_string()
-    }
-}
-
-/// Removes `.` and resolves `..` without touching the file system.
-pub fn normalize(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir => {}
-            other => out.push(other.as_os_str()),
-        }
-    }
-    out
-}
-
-/// Canonicalizes the deepest ancestor that exists and appends the rest, so a file about to
-/// be created is judged by where its directory really is.
-fn resolve_existing_prefix(abs: &Path) -> PathBuf {
-    let mut existing = abs.to_path_buf();
-    let mut rest = vec![];
-    loop {
-        if let Ok(c) = std::fs::canonicalize(&existing) {
-            let mut out = c;
-            for r in rest.iter().rev() {
-                out.push(r);
-            }
-            return out;
-        }
-        match (
-            existing.file_name().map(|n| n.to_owned()),
-            existing.parent(),
-        ) {
-            (Some(name), Some(parent)) => {
-                rest.push(name);
-                existing = parent.to_path_buf();
-            }
-            _ => return abs.to_path_buf(),
-        }
+        Err(ToolError::Outside(abs))
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dotdot_and_symlink_escapes_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("root");
-        let outside = dir.path().join("outside");
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::create_dir_all(&outside).unwrap();
-        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
-        let roots = Roots::new(&root, &[]);
-        assert!(roots.for_host("a/b.txt").is_ok());
-        assert!(roots.for_host("../outside/x").is_err());
-        assert!(roots.for_host("link/x").is_err());
-        assert!(roots.for_host(outside.to_str().unwrap()).is_err());
-        assert!(roots.for_client("../x").is_err());
-        assert!(roots.for_client("sub/../y").is_ok());
-    }
-}
+mod tests;

@@ -2,6 +2,7 @@
 //! turn is cancelled. The turn task owns the session's transcript while it runs and hands
 //! it back at the end, whatever happened; every wait is one `select!` against `cancel`.
 
+mod call;
 mod permission;
 
 use std::sync::Arc;
@@ -16,9 +17,9 @@ use crate::content;
 use crate::options::PLAN;
 use crate::provider::{self, Delta, Finish, ModelRequest, ProviderError, Thought};
 use crate::state::{SavedSession, Settings};
-use crate::tools::{self, Roots, ToolEnv, ToolError};
+use crate::tools::{self, Roots};
 use crate::transcript::{self, Block, Message, Role};
-use permission::{Permission, permission};
+use call::{CallEnd, error_result, fail_call, run_call};
 
 /// How a turn failed (a stop reason is not a failure).
 #[derive(Debug, thiserror::Error)]
@@ -389,127 +390,6 @@ async fn assemble(parts: Vec<Partial>, complete: bool, client: &ClientLink) -> (
         },
         dropped,
     )
-}
-
-enum CallEnd {
-    Done(Block),
-    Cancelled,
-}
-
-fn error_result(id: &str, text: &str) -> Block {
-    Block::ToolResult {
-        tool_use_id: id.to_owned(),
-        content: text.to_owned(),
-        is_error: true,
-    }
-}
-
-async fn fail_call(client: &ClientLink, id: &str, why: &str) {
-    client
-        .update(json!({
-            "sessionUpdate": "tool_call_update",
-            "toolCallId": id,
-            "status": "failed",
-            "content": [{ "type": "content", "content": { "type": "text", "text": why } }],
-        }))
-        .await;
-}
-
-/// Asks (if the policy says so), runs, and reports one tool call.
-async fn run_call(
-    ctx: &TurnCtx,
-    conv: &mut SavedSession,
-    id: &str,
-    name: &str,
-    input: &Value,
-    offered: bool,
-    plan: bool,
-) -> CallEnd {
-    let extra = tools::Extra {
-        client: &conv.client_tools,
-        mcp: &ctx.mcp,
-    };
-    let (title, kind, locations) = tools::describe(name, input, &ctx.roots);
-    ctx.client
-        .update(json!({
-            "sessionUpdate": "tool_call_update",
-            "toolCallId": id,
-            "title": title,
-            "kind": kind,
-            "locations": locations,
-            "rawInput": input,
-        }))
-        .await;
-    let refuse = |why: String| async move {
-        fail_call(&ctx.client, id, &why).await;
-        CallEnd::Done(error_result(id, &why))
-    };
-    if input.get("_invalid_arguments").is_some() {
-        return refuse("the tool arguments were not valid JSON".into()).await;
-    }
-    if !offered {
-        let why = if plan && tools::is_mutating(name, extra) {
-            format!("{name} is not available in plan mode")
-        } else {
-            format!("there is no tool named {name:?}")
-        };
-        return refuse(why).await;
-    }
-    let mutating = tools::is_mutating(name, extra);
-    match permission(
-        ctx,
-        &mut conv.remembered,
-        id,
-        name,
-        &title,
-        kind,
-        input,
-        mutating,
-    )
-    .await
-    {
-        Permission::Allow => {}
-        Permission::Reject(why) => return refuse(why).await,
-        Permission::Cancelled => {
-            fail_call(&ctx.client, id, "cancelled").await;
-            return CallEnd::Cancelled;
-        }
-    }
-    ctx.client
-        .update(json!({ "sessionUpdate": "tool_call_update", "toolCallId": id, "status": "in_progress" }))
-        .await;
-    let env = ToolEnv {
-        client: &ctx.client,
-        caps: ctx.caps,
-        config: &ctx.config,
-        roots: &ctx.roots,
-        cancel: &ctx.cancel,
-        tool_call_id: id,
-    };
-    match tools::execute(&env, name, input, extra).await {
-        Ok(out) => {
-            let mut u = json!({
-                "sessionUpdate": "tool_call_update",
-                "toolCallId": id,
-                "status": if out.is_error { "failed" } else { "completed" },
-                "rawOutput": out.raw_output,
-            });
-            if !out.content.is_empty() {
-                u["content"] = Value::Array(out.content);
-            }
-            ctx.client.update(u).await;
-            CallEnd::Done(Block::ToolResult {
-                tool_use_id: id.to_owned(),
-                content: out.text,
-                is_error: out.is_error,
-            })
-        }
-        Err(ToolError::Cancelled) => {
-            fail_call(&ctx.client, id, "cancelled").await;
-            CallEnd::Cancelled
-        }
-        Err(e) => refuse(e.to_string()).await,
-    }
 }
 
 async fn message_chunk(client: &ClientLink, text: &str) {
