@@ -242,17 +242,8 @@ fn token(cli: &Cli, loopback: bool) -> Result<Option<String>, Exit> {
     if !loopback {
         return Ok(None);
     }
-    let dir = std::env::var_os("XDG_DATA_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".local/share"))
-        });
-    let Some(path) = dir.map(|d| d.join("acpd").join(acpd_wire::local::TOKEN_FILE)) else {
-        return Ok(None);
-    };
+    // The daemon's own default data directory: ACPD_DATA_DIR, XDG, HOME.
+    let path = acpd_wire::local::token_file();
     Ok(read_token(&path).ok())
 }
 
