@@ -286,7 +286,11 @@ pub fn reference() -> Vec<Setting> {
                 env: arg
                     .and_then(|a| a.get_env())
                     .map(|e| e.to_string_lossy().into_owned()),
-                default: values.get(&key).cloned(),
+                // An empty table (`agents`, `builtin`) is no default at all.
+                default: values
+                    .get(&key)
+                    .filter(|v| !matches!(v, toml::Value::Table(t) if t.is_empty()))
+                    .cloned(),
                 key,
             }
         })

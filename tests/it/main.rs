@@ -13,6 +13,7 @@ mod builtin;
 mod builtin_support;
 mod cancel;
 mod client_requests;
+mod config;
 mod durability;
 mod handshake;
 mod hostile;
