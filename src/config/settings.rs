@@ -327,6 +327,47 @@ mod tests {
     }
 
     #[test]
+    fn every_flag_lands_on_its_key_with_its_type() {
+        let path = || Some(PathBuf::from("/x"));
+        let args = Args {
+            config: path(),
+            listen: Some(SocketAddr::from(([127, 0, 0, 2], 1))),
+            tcp_listen: Some(SocketAddr::from(([127, 0, 0, 3], 2))),
+            store: Some("sqlite:///x/db".into()),
+            data_dir: path(),
+            agents: vec!["a=b".into()],
+            default_agent: Some("a".into()),
+            no_auth: true,
+            max_message_bytes: Some(2048),
+            pending_request_timeout_ms: Some(1),
+            bootstrap_delay_ms: Some(2),
+            slow_client_cutoff_ms: Some(3),
+            list_page_size: Some(4),
+            max_connections: Some(5),
+            max_connections_per_principal: Some(6),
+            max_sessions_per_principal: Some(7),
+            max_requests_per_second: Some(8),
+            journal_max_entries: Some(9),
+            journal_max_bytes: Some(10),
+            shutdown_grace_secs: Some(11),
+            resume_grace_secs: Some(12),
+            keepalive_ms: Some(13),
+            tls_cert: path(),
+            tls_key: path(),
+            insecure: true,
+            allowed_origins: vec!["https://o".into()],
+        };
+        let given = toml::Table::try_from(&args).unwrap();
+        let merged = Settings::default().overridden_by(&args).unwrap();
+        let merged = toml::Table::try_from(&merged).unwrap();
+        // All but `config` and `--agent`, which are not keys of their own.
+        assert_eq!(given.len(), 24);
+        for (k, v) in given {
+            assert_eq!(merged.get(&k), Some(&v), "{k}");
+        }
+    }
+
+    #[test]
     fn every_args_field_overrides_a_settings_key() {
         let keys: Vec<String> = reference().into_iter().map(|s| s.key).collect();
         let command = <Args as clap::Args>::augment_args(clap::Command::new("acpd"));
