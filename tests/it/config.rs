@@ -135,7 +135,10 @@ fn shipped_config_file_has_every_key_with_the_codes_default() {
         }
     }
     for k in active.keys().chain(&commented) {
-        assert!(known(k), "config/acpd.toml has `{k}`, which the code does not know");
+        assert!(
+            known(k),
+            "config/acpd.toml has `{k}`, which the code does not know"
+        );
     }
 }
 

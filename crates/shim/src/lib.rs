@@ -69,7 +69,7 @@ impl Exit {
     version,
     about = "ACP agent command that relays stdio to an acpd daemon over WebSocket, surviving drops and restarts",
     after_help = "Token: --token-file, else $ACPD_TOKEN, else (loopback URLs only) the daemon's own \
-                  token file in $XDG_DATA_HOME/acpd or ~/.local/share/acpd.\n\
+                  token file in $ACPD_DATA_DIR, else $XDG_DATA_HOME/acpd, else ~/.local/share/acpd.\n\
                   Exit codes: 0 stdin closed, 64 usage, 65 protocol, 69 unreachable, 74 stdout, 76 TLS, 77 auth."
 )]
 struct Cli {
