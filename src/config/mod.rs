@@ -7,13 +7,13 @@
 pub mod data_dir;
 mod settings;
 
-use settings::Settings;
-pub use settings::{Args, Setting, reference};
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use settings::Settings;
+pub use settings::{Args, Setting, reference};
 
 /// The name of the built-in agent's profile.
 pub const BUILTIN_AGENT: &str = "builtin";
