@@ -208,7 +208,6 @@ async fn run(command: Command) -> ExitCode {
 
 /// `acpd stdio`: one client on stdin/stdout; ends when stdin closes.
 async fn run_stdio(config: Config) -> Result<(), String> {
-    ensure_data_dir(&config)?;
     let max = config.limits.max_message_bytes;
     let profile = config.default_agent.clone();
     let core = Core::start(config).await.map_err(|e| e.to_string())?;
@@ -234,14 +233,10 @@ async fn run_stdio(config: Config) -> Result<(), String> {
     Ok(())
 }
 
+/// The admin subcommands touch only the store: the data directory matters for SQLite.
 fn ensure_data_dir(config: &Config) -> Result<(), String> {
     if config.store_url.starts_with("sqlite:") {
-        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
-            format!(
-                "cannot create data directory {}: {e}",
-                config.data_dir.display()
-            )
-        })?;
+        crate::config::data_dir::prepare(config).map_err(|e| e.to_string())?;
     }
     Ok(())
 }

@@ -15,6 +15,8 @@ mod transport;
 
 pub use cli::main;
 pub use config::Config;
+/// Every setting with its flag, variable and default: what the docs are checked against.
+pub use config::{Setting, reference as config_reference};
 pub use server::serve;
 /// Chunk compaction, for the store suite (it runs it against both backends).
 pub use session::compaction::compact;

@@ -4,7 +4,7 @@
 //! the local user and writes the secret to a 0600 file in the data directory.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -140,5 +140,7 @@ fn write_secret(path: &PathBuf, secret: &str) -> std::io::Result<()> {
         .truncate(true)
         .mode(0o600)
         .open(path)?;
+    // `mode` applies only when the file is created; one left by an older acpd may be 0644.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     writeln!(f, "{secret}")
 }

@@ -32,7 +32,7 @@ pub use auth::{Auth, LOCAL_PRINCIPAL, hash as auth_hash, new_secret as auth_secr
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot create data directory {path}: {source}")]
+    #[error("cannot prepare data directory {path}: {source}")]
     DataDir {
         path: std::path::PathBuf,
         source: std::io::Error,
@@ -82,12 +82,11 @@ const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Core {
     pub async fn start(config: Config) -> Result<Core, ServeError> {
-        if config.store_url.starts_with("sqlite:") {
-            std::fs::create_dir_all(&config.data_dir).map_err(|source| ServeError::DataDir {
-                path: config.data_dir.clone(),
-                source,
-            })?;
-        }
+        // Whatever the store: the token and the built-in agent's transcripts live there too.
+        crate::config::data_dir::prepare(&config).map_err(|e| ServeError::DataDir {
+            path: e.path,
+            source: e.source,
+        })?;
         let store = Store::open(&config.store_url, StoreOptions::default()).await?;
         let config = Arc::new(config);
         let tasks = TaskTracker::new();

@@ -15,6 +15,7 @@ mod builtin_support;
 mod builtin_tools;
 mod cancel;
 mod client_requests;
+mod config;
 mod durability;
 mod handshake;
 mod hostile;

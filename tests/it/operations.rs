@@ -113,12 +113,15 @@ async fn bad_config_exits_64_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.toml");
     std::fs::write(&file, "listen = 5\n").unwrap();
+    let unknown = dir.path().join("unknown.toml");
+    std::fs::write(&unknown, "list_page_size = 5\nlist_page_sise = 6\n").unwrap();
     let bad_builtin = dir.path().join("bad-builtin.toml");
     std::fs::write(&bad_builtin, "[builtin]\nmax_turn_requests = \"many\"\n").unwrap();
     let data = dir.path().to_str().unwrap();
     let cases: Vec<Vec<&str>> = vec![
         vec!["--config", file.to_str().unwrap()],
         vec!["--config", "/nonexistent/acpd.toml"],
+        vec!["--config", unknown.to_str().unwrap()],
         vec!["--config", bad_builtin.to_str().unwrap()],
         vec!["--agent", "no-equals-sign"],
         vec!["--default-agent", "ghost"],
@@ -139,6 +142,18 @@ async fn bad_config_exits_64_with_one_line() {
         );
         assert!(stderr.starts_with("acpd: "), "{stderr:?}");
     }
+    // A file key that does not exist says which.
+    let out = check_config(&["--config", unknown.to_str().unwrap()], &[]).await;
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("list_page_sise"),
+        "{out:?}"
+    );
+    // A value from the environment is checked like the flag's.
+    let out = check_config(&["--data-dir", data], &[("ACPD_LIST_PAGE_SIZE", "0")]).await;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+    assert!(stderr.contains("list_page_size"), "{stderr:?}");
 }
 
 #[tokio::test]

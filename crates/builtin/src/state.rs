@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
 
 use super::config::ToolPolicy;
 use super::transcript::Message;
@@ -103,9 +104,25 @@ pub async fn save(dir: &Path, id: &str, state: &SavedSession) -> Result<(), Stat
         path: path.clone(),
         message: e.to_string(),
     })?;
-    tokio::fs::create_dir_all(dir).await.map_err(io)?;
+    // Transcripts are conversations: owner-only, like the rest of the data directory.
+    tokio::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .await
+        .map_err(io)?;
     let tmp = dir.join(format!(".{id}.json.tmp"));
-    tokio::fs::write(&tmp, bytes).await.map_err(io)?;
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .await
+        .map_err(io)?;
+    file.write_all(&bytes).await.map_err(io)?;
+    file.flush().await.map_err(io)?;
+    drop(file);
     tokio::fs::rename(&tmp, &path).await.map_err(io)
 }
 

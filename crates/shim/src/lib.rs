@@ -69,7 +69,7 @@ impl Exit {
     version,
     about = "ACP agent command that relays stdio to an acpd daemon over WebSocket, surviving drops and restarts",
     after_help = "Token: --token-file, else $ACPD_TOKEN, else (loopback URLs only) the daemon's own \
-                  token file in $XDG_DATA_HOME/acpd or ~/.local/share/acpd.\n\
+                  token file in $ACPD_DATA_DIR, else $XDG_DATA_HOME/acpd, else ~/.local/share/acpd.\n\
                   Exit codes: 0 stdin closed, 64 usage, 65 protocol, 69 unreachable, 74 stdout, 76 TLS, 77 auth."
 )]
 struct Cli {
@@ -242,17 +242,8 @@ fn token(cli: &Cli, loopback: bool) -> Result<Option<String>, Exit> {
     if !loopback {
         return Ok(None);
     }
-    let dir = std::env::var_os("XDG_DATA_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".local/share"))
-        });
-    let Some(path) = dir.map(|d| d.join("acpd").join(acpd_wire::local::TOKEN_FILE)) else {
-        return Ok(None);
-    };
+    // The daemon's own default data directory: ACPD_DATA_DIR, XDG, HOME.
+    let path = acpd_wire::local::token_file();
     Ok(read_token(&path).ok())
 }
 

@@ -1,5 +1,6 @@
-//! Where a daemon on this machine keeps its files. The daemon and acp-shim (which reads the
-//! local user's token from there) must agree, so the rule is written once, here.
+//! Where a daemon on this machine keeps its files. The daemon (its default `data_dir`) and
+//! acp-shim (which reads the local user's token from there) must agree, so the rule is
+//! written once, here.
 
 use std::path::PathBuf;
 
@@ -19,4 +20,11 @@ pub fn data_dir() -> PathBuf {
         Some(h) => PathBuf::from(h).join(".local/share/acpd"),
         None => PathBuf::from("acpd-data"),
     }
+}
+
+/// The first-start token of a daemon that uses the default data directory: what acp-shim
+/// reads for a loopback URL when given no token. A daemon run with `--data-dir` elsewhere
+/// needs `ACPD_DATA_DIR` (or `--token-file`) on the shim's side too.
+pub fn token_file() -> PathBuf {
+    data_dir().join(TOKEN_FILE)
 }

@@ -1,0 +1,345 @@
+//! `Config`: everything the daemon needs, validated once and passed explicitly.
+//!
+//! `settings` layers the sources into one `Settings` (defaults < file < `ACPD_*` environment
+//! < flags); `Config::from_args` derives what depends on other settings and validates.
+//! `data_dir` makes the data directory and the SQLite database private to the daemon's user.
+
+pub mod data_dir;
+mod settings;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use settings::Settings;
+pub use settings::{Args, Setting, reference};
+
+/// The name of the built-in agent's profile.
+pub const BUILTIN_AGENT: &str = "builtin";
+
+/// A bad configuration; `main` prints it as one line and exits 64.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid --agent {0:?}: expected NAME=COMMAND")]
+    AgentFlag(String),
+    #[error("agent {name:?}: {message}")]
+    Agent { name: String, message: String },
+    #[error("--default-agent {0:?} names no configured agent")]
+    UnknownDefaultAgent(String),
+    #[error("invalid {what}: {message}")]
+    Invalid { what: &'static str, message: String },
+    #[error("--no-auth is only allowed on a loopback address, not {0}")]
+    NoAuthNotLoopback(SocketAddr),
+    #[error("--tls-cert and --tls-key go together: give both or neither")]
+    TlsPair,
+    #[error("refusing to serve {0} without TLS: give --tls-cert/--tls-key (or --insecure)")]
+    NotLoopbackWithoutTls(SocketAddr),
+    #[error("--tcp-listen has no authentication and is loopback only, not {0}")]
+    TcpNotLoopback(SocketAddr),
+}
+
+/// The PEM files of the TLS listener; re-read on SIGHUP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// One agent a client can pick with `/acp?agent=NAME`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentProfile {
+    pub name: String,
+    pub program: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+}
+
+/// Size limits on what a client may send.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_message_bytes: usize,
+    /// Live client connections in total (0: no limit).
+    pub max_connections: usize,
+    /// Live client connections of one principal (0: no limit).
+    pub max_connections_per_principal: usize,
+    /// Requests per second one connection may send, sustained (0: no limit); bursts of twice
+    /// that are allowed.
+    pub max_requests_per_second: u32,
+}
+
+/// Session behaviour knobs.
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    /// How long an agent's request (permission, fs, terminal) waits for a client to attach.
+    pub pending_request_timeout: Duration,
+    /// How long updates for a new/loaded/resumed session are held after its response, because
+    /// Zed drops updates for sessions it has not registered yet (zed-industries/zed#60199).
+    pub bootstrap_delay: Duration,
+    /// A client that has fallen behind and takes nothing for this long is cut off.
+    pub slow_client_cutoff: Duration,
+    pub list_page_size: u32,
+    /// A session with no client and no running turn leaves memory after this long.
+    pub idle_evict: Duration,
+    /// Retention cap per session journal, in entries (0: none). Over it, message chunks are
+    /// merged; if that is not enough, the oldest entries go.
+    pub journal_max_entries: u64,
+    /// Retention cap per session journal, in bytes of message text (0: none).
+    pub journal_max_bytes: u64,
+    /// Live sessions of one principal (0: no limit; `max_sessions_per_principal`). Here
+    /// rather than in `Limits` because the session hub, which counts them, enforces it.
+    pub max_live_per_principal: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub tcp_listen: Option<SocketAddr>,
+    pub store_url: String,
+    pub data_dir: PathBuf,
+    pub agents: BTreeMap<String, AgentProfile>,
+    pub default_agent: String,
+    pub no_auth: bool,
+    pub limits: Limits,
+    pub sessions: SessionSettings,
+    /// How long a drain waits for running work before cancelling it.
+    pub shutdown_grace: Duration,
+    /// The `[builtin]` table of the config file, for the built-in agent to read.
+    pub builtin: toml::Table,
+    /// How long a resumable link (`acpd.resume.v1`) waits for its client to reconnect.
+    pub resume_grace: Duration,
+    /// Ping interval on resumable links; about three silent intervals mean a dead socket.
+    pub keepalive: Duration,
+    /// TLS on the WebSocket listener (`wss://`), if configured.
+    pub tls: Option<TlsFiles>,
+    /// Serve a non-loopback address without TLS (warns at every start).
+    pub insecure: bool,
+    /// Origins a browser client may connect from; requests without `Origin` are unaffected.
+    pub allowed_origins: Vec<String>,
+}
+
+impl Config {
+    pub fn from_args(args: &Args) -> Result<Config, ConfigError> {
+        Config::from_settings(Settings::layered(args)?, &args.agents)
+    }
+
+    /// Validates layered settings; `agent_flags` are the `--agent NAME=COMMAND` profiles,
+    /// which join the file's `[agents]` (a flag wins over a file profile of the same name).
+    fn from_settings(s: Settings, agent_flags: &[String]) -> Result<Config, ConfigError> {
+        let data_dir = s.data_dir.unwrap_or_else(acpd_wire::local::data_dir);
+        let store_url = s
+            .store
+            .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("acpd.db").display()));
+        if !(store_url.starts_with("sqlite:")
+            || store_url.starts_with("postgres://")
+            || store_url.starts_with("postgresql://"))
+        {
+            return Err(ConfigError::Invalid {
+                what: "store",
+                message: format!("{store_url:?} is neither sqlite:// nor postgres://"),
+            });
+        }
+        let agents = agents(s.agents, agent_flags)?;
+        let default_agent = s.default_agent.unwrap_or_else(|| {
+            // With exactly one hosted agent configured, it is the obvious default.
+            if agents.len() == 1 {
+                agents.keys().next().cloned().unwrap_or_default()
+            } else {
+                BUILTIN_AGENT.to_owned()
+            }
+        });
+        if default_agent != BUILTIN_AGENT && !agents.contains_key(&default_agent) {
+            return Err(ConfigError::UnknownDefaultAgent(default_agent));
+        }
+
+        let listen = s.listen;
+        let no_auth = s.no_auth;
+        if no_auth && !listen.ip().is_loopback() {
+            return Err(ConfigError::NoAuthNotLoopback(listen));
+        }
+        let tcp_listen = s.tcp_listen;
+        if let Some(tcp) = tcp_listen
+            && no_auth
+            && !tcp.ip().is_loopback()
+        {
+            return Err(ConfigError::NoAuthNotLoopback(tcp));
+        }
+        let tls = match (s.tls_cert, s.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            _ => return Err(ConfigError::TlsPair),
+        };
+        if tls.is_none() && !s.insecure && !listen.ip().is_loopback() {
+            return Err(ConfigError::NotLoopbackWithoutTls(listen));
+        }
+        if let Some(tcp) = tcp_listen
+            && !tcp.ip().is_loopback()
+        {
+            return Err(ConfigError::TcpNotLoopback(tcp));
+        }
+        let allowed_origins = origins(&s.allowed_origins)?;
+        if s.max_message_bytes < 1024 {
+            return Err(ConfigError::Invalid {
+                what: "max_message_bytes",
+                message: "must be at least 1024".into(),
+            });
+        }
+        if s.list_page_size == 0 || s.list_page_size > 1000 {
+            return Err(ConfigError::Invalid {
+                what: "list_page_size",
+                message: "must be between 1 and 1000".into(),
+            });
+        }
+        let keepalive = Duration::from_millis(s.keepalive_ms);
+        if keepalive < Duration::from_millis(50) {
+            return Err(ConfigError::Invalid {
+                what: "keepalive_ms",
+                message: "must be at least 50".into(),
+            });
+        }
+        Ok(Config {
+            listen,
+            tcp_listen,
+            store_url,
+            data_dir,
+            agents,
+            default_agent,
+            no_auth,
+            limits: Limits {
+                max_message_bytes: s.max_message_bytes,
+                max_connections: s.max_connections,
+                max_connections_per_principal: s.max_connections_per_principal,
+                max_requests_per_second: s.max_requests_per_second,
+            },
+            sessions: SessionSettings {
+                pending_request_timeout: Duration::from_millis(s.pending_request_timeout_ms),
+                bootstrap_delay: Duration::from_millis(s.bootstrap_delay_ms),
+                slow_client_cutoff: Duration::from_millis(s.slow_client_cutoff_ms),
+                list_page_size: s.list_page_size,
+                idle_evict: Duration::from_secs(600),
+                journal_max_entries: s.journal_max_entries,
+                journal_max_bytes: s.journal_max_bytes,
+                max_live_per_principal: s.max_sessions_per_principal,
+            },
+            shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
+            builtin: s.builtin,
+            resume_grace: Duration::from_secs(s.resume_grace_secs),
+            keepalive,
+            tls,
+            insecure: s.insecure,
+            allowed_origins,
+        })
+    }
+
+    /// The profile a client asked for (`None`: the default one), if it exists.
+    pub fn profile(&self, name: Option<&str>) -> Option<&str> {
+        let name = name.unwrap_or(&self.default_agent);
+        if name == BUILTIN_AGENT || self.agents.contains_key(name) {
+            Some(if name == BUILTIN_AGENT {
+                BUILTIN_AGENT
+            } else {
+                self.agents.get_key_value(name).map(|(k, _)| k.as_str())?
+            })
+        } else {
+            None
+        }
+    }
+}
+
+/// The file's `[agents]` plus the `--agent NAME=COMMAND` flags.
+fn agents(
+    file: BTreeMap<String, settings::FileAgent>,
+    flags: &[String],
+) -> Result<BTreeMap<String, AgentProfile>, ConfigError> {
+    let mut agents = BTreeMap::new();
+    for (name, a) in file {
+        let mut words = split_command(&name, &a.command)?;
+        let program = words.remove(0);
+        words.extend(a.args);
+        let profile = AgentProfile {
+            name: name.clone(),
+            program,
+            args: words,
+            env: a.env.into_iter().collect(),
+            cwd: a.cwd,
+        };
+        agents.insert(name, profile);
+    }
+    for flag in flags {
+        let (name, command) = flag
+            .split_once('=')
+            .ok_or_else(|| ConfigError::AgentFlag(flag.clone()))?;
+        let name = name.trim();
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(ConfigError::AgentFlag(flag.clone()));
+        }
+        let mut words = split_command(name, command)?;
+        let program = words.remove(0);
+        agents.insert(
+            name.to_owned(),
+            AgentProfile {
+                name: name.to_owned(),
+                program,
+                args: words,
+                env: vec![],
+                cwd: None,
+            },
+        );
+    }
+    Ok(agents)
+}
+
+/// The Origin allowlist, normalized and without duplicates.
+fn origins(given: &[String]) -> Result<Vec<String>, ConfigError> {
+    let mut origins = Vec::new();
+    for o in given {
+        let norm = normalize_origin(o).ok_or_else(|| ConfigError::Invalid {
+            what: "allowed origin",
+            message: format!("{o:?} is not scheme://host[:port]"),
+        })?;
+        if !origins.contains(&norm) {
+            origins.push(norm);
+        }
+    }
+    Ok(origins)
+}
+
+fn split_command(name: &str, command: &str) -> Result<Vec<String>, ConfigError> {
+    let words = shell_words::split(command).map_err(|e| ConfigError::Agent {
+        name: name.to_owned(),
+        message: format!("cannot split command: {e}"),
+    })?;
+    if words.is_empty() {
+        return Err(ConfigError::Agent {
+            name: name.to_owned(),
+            message: "empty command".into(),
+        });
+    }
+    Ok(words)
+}
+
+/// `scheme://host[:port]` in lower case without a trailing slash, the way browsers send it;
+/// `None` for anything else. Default ports are dropped so `https://x:443` equals `https://x`.
+pub fn normalize_origin(origin: &str) -> Option<String> {
+    let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
+    let (scheme, rest) = origin.split_once("://")?;
+    if !matches!(scheme, "http" | "https") || rest.is_empty() || rest.contains(['/', '?', '#', '@'])
+    {
+        return None;
+    }
+    let default_port = if scheme == "https" { ":443" } else { ":80" };
+    let rest = rest.strip_suffix(default_port).unwrap_or(rest);
+    Some(format!("{scheme}://{rest}"))
+}
