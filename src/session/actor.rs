@@ -8,6 +8,7 @@
 mod attach;
 mod journal;
 mod restore;
+mod rows;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -39,7 +40,8 @@ pub(super) fn spawn(
         principal: Arc::from(row.principal_id.as_str()),
         tx,
     };
-    let (durable, durable_rx) = watch::channel(row.last_seq);
+    let journaled = row.last_seq;
+    let (durable, durable_rx) = watch::channel(journaled);
     let mut session = Session {
         id,
         next_seq: row.last_seq + 1,
@@ -50,11 +52,12 @@ pub(super) fn spawn(
         events: ev_tx,
         durable: Arc::new(durable),
         durable_rx,
-        outbox: Outbox::default(),
+        outbox: Outbox::new(shared.tasks.clone(), journaled),
         inflight: std::collections::HashMap::new(),
         next_tag: 1,
         cancel_requested: false,
         turn_conn: None,
+        own_from: 0,
         pending: PendingRequests::default(),
         deferred: VecDeque::new(),
         tasks: JoinSet::new(),
@@ -62,6 +65,7 @@ pub(super) fn spawn(
         ending: false,
         compacting: false,
         retention_wanted: false,
+        rows: rows::RowWrites::default(),
     };
     if let Some((agent, agent_sid)) = agent {
         agent.register(&session.id, Some(&agent_sid), session.events.clone());
@@ -115,6 +119,7 @@ enum TaskDone {
         conn: ConnId,
         page: Result<Vec<acpd_store::JournalEntry>, StoreError>,
     },
+    Row(rows::RowDone),
 }
 
 pub(super) struct Session {
@@ -135,6 +140,8 @@ pub(super) struct Session {
     cancel_requested: bool,
     /// The connection whose prompt is running: the agent's requests go there first.
     turn_conn: Option<ConnId>,
+    /// The first seq of that prompt's turn (its own prompt is not echoed to it).
+    own_from: i64,
     pending: PendingRequests,
     /// Commands that wait for the agent to be bound.
     deferred: VecDeque<SessionCommand>,
@@ -146,6 +153,8 @@ pub(super) struct Session {
     compacting: bool,
     /// Another pass is due when the running one ends.
     retention_wanted: bool,
+    /// Session row updates on their way to the store.
+    rows: rows::RowWrites,
 }
 
 impl Session {
@@ -227,6 +236,9 @@ impl Session {
             metrics::gauge!(crate::metrics::SESSIONS_DETACHED).decrement(1);
         }
         self.flush().await;
+        // Row writes under way finish on their own; what is still queued is written here.
+        self.tasks.detach_all();
+        self.finish_rows().await;
         if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } = &self.agent {
             agent.unregister(&self.id);
         }
@@ -245,9 +257,25 @@ impl Session {
             && self.inflight.is_empty()
             && self.pending.is_empty()
             && self.outbox.is_empty()
+            && self.rows.is_idle()
+    }
+
+    /// Answers a client's request after what is queued for it; never waits on the client.
+    fn reply(&mut self, responder: Responder, result: Result<Value, ResponseError>) {
+        self.outbox.push(Out::Reply { responder, result });
+    }
+
+    /// Answers a command that will not run with `e`.
+    fn refuse(&mut self, cmd: SessionCommand, e: ResponseError) {
+        if let Some(r) = cmd.into_responder() {
+            self.reply(r, Err(e));
+        }
     }
 
     async fn on_command(&mut self, cmd: SessionCommand) {
+        if self.ending || self.rows.closing() {
+            return self.refuse(cmd, AcpError::SessionGone.into());
+        }
         if needs_agent(&cmd) && !matches!(self.agent, AgentState::Bound { .. }) {
             if let SessionCommand::Attach { client, .. } = &cmd {
                 self.last_init = Some(client.init.clone());
@@ -268,7 +296,7 @@ impl Session {
                 client,
                 mode,
                 responder,
-            } => self.attach(client, mode, responder).await,
+            } => self.attach(client, mode, responder),
             SessionCommand::Detach { conn } => {
                 self.outbox.detach(&conn);
                 if self.turn_conn.as_ref() == Some(&conn) {
@@ -289,7 +317,7 @@ impl Session {
                 Ok(tag) => {
                     self.inflight.insert(tag, Inflight::Relay { responder });
                 }
-                Err(e) => responder.respond(Err(e.into())).await,
+                Err(e) => self.reply(responder, Err(e.into())),
             },
             SessionCommand::RelayNotification { method, params } => {
                 if let AgentState::Bound { agent, agent_sid } = &self.agent {
@@ -305,6 +333,7 @@ impl Session {
     }
 
     async fn prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
+        self.own_from = self.next_seq;
         if let Some(blocks) = params.get("prompt").and_then(Value::as_array) {
             for block in blocks.clone() {
                 let update = json!({ "sessionId": &*self.id, "update": { "sessionUpdate": "user_message_chunk", "content": block } });
@@ -323,7 +352,7 @@ impl Session {
             Ok(tag) => {
                 self.inflight.insert(tag, Inflight::Prompt { responder });
             }
-            Err(e) => responder.respond(Err(e.into())).await,
+            Err(e) => self.reply(responder, Err(e.into())),
         }
     }
 
@@ -367,11 +396,9 @@ impl Session {
             }
             AgentEvent::Request(req) => {
                 if matches!(self.agent, AgentState::Restoring { .. }) {
-                    req.responder
-                        .respond(Err(ResponseError::internal(
-                            "the session is being restored",
-                        )))
-                        .await;
+                    // The agent's own request (answered on the agent's link, not a client's).
+                    let e = ResponseError::internal("the session is being restored");
+                    req.responder.respond(Err(e)).await;
                     return;
                 }
                 let params = req.params.unwrap_or(Value::Null);
@@ -393,17 +420,10 @@ impl Session {
                         Err(_) if self.cancel_requested => Ok(json!({ "stopReason": "cancelled" })),
                         r => r,
                     };
-                    let reason = match &result {
-                        Ok(v) => v
-                            .get("stopReason")
-                            .and_then(Value::as_str)
-                            .unwrap_or("unknown")
-                            .to_owned(),
-                        Err(_) => "error".to_owned(),
-                    };
+                    let reason = crate::metrics::stop_reason_label(&result);
                     metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason)
                         .increment(1);
-                    self.save(self.patch()).await;
+                    self.save(self.patch());
                     self.outbox.push(Out::Reply { responder, result });
                     self.retention();
                 }
@@ -454,6 +474,7 @@ impl Session {
         match done {
             TaskDone::AgentReady(Ok(agent)) => self.restore_step(agent, None).await,
             TaskDone::CatchUp { conn, page } => self.on_catch_up(conn, page),
+            TaskDone::Row(done) => self.on_row_done(done),
             TaskDone::Retention(r) => {
                 self.compacting = false;
                 if self.retention_wanted {
@@ -477,7 +498,7 @@ impl Session {
                 self.agent = AgentState::Unbound;
                 let err: ResponseError = AcpError::Agent(e).into();
                 while let Some(cmd) = self.deferred.pop_front() {
-                    cmd.reject(err.clone()).await;
+                    self.refuse(cmd, err.clone());
                 }
             }
             TaskDone::ClientAnswer {

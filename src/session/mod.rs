@@ -89,6 +89,13 @@ pub enum SessionCommand {
 impl SessionCommand {
     /// Answers the command with an error, if it expects an answer (it never ran).
     pub async fn reject(self, e: ResponseError) {
+        if let Some(r) = self.into_responder() {
+            r.respond(Err(e)).await
+        }
+    }
+
+    /// The responder the command would answer, if it expects an answer.
+    pub fn into_responder(self) -> Option<Responder> {
         match self {
             SessionCommand::Attach {
                 responder: Some(r), ..
@@ -96,8 +103,8 @@ impl SessionCommand {
             | SessionCommand::Prompt { responder: r, .. }
             | SessionCommand::Relay { responder: r, .. }
             | SessionCommand::Close { responder: r }
-            | SessionCommand::Delete { responder: r } => r.respond(Err(e)).await,
-            _ => {}
+            | SessionCommand::Delete { responder: r } => Some(r),
+            _ => None,
         }
     }
 }

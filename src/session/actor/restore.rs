@@ -112,7 +112,7 @@ impl Session {
                     closed: Some(false),
                     ..self.patch()
                 };
-                self.save(patch).await;
+                self.save(patch);
                 tracing::info!(session = %self.id, ?step, "agent session restored");
                 self.agent = AgentState::Bound { agent, agent_sid };
                 self.run_deferred().await;
@@ -131,7 +131,7 @@ impl Session {
         tracing::warn!(session = %self.id, %why, "cannot restore the agent session");
         self.agent = AgentState::Failed(why.clone());
         while let Some(cmd) = self.deferred.pop_front() {
-            cmd.reject(AcpError::AgentExited(why.clone()).into()).await;
+            self.refuse(cmd, AcpError::AgentExited(why.clone()).into());
         }
     }
 
