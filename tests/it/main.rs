@@ -32,3 +32,4 @@ mod store;
 mod store_failures;
 mod tidy;
 mod transports;
+mod update_path;
