@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::agent::{AgentHandle, AgentKey, AgentPool};
 use crate::config::SessionSettings;
 use crate::error::AcpError;
-use acpd_store::{ListQuery, SessionRow, Store};
+use acpd_store::{ListQuery, SessionRow, Store, StoreError};
 use acpd_wire::{PeerHandle, Responder, ResponseError};
 
 /// Identifies one client connection.
@@ -149,6 +149,11 @@ pub(crate) enum HubCommand {
         principal: String,
         reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
     },
+    /// The store's answer for a session being opened.
+    Loaded {
+        id: String,
+        row: Result<Option<SessionRow>, StoreError>,
+    },
     Spawn {
         row: Box<SessionRow>,
         agent: Option<(AgentHandle, String)>,
@@ -194,6 +199,7 @@ impl SessionHub {
         let task = HubTask {
             shared: shared.clone(),
             live: HashMap::new(),
+            opening: HashMap::new(),
             serial: 0,
         };
         tasks.spawn(task.run(rx));
@@ -375,9 +381,16 @@ impl SessionHub {
     }
 }
 
+/// Who waits for a session the hub is reading from the store.
+type OpenWaiter = (String, oneshot::Sender<Result<SessionHandle, AcpError>>);
+
+/// The hub never waits on the store or on a session: a session row is read by a task whose
+/// answer comes back as `Loaded`, and a cancel-all is sent by a task.
 struct HubTask {
     shared: Shared,
     live: HashMap<Arc<str>, (u64, SessionHandle)>,
+    /// Sessions whose row is being read, with who waits for them.
+    opening: HashMap<String, Vec<OpenWaiter>>,
     serial: u64,
 }
 
@@ -393,10 +406,8 @@ impl HubTask {
                     id,
                     principal,
                     reply,
-                } => {
-                    let r = self.open(&id, &principal).await;
-                    let _ = reply.send(r);
-                }
+                } => self.open(id, principal, reply),
+                HubCommand::Loaded { id, row } => self.loaded(id, row),
                 HubCommand::Spawn { row, agent, reply } => {
                     let _ = reply.send(self.start(*row, agent));
                 }
@@ -404,9 +415,13 @@ impl HubTask {
                     let _ = reply.send(self.admits(&principal));
                 }
                 HubCommand::CancelAll => {
-                    for (_, h) in self.live.values() {
-                        let _ = h.send(SessionCommand::Cancel).await;
-                    }
+                    let live: Vec<SessionHandle> =
+                        self.live.values().map(|(_, h)| h.clone()).collect();
+                    self.shared.tasks.spawn(async move {
+                        for h in live {
+                            let _ = h.send(SessionCommand::Cancel).await;
+                        }
+                    });
                 }
                 HubCommand::Ended { id, serial } => {
                     if self.live.get(&id).is_some_and(|(s, _)| *s == serial) {
@@ -417,26 +432,68 @@ impl HubTask {
         }
     }
 
-    async fn open(&mut self, id: &str, principal: &str) -> Result<SessionHandle, AcpError> {
-        if let Some((_, h)) = self.live.get(id)
+    fn open(
+        &mut self,
+        id: String,
+        principal: String,
+        reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
+    ) {
+        if let Some((_, h)) = self.live.get(id.as_str())
             && !h.is_closed()
         {
             // The owner is checked against the store row the actor was started from.
-            return if &*h.principal == principal {
+            let r = if *h.principal == *principal {
                 Ok(h.clone())
             } else {
-                Err(AcpError::SessionNotFound(id.to_owned()))
+                Err(AcpError::SessionNotFound(id))
             };
+            let _ = reply.send(r);
+            return;
         }
-        let row = self.shared.store.session(id).await?;
-        match row {
-            Some(row) if row.principal_id == principal => {
-                if !self.admits(principal) {
-                    return Err(AcpError::TooManySessions);
+        if let Some(waiters) = self.opening.get_mut(&id) {
+            waiters.push((principal, reply));
+            return;
+        }
+        self.opening.insert(id.clone(), vec![(principal, reply)]);
+        let (store, hub) = (self.shared.store.clone(), self.shared.hub.clone());
+        self.shared.tasks.spawn(async move {
+            let row = store.session(&id).await;
+            let _ = hub.send(HubCommand::Loaded { id, row }).await;
+        });
+    }
+
+    fn loaded(&mut self, id: String, row: Result<Option<SessionRow>, StoreError>) {
+        let waiters = self.opening.remove(&id).unwrap_or_default();
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                let why = e.to_string();
+                let mut first = Some(e);
+                for (_, reply) in waiters {
+                    let e = first
+                        .take()
+                        .unwrap_or_else(|| StoreError::Unavailable(why.clone()));
+                    let _ = reply.send(Err(e.into()));
                 }
-                Ok(self.start(row, None))
+                return;
             }
-            _ => Err(AcpError::SessionNotFound(id.to_owned())),
+        };
+        let mut handle: Option<SessionHandle> = None;
+        for (principal, reply) in waiters {
+            let r = match &row {
+                Some(row) if row.principal_id == principal => match &handle {
+                    Some(h) => Ok(h.clone()),
+                    None if !self.admits(&principal) => Err(AcpError::TooManySessions),
+                    None => {
+                        let h = self.start(row.clone(), None);
+                        handle = Some(h.clone());
+                        Ok(h)
+                    }
+                },
+                // Another principal's session is reported exactly like a missing one.
+                _ => Err(AcpError::SessionNotFound(id.clone())),
+            };
+            let _ = reply.send(r);
         }
     }
 
