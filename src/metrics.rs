@@ -110,7 +110,10 @@ mod tests {
         let label = |v| super::stop_reason_label(&Ok(v));
         assert_eq!(label(json!({ "stopReason": "end_turn" })), "end_turn");
         assert_eq!(label(json!({ "stopReason": "refusal" })), "refusal");
-        assert_eq!(label(json!({ "stopReason": "made up by an agent" })), "other");
+        assert_eq!(
+            label(json!({ "stopReason": "made up by an agent" })),
+            "other"
+        );
         assert_eq!(label(json!({})), "other");
         let err = acpd_wire::ResponseError::internal("x");
         assert_eq!(super::stop_reason_label(&Err(err)), "error");

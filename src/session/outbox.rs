@@ -184,7 +184,11 @@ impl Outbox {
         } else {
             a.reply.take()
         };
-        let i = match self.clients.iter().position(|c| c.client.conn == a.client.conn) {
+        let i = match self
+            .clients
+            .iter()
+            .position(|c| c.client.conn == a.client.conn)
+        {
             Some(i) => {
                 let w = &mut self.clients[i];
                 w.client = a.client;

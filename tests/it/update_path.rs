@@ -47,7 +47,10 @@ async fn a_client_stuck_in_a_big_load_holds_up_no_other_session_of_the_agent() {
     let mut other = daemon.client().await.with_timeout(Duration::from_secs(60));
     let sid = other.open_session(&daemon.work_dir()).await;
     let (turn, r) = other.prompt(&sid, "stream 10000 32").await;
-    assert_eq!(r.expect("the other session's turn")["stopReason"], "end_turn");
+    assert_eq!(
+        r.expect("the other session's turn")["stopReason"],
+        "end_turn"
+    );
     let turn = chunks(&turn);
     assert_eq!(turn.len(), 10_000, "every update of the other session");
     assert_consecutive(&turn);
@@ -76,10 +79,9 @@ async fn cancel_right_after_prompt_on_a_session_being_opened_ends_the_turn_cance
     // commands arrive back to back.
     for round in 0..10 {
         let mut c = daemon.client().await;
-        let prompt = c
-            .send_prompt(&sid, "wait_for_cancel; echo never")
+        let prompt = c.send_prompt(&sid, "wait_for_cancel; echo never").await;
+        c.notify("session/cancel", json!({ "sessionId": sid }))
             .await;
-        c.notify("session/cancel", json!({ "sessionId": sid })).await;
         let (updates, r) = c.collect_updates_until_response(&prompt).await;
         assert_eq!(
             r.unwrap_or_else(|e| panic!("round {round}: {e:?}")),

@@ -16,7 +16,12 @@ impl Session {
     /// here: the client starts out lagging behind it and is fed journal pages by tasks as its
     /// queue drains (`outbox.rs`), with the answer held behind the replay. So a client that
     /// stops reading during a replay holds up nothing but itself.
-    pub(super) fn attach(&mut self, client: Client, mode: AttachMode, responder: Option<Responder>) {
+    pub(super) fn attach(
+        &mut self,
+        client: Client,
+        mode: AttachMode,
+        responder: Option<Responder>,
+    ) {
         self.last_init = Some(client.init.clone());
         let conn = client.conn.clone();
         let current = self.next_seq - 1;
@@ -85,7 +90,7 @@ impl Session {
     }
 
     pub(super) async fn cancel(&mut self) {
-        self.cancel_requested = true;
+        self.turn.cancel_requested = true;
         if let AgentState::Bound { agent, agent_sid } = &self.agent {
             let params = json!({ "sessionId": agent_sid });
             let _ = agent.peer.notify("session/cancel", Some(params)).await;
@@ -100,13 +105,14 @@ impl Session {
     pub(super) async fn close(&mut self, responder: Responder, delete: bool) {
         // Closing cancels the running turn as `session/cancel` would.
         if self
+            .turn
             .inflight
             .values()
             .any(|f| matches!(f, Inflight::Prompt { .. }))
         {
             self.cancel().await;
         }
-        for (_, f) in self.inflight.drain() {
+        for (_, f) in self.turn.inflight.drain() {
             if let Inflight::Prompt { responder } = f {
                 self.outbox.push(Out::Reply {
                     responder,

@@ -123,8 +123,8 @@ impl Session {
         let complete = (page.len() as i64) < CATCH_UP_PAGE;
         // The client's own prompt of the running turn was never echoed to it live; nor is it
         // now.
-        let own = self.turn_conn.as_ref() == Some(&conn);
-        let from = self.own_from;
+        let own = self.turn.conn.as_ref() == Some(&conn);
+        let from = self.turn.own_from;
         let page = page
             .into_iter()
             .filter(|e| !(own && e.seq >= from && e.kind == "user_message_chunk"))

@@ -69,7 +69,7 @@ impl Session {
         let tag = self.tag();
         match agent.request_in_band(method, params, &self.id, tag).await {
             Ok(_) => {
-                self.inflight.insert(tag, Inflight::Restore(step));
+                self.turn.inflight.insert(tag, Inflight::Restore(step));
                 self.agent = AgentState::Restoring { agent };
             }
             Err(_) => self.restore_failed("the agent exited".into()).await,
