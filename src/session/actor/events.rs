@@ -43,6 +43,9 @@ impl Session {
                     params
                 };
                 let deadline = Instant::now() + self.shared.settings.pending_request_timeout;
+                if self.outbox.clients_len() == 0 {
+                    tracing::info!(session = %self.id, method = %req.method, "agent request waits for a client to attach");
+                }
                 let id =
                     self.pending
                         .insert(Pending::new(req.method, params, req.responder, deadline));
