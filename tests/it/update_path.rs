@@ -77,7 +77,7 @@ async fn cancel_right_after_prompt_on_a_session_being_opened_ends_the_turn_cance
     drop(creator);
     // Each round a fresh connection, for which the session is still being opened when both
     // commands arrive back to back.
-    for round in 0..10 {
+    for round in 0..30 {
         let mut c = daemon.client().await;
         let prompt = c.send_prompt(&sid, "wait_for_cancel; echo never").await;
         c.notify("session/cancel", json!({ "sessionId": sid }))
