@@ -67,7 +67,8 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
             },
             Some(done) = conn.handlers.join_next() => match done {
                 Ok(Done::Created(handle)) => {
-                    conn.sessions.insert(handle.id.to_string(), Slot::Attached(handle));
+                    let sid = handle.id.to_string();
+                    conn.opened(sid, Ok(handle)).await;
                 }
                 Ok(Done::Opened { sid, result }) => conn.opened(sid, result).await,
                 Ok(Done::Nothing) | Err(_) => {}
@@ -371,10 +372,18 @@ impl Connection {
         });
     }
 
-    /// The hub answered for a session being opened: its queued commands go, in order.
+    /// The hub answered for a session being opened, or `session/new` made one: the commands
+    /// queued for it go, in order. (The client may use a new session's id before the handler
+    /// that made it is back: its commands then wait for whichever answer comes first.)
     async fn opened(&mut self, sid: String, result: Result<SessionHandle, AcpError>) {
-        let Some(Slot::Opening(queue)) = self.sessions.remove(&sid) else {
-            return;
+        let queue = match self.sessions.remove(&sid) {
+            Some(Slot::Opening(queue)) => queue,
+            Some(attached) => {
+                // Attached already (the other answer came first).
+                self.sessions.insert(sid, attached);
+                return;
+            }
+            None => VecDeque::new(),
         };
         let handle = match result {
             Ok(h) => h,

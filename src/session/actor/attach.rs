@@ -26,6 +26,7 @@ impl Session {
         let conn = client.conn.clone();
         let current = self.next_seq - 1;
         let bootstrap = self.shared.settings.bootstrap_delay;
+        let resend = matches!(mode, AttachMode::Load { .. });
         let (after, result, reply_after_replay, hold) = match mode {
             AttachMode::New { result } => (0, Some(result), false, bootstrap),
             AttachMode::Implicit => (current, None, false, Duration::ZERO),
@@ -52,6 +53,7 @@ impl Session {
             after,
             reply,
             reply_after_replay,
+            resend,
             hold,
         });
         // Requests the agent made while nobody was attached go to the newcomer.

@@ -63,7 +63,8 @@ impl Session {
                     metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason)
                         .increment(1);
                     self.save(self.patch());
-                    self.outbox.push(Out::Reply { responder, result });
+                    // After the turn's row updates (its title, say) are written.
+                    self.after_rows(Out::Reply { responder, result });
                     self.retention();
                 }
                 Some(Inflight::Relay { responder }) => {

@@ -100,7 +100,7 @@ impl Session {
             let id = self.id.clone();
             self.tasks.spawn(async move {
                 let page = store.journal_after(&id, after, CATCH_UP_PAGE).await;
-                TaskDone::CatchUp { conn, page }
+                TaskDone::CatchUp { conn, after, page }
             });
         }
     }
@@ -109,6 +109,7 @@ impl Session {
     pub(super) fn on_catch_up(
         &mut self,
         conn: ConnId,
+        after: i64,
         page: Result<Vec<JournalEntry>, StoreError>,
     ) {
         let page = match page {
@@ -116,7 +117,7 @@ impl Session {
             Err(e) => {
                 // Tried again at the next lag check.
                 tracing::warn!(session = %self.id, error = %e, "cannot read the journal for a lagging client");
-                self.outbox.caught_up(&conn, Vec::new(), false);
+                self.outbox.caught_up(&conn, after, Vec::new(), false);
                 return;
             }
         };
@@ -130,6 +131,6 @@ impl Session {
             .filter(|e| !(own && e.seq >= from && e.kind == "user_message_chunk"))
             .map(|e| (e.seq, Arc::from(e.body)))
             .collect();
-        self.outbox.caught_up(&conn, page, complete);
+        self.outbox.caught_up(&conn, after, page, complete);
     }
 }

@@ -20,6 +20,9 @@ pub(super) struct RowWrites {
     busy: bool,
     /// The session ends: close (or delete, when `true`) once the updates are written.
     pub close: Option<(Responder, bool)>,
+    /// Outbox items that go once the row updates queued before them are written (a prompt's
+    /// answer: a client that sees it and lists the sessions sees the turn's title).
+    parked: Vec<Out>,
 }
 
 impl RowWrites {
@@ -30,7 +33,12 @@ impl RowWrites {
 
     /// Whether nothing is owed to the store.
     pub fn is_idle(&self) -> bool {
-        !self.busy && self.pending.is_none() && self.close.is_none()
+        !self.busy && self.pending.is_none() && self.close.is_none() && self.parked.is_empty()
+    }
+
+    /// Whether every row update queued so far is written.
+    fn written(&self) -> bool {
+        !self.busy && self.pending.is_none()
     }
 }
 
@@ -58,6 +66,21 @@ impl Session {
             None => self.rows.pending = Some(patch),
         }
         self.write_rows();
+    }
+
+    /// Queues `out` in the outbox once the row updates queued so far are written.
+    pub(super) fn after_rows(&mut self, out: Out) {
+        if self.rows.written() {
+            self.outbox.push(out);
+        } else {
+            self.rows.parked.push(out);
+        }
+    }
+
+    fn release_parked(&mut self) {
+        for out in std::mem::take(&mut self.rows.parked) {
+            self.outbox.push(out);
+        }
     }
 
     /// Starts the next row write, unless one is running.
@@ -96,6 +119,7 @@ impl Session {
                 tracing::error!(session = %self.id, error = %e, "cannot update the session row")
             }
             RowDone::Closed { responder, result } => {
+                self.release_parked();
                 let result = result
                     .map(|_| json!({}))
                     .map_err(|e| AcpError::from(e).into());
@@ -103,6 +127,9 @@ impl Session {
                 self.ending = true;
                 return;
             }
+        }
+        if self.rows.written() {
+            self.release_parked();
         }
         self.write_rows();
     }
@@ -114,6 +141,7 @@ impl Session {
         {
             tracing::error!(session = %self.id, error = %e, "cannot update the session row");
         }
+        self.release_parked();
     }
 }
 
