@@ -12,7 +12,8 @@
 //! `session/load` and `_acpd/session/attach` replay through the same path: the client starts
 //! out lagging behind `after`, is fed journal pages by tasks as its queue drains, and the
 //! answer to its request is held behind the replay. A connection has one writer for as long as
-//! it is attached, re-attaches included, and is never sent a seq twice.
+//! it is attached, re-attaches included; an attach never sends it a seq twice (a load replays
+//! the whole history again).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -169,7 +170,7 @@ impl Outbox {
     }
 
     /// The seq an attach after `after` replays up to: the answer `{lastSeq}` of
-    /// `_acpd/session/attach`. A connection already attached is never sent a seq twice.
+    /// `_acpd/session/attach`, which never sends a connection a seq twice.
     pub fn replay_upto(&self, conn: &ConnId, after: i64) -> i64 {
         let sent = self
             .clients
