@@ -17,21 +17,19 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+mod writer;
+
 use super::{Client, ConnId};
 use acpd_wire::{Responder, ResponseError};
+use writer::{CLIENT_QUEUE, CLIENT_QUEUE_BYTES, ClientOut, Writer, queue_out, reply};
 
-/// Messages queued for one client before it counts as too slow and is disconnected.
-const CLIENT_QUEUE: usize = 4096;
-/// Bytes queued for one client before it counts as too slow.
-const CLIENT_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 /// How often lagging clients are looked at (queue drained? stalled?).
 const LAG_CHECK: Duration = Duration::from_millis(20);
 /// Journal entries read per catch-up page.
@@ -55,13 +53,6 @@ pub(super) enum Out {
     Request(u64),
 }
 
-/// What a client's writer task sends, in order.
-enum ClientOut {
-    Raw(Arc<str>),
-    /// Boxed: it is the large variant, and full queues hand messages back by value.
-    Reply(Box<(Responder, Result<Value, ResponseError>)>),
-}
-
 pub(super) struct Attached {
     pub client: Client,
     /// The highest seq this client has: what comes after it is replayed from the journal.
@@ -75,42 +66,6 @@ pub(super) struct Attached {
     pub resend: bool,
     /// Updates are held this long once the answer is out (the bootstrap hold).
     pub hold: Duration,
-}
-
-/// One attached client and its writer task. Dropping it closes the queue: the task sends
-/// what is queued (a close or delete answer may be last) and ends; if the connection is gone
-/// it ends at the first failed send.
-struct Writer {
-    client: Client,
-    sent_upto: i64,
-    tx: mpsc::Sender<ClientOut>,
-    /// Counters the writer task updates; only their bounds and movement matter.
-    progress: Arc<Progress>,
-    /// Set while the client is fed from the journal instead of live.
-    lag: Option<Lag>,
-}
-
-#[derive(Default)]
-struct Progress {
-    /// Bytes queued and not yet handed to the connection.
-    queued: AtomicUsize,
-    /// Messages handed to the connection so far.
-    handed: AtomicU64,
-}
-
-struct Lag {
-    /// `progress.handed` when last looked at, and when it last moved.
-    handed: u64,
-    moved_at: Instant,
-    /// A journal page is being read for this client.
-    reading: bool,
-    /// `flushed_upto` when that read started: the journal had every entry up to it.
-    read_upto: i64,
-    /// Non-journal messages for the client, in order, each after the updates up to its seq.
-    held: VecDeque<(i64, ClientOut)>,
-    /// An attach replay: catch-up ignores the bootstrap hold until the answer, held behind
-    /// the replay up to this seq, is out; then the hold starts.
-    replay: Option<(i64, Duration)>,
 }
 
 /// A journal page to read for a lagging client: entries after `after`.
@@ -210,7 +165,7 @@ impl Outbox {
                 i
             }
             None => {
-                let mut w = self.spawn_writer(a.client, a.after);
+                let mut w = writer::spawn(&self.tasks, a.client, a.after);
                 if let Some((responder, result)) = first {
                     // First in a fresh queue, before any catch-up.
                     let _ = queue_out(&w.tx, &w.progress, reply(responder, result));
@@ -247,39 +202,6 @@ impl Outbox {
         };
         lag.held.push_back((upto, reply_out));
         lag.replay = Some((upto, a.hold));
-    }
-
-    fn spawn_writer(&self, client: Client, sent_upto: i64) -> Writer {
-        let (tx, mut rx) = mpsc::channel(CLIENT_QUEUE);
-        let peer = client.peer.clone();
-        let progress = Arc::new(Progress::default());
-        let p = progress.clone();
-        self.tasks.spawn(async move {
-            while let Some(out) = rx.recv().await {
-                match out {
-                    ClientOut::Raw(text) => {
-                        let n = text.len();
-                        let ok = peer.send_raw(text.to_string()).await.is_ok();
-                        p.queued.fetch_sub(n, Ordering::Relaxed);
-                        if !ok {
-                            break;
-                        }
-                    }
-                    ClientOut::Reply(reply) => {
-                        let (responder, result) = *reply;
-                        responder.respond(result).await
-                    }
-                }
-                p.handed.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-        Writer {
-            client,
-            sent_upto,
-            tx,
-            progress,
-            lag: None,
-        }
     }
 
     pub fn detach(&mut self, conn: &ConnId) {
@@ -478,69 +400,5 @@ impl Outbox {
         if let Some(d) = hold {
             self.hold_for(d);
         }
-    }
-}
-
-impl Writer {
-    fn start_lag(&mut self) -> &mut Lag {
-        tracing::info!(conn = %self.client.conn, seq = self.sent_upto, "client lags; feeding it from the journal");
-        self.lag.insert(Lag {
-            handed: self.progress.handed.load(Ordering::Relaxed),
-            moved_at: Instant::now(),
-            reading: false,
-            read_upto: 0,
-            held: VecDeque::new(),
-            replay: None,
-        })
-    }
-
-    /// Queues a message that is not journaled, or holds it (in order) while the client lags.
-    fn send_or_hold(&mut self, upto: i64, out: ClientOut) {
-        if let Some(lag) = &mut self.lag {
-            lag.held.push_back((upto, out));
-        } else if let Err(out) = queue_out(&self.tx, &self.progress, out) {
-            self.start_lag().held.push_back((upto, out));
-        }
-    }
-
-    /// Queues the held messages whose updates the client has been sent.
-    fn release_held(&mut self) {
-        let Some(lag) = &mut self.lag else { return };
-        while let Some((upto, _)) = lag.held.front() {
-            if *upto > self.sent_upto {
-                break;
-            }
-            let Some((upto, out)) = lag.held.pop_front() else {
-                break;
-            };
-            if let Err(out) = queue_out(&self.tx, &self.progress, out) {
-                lag.held.push_front((upto, out));
-                break;
-            }
-        }
-    }
-}
-
-fn reply(responder: Responder, result: Result<Value, ResponseError>) -> ClientOut {
-    ClientOut::Reply(Box::new((responder, result)))
-}
-
-/// Queues without waiting unless the queue is full (by count or bytes). A closed queue counts
-/// as sent: its connection is gone and the Detach command follows.
-fn queue_out(tx: &mpsc::Sender<ClientOut>, p: &Progress, out: ClientOut) -> Result<(), ClientOut> {
-    let n = match &out {
-        ClientOut::Raw(t) => t.len(),
-        ClientOut::Reply(..) => 0,
-    };
-    if p.queued.load(Ordering::Relaxed) + n > CLIENT_QUEUE_BYTES {
-        return Err(out);
-    }
-    match tx.try_send(out) {
-        Ok(()) => {
-            p.queued.fetch_add(n, Ordering::Relaxed);
-            Ok(())
-        }
-        Err(mpsc::error::TrySendError::Full(out)) => Err(out),
-        Err(mpsc::error::TrySendError::Closed(_)) => Ok(()),
     }
 }
