@@ -82,3 +82,40 @@ fn describe() {
     describe_counter!(BYTES_IN_TOTAL, "Bytes received from clients");
     describe_counter!(BYTES_OUT_TOTAL, "Bytes sent to clients");
 }
+
+/// The `stop_reason` label of `PROMPTS_TOTAL`: the spec's stop reasons, `error` for a failed
+/// turn and `other` for anything else an agent sends, so an agent cannot grow the label set.
+pub fn stop_reason_label(
+    result: &Result<serde_json::Value, acpd_wire::ResponseError>,
+) -> &'static str {
+    match result {
+        Err(_) => "error",
+        Ok(v) => match v.get("stopReason").and_then(serde_json::Value::as_str) {
+            Some("end_turn") => "end_turn",
+            Some("max_tokens") => "max_tokens",
+            Some("max_turn_requests") => "max_turn_requests",
+            Some("refusal") => "refusal",
+            Some("cancelled") => "cancelled",
+            _ => "other",
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn stop_reasons_outside_the_spec_share_one_label() {
+        let label = |v| super::stop_reason_label(&Ok(v));
+        assert_eq!(label(json!({ "stopReason": "end_turn" })), "end_turn");
+        assert_eq!(label(json!({ "stopReason": "refusal" })), "refusal");
+        assert_eq!(
+            label(json!({ "stopReason": "made up by an agent" })),
+            "other"
+        );
+        assert_eq!(label(json!({})), "other");
+        let err = acpd_wire::ResponseError::internal("x");
+        assert_eq!(super::stop_reason_label(&Err(err)), "error");
+    }
+}

@@ -1,11 +1,13 @@
 //! One client connection: its JSON-RPC peer, the ACP methods it calls, and the sessions it
 //! is attached to. Whatever the transport, every client runs this.
 //!
-//! Commands for sessions the connection is attached to are sent from the loop itself, so a
-//! `session/cancel` can never overtake the `session/prompt` before it. Anything slow (starting
-//! an agent, loading a session) runs as a handler task whose result comes back to the loop.
+//! Commands for a session are sent from the loop itself, in arrival order, from the first
+//! one on: while the session is being opened (a handler task asks the hub) its commands wait
+//! in the connection's queue for it, so a `session/cancel` can never overtake the
+//! `session/prompt` before it. Anything slow (starting an agent, opening a session) runs as a
+//! handler task whose result comes back to the loop.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -52,7 +54,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
         ctx,
         peer,
         init: None,
-        attached: HashMap::new(),
+        sessions: HashMap::new(),
         handlers: JoinSet::new(),
     };
     loop {
@@ -63,20 +65,25 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
                 Some(Incoming::Response { .. }) => {}
                 None => break,
             },
-            Some(done) = conn.handlers.join_next() => {
-                if let Ok(Some(handle)) = done {
-                    conn.attached.insert(handle.id.to_string(), handle);
+            Some(done) = conn.handlers.join_next() => match done {
+                Ok(Done::Created(handle)) => {
+                    let sid = handle.id.to_string();
+                    conn.opened(sid, Ok(handle)).await;
                 }
+                Ok(Done::Opened { sid, result }) => conn.opened(sid, result).await,
+                Ok(Done::Nothing) | Err(_) => {}
             }
         }
     }
     // A closed socket detaches; it does not cancel. Turns go on and are journaled.
-    for (_, h) in conn.attached.drain() {
-        let _ = h
-            .send(SessionCommand::Detach {
-                conn: conn.ctx.conn_id.clone(),
-            })
-            .await;
+    for (_, slot) in conn.sessions.drain() {
+        if let Slot::Attached(h) = slot {
+            let _ = h
+                .send(SessionCommand::Detach {
+                    conn: conn.ctx.conn_id.clone(),
+                })
+                .await;
+        }
     }
     conn.handlers.abort_all();
     let _ = peer_task.await;
@@ -121,15 +128,37 @@ impl RateLimit {
     }
 }
 
+/// Commands a connection holds for a session that is still being opened (beyond them the
+/// client is answered an error: it is flooding a session that does not answer).
+const OPENING_QUEUE: usize = 1024;
+
+/// A session as one connection sees it.
+enum Slot {
+    /// The hub is opening it; its commands wait here, in arrival order.
+    Opening(VecDeque<SessionCommand>),
+    Attached(SessionHandle),
+}
+
+/// What a handler task hands back to the loop.
+enum Done {
+    Nothing,
+    /// `session/new` made and attached this session.
+    Created(SessionHandle),
+    /// The hub opened (or could not open) a session this connection has commands for.
+    Opened {
+        sid: String,
+        result: Result<SessionHandle, AcpError>,
+    },
+}
+
 struct Connection {
     ctx: ConnectionCtx,
     rate: RateLimit,
     peer: PeerHandle,
     /// The client's `initialize` params, once received.
     init: Option<Arc<Value>>,
-    attached: HashMap<String, SessionHandle>,
-    /// Handler tasks; each may return a session it attached to.
-    handlers: JoinSet<Option<SessionHandle>>,
+    sessions: HashMap<String, Slot>,
+    handlers: JoinSet<Done>,
 }
 
 impl Connection {
@@ -185,10 +214,10 @@ impl Connection {
                         .create(&principal, &profile, client, params, responder)
                         .await
                     {
-                        Ok(h) => Some(h),
+                        Ok(h) => Done::Created(h),
                         Err((e, r)) => {
                             r.respond(Err(e.into())).await;
-                            None
+                            Done::Nothing
                         }
                     }
                 });
@@ -203,7 +232,7 @@ impl Connection {
                     responder
                         .respond(hub.list(&principal, cwd, cursor).await.map_err(Into::into))
                         .await;
-                    None
+                    Done::Nothing
                 });
             }
             "session/load" | "session/resume" | "_acpd/session/attach" => {
@@ -233,8 +262,7 @@ impl Connection {
                     mode,
                     responder: Some(responder),
                 };
-                self.handlers
-                    .spawn(send_send_session(hub, sid, principal, cmd));
+                self.send_session(sid, cmd, &init).await;
             }
             _ => {
                 let Some(sid) = session_id(&params) else {
@@ -249,7 +277,7 @@ impl Connection {
                             Err(e) => Err(e.into()),
                         };
                         responder.respond(result).await;
-                        None
+                        Done::Nothing
                     });
                     return;
                 };
@@ -299,70 +327,92 @@ impl Connection {
                     if let Ok(a) = agent.await {
                         let _ = a.peer.notify(&n.method, Some(params)).await;
                     }
-                    None
+                    Done::Nothing
                 });
             }
         }
     }
 
-    /// Sends a session-scoped command, in order when this connection is attached already.
+    /// Sends a session-scoped command in arrival order: at once when this connection is
+    /// attached, queued behind the others while the session is being opened.
     async fn send_session(&mut self, sid: String, cmd: SessionCommand, init: &Arc<Value>) {
-        let cmd = match self.attached.get(&sid) {
-            Some(h) => match h.send(cmd).await {
+        let cmd = match self.sessions.get_mut(&sid) {
+            Some(Slot::Opening(queue)) if queue.len() >= OPENING_QUEUE => {
+                let e = AcpError::Internal("too many commands for a session being opened".into());
+                return reject(cmd, e).await;
+            }
+            Some(Slot::Opening(queue)) => return queue.push_back(cmd),
+            Some(Slot::Attached(h)) => match h.send(cmd).await {
                 Ok(()) => return,
-                Err(cmd) => {
-                    self.attached.remove(&sid);
-                    cmd
-                }
+                // Its actor ended (idle, closed): open it again.
+                Err(cmd) => cmd,
             },
             None => cmd,
         };
+        // An implicit attach first, so what the commands cause reaches this connection;
+        // not before a load/resume/attach (it is one) or a delete (nothing to see).
+        let mut queue = VecDeque::new();
+        if !matches!(
+            cmd,
+            SessionCommand::Attach { .. } | SessionCommand::Delete { .. }
+        ) {
+            queue.push_back(SessionCommand::Attach {
+                client: self.client(init),
+                mode: AttachMode::Implicit,
+                responder: None,
+            });
+        }
+        queue.push_back(cmd);
+        self.sessions.insert(sid.clone(), Slot::Opening(queue));
         let hub = self.ctx.hub.clone();
         let principal = self.ctx.principal.clone();
-        // Deleting what does not exist succeeds (ACP session-delete); no attach is needed.
-        if let SessionCommand::Delete { responder } = cmd {
-            self.handlers.spawn(async move {
-                match hub.open(&sid, &principal).await {
-                    Ok(h) => {
-                        if let Err(SessionCommand::Delete { responder }) =
-                            h.send(SessionCommand::Delete { responder }).await
-                        {
-                            responder.respond(Err(AcpError::SessionGone.into())).await;
-                        }
-                    }
-                    Err(AcpError::SessionNotFound(_)) => responder.respond(Ok(json!({}))).await,
-                    Err(e) => responder.respond(Err(e.into())).await,
-                }
-                None
-            });
-            return;
-        }
-        let attach = SessionCommand::Attach {
-            client: self.client(init),
-            mode: AttachMode::Implicit,
-            responder: None,
-        };
         self.handlers.spawn(async move {
-            let handle = match hub.open(&sid, &principal).await {
-                Ok(h) => h,
-                Err(e) => {
-                    reject(cmd, e).await;
-                    return None;
-                }
-            };
-            // Attach first, so what the command causes reaches this connection.
-            let sent = match handle.send(attach).await {
-                Ok(()) => handle.send(cmd).await,
-                Err(_) => Err(cmd),
-            };
-            match sent {
-                Ok(()) => Some(handle),
-                Err(cmd) => {
-                    reject(cmd, AcpError::SessionGone).await;
-                    None
-                }
-            }
+            let result = hub.open(&sid, &principal).await;
+            Done::Opened { sid, result }
         });
+    }
+
+    /// The hub answered for a session being opened, or `session/new` made one: the commands
+    /// queued for it go, in order. (The client may use a new session's id before the handler
+    /// that made it is back: its commands then wait for whichever answer comes first.)
+    async fn opened(&mut self, sid: String, result: Result<SessionHandle, AcpError>) {
+        let queue = match self.sessions.remove(&sid) {
+            Some(Slot::Opening(queue)) => queue,
+            Some(attached) => {
+                // Attached already (the other answer came first).
+                self.sessions.insert(sid, attached);
+                return;
+            }
+            None => VecDeque::new(),
+        };
+        let handle = match result {
+            Ok(h) => h,
+            Err(e) => {
+                let not_found = matches!(e, AcpError::SessionNotFound(_));
+                let e: ResponseError = e.into();
+                for cmd in queue {
+                    match cmd {
+                        // Deleting what does not exist succeeds (ACP session-delete).
+                        SessionCommand::Delete { responder } if not_found => {
+                            responder.respond(Ok(json!({}))).await
+                        }
+                        cmd => cmd.reject(e.clone()).await,
+                    }
+                }
+                return;
+            }
+        };
+        let mut queue = queue.into_iter();
+        for cmd in queue.by_ref() {
+            if let Err(cmd) = handle.send(cmd).await {
+                reject(cmd, AcpError::SessionGone).await;
+                for cmd in queue {
+                    reject(cmd, AcpError::SessionGone).await;
+                }
+                return;
+            }
+        }
+        self.sessions.insert(sid, Slot::Attached(handle));
     }
 
     fn initialize(&mut self, params: Value, responder: Responder) {
@@ -376,7 +426,7 @@ impl Connection {
                 Err(e) => Err(e.into()),
             };
             responder.respond(result).await;
-            None
+            Done::Nothing
         });
     }
 
@@ -387,29 +437,6 @@ impl Connection {
         let pool = self.ctx.hub.pool().clone();
         let key = self.agent_key();
         async move { pool.get(key, init).await.map_err(AcpError::from) }
-    }
-}
-
-/// Opens a session and sends it a command; answers the command's responder on failure.
-async fn send_send_session(
-    hub: SessionHub,
-    sid: String,
-    principal: String,
-    cmd: SessionCommand,
-) -> Option<SessionHandle> {
-    let handle = match hub.open(&sid, &principal).await {
-        Ok(h) => h,
-        Err(e) => {
-            reject(cmd, e).await;
-            return None;
-        }
-    };
-    match handle.send(cmd).await {
-        Ok(()) => Some(handle),
-        Err(cmd) => {
-            reject(cmd, AcpError::SessionGone).await;
-            None
-        }
     }
 }
 

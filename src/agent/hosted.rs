@@ -3,8 +3,8 @@
 //! The process runs in its own process group, dies with acpd (`PR_SET_PDEATHSIG`), and its
 //! stderr goes to acpd's log. One router task owns the map from the agent's session ids to
 //! session actors and forwards what the agent sends.
+//! The router (`hosted/router.rs`) never waits on one session.
 
-use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,16 +16,19 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+mod router;
+
 use super::{AgentError, AgentEvent, AgentHandle};
 use crate::config::AgentProfile;
-use acpd_wire::{self, Incoming, Link, ResponseError};
+use acpd_wire::{self, Link};
+use router::Router;
 
 /// Longest an agent may take to answer `initialize`.
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Messages kept for a session id the agent used before acpd knew it.
-const EARLY_LIMIT: usize = 1024;
+pub(super) const EARLY_LIMIT: usize = 1024;
 /// Grace between SIGTERM and SIGKILL when acpd stops an agent.
-const KILL_GRACE: Duration = Duration::from_secs(2);
+pub(super) const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Agents may write long lines (a file's content); the line limit is generous.
 const MAX_AGENT_LINE: usize = 256 * 1024 * 1024;
 
@@ -126,13 +129,7 @@ pub(super) async fn connect(
     };
     let (router_tx, router_rx) = mpsc::unbounded_channel();
     let exited = CancellationToken::new();
-    let router = Router {
-        agent: name.to_owned(),
-        routes: HashMap::new(),
-        by_agent_sid: HashMap::new(),
-        last_route: None,
-        early: HashMap::new(),
-    };
+    let router = Router::new(name, tasks.clone());
     tasks.spawn(router.run(
         process,
         incoming,
@@ -251,173 +248,4 @@ async fn kill_group(child: &mut Child) {
         }
     }
     let _ = child.wait().await;
-}
-
-struct Router {
-    agent: String,
-    /// acpd session id -> its actor.
-    routes: HashMap<String, mpsc::Sender<AgentEvent>>,
-    /// The agent's session id -> acpd session id.
-    by_agent_sid: HashMap<String, String>,
-    /// The session the agent spoke about last: where a request without a `sessionId` (an
-    /// extension method, say) most likely belongs.
-    last_route: Option<String>,
-    /// Messages for session ids not registered yet (the agent spoke before its response).
-    early: HashMap<String, Vec<AgentEvent>>,
-}
-
-impl Router {
-    async fn run(
-        mut self,
-        mut process: Process,
-        mut incoming: mpsc::Receiver<Incoming>,
-        mut commands: mpsc::UnboundedReceiver<RouterCommand>,
-        exited: CancellationToken,
-        io_cancel: CancellationToken,
-        shutdown: CancellationToken,
-    ) {
-        metrics::gauge!(crate::metrics::AGENT_PROCESSES).increment(1);
-        let status = loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => {
-                    process.kill().await;
-                    break "acpd shut down".to_owned();
-                }
-                status = process.wait() => {
-                    // What the agent wrote before it died still counts: route it before
-                    // telling sessions it is gone (bounded: a grandchild may hold stdout).
-                    let drain = async {
-                        while let Some(m) = incoming.recv().await {
-                            self.route(m).await;
-                        }
-                    };
-                    let _ = tokio::time::timeout(KILL_GRACE, drain).await;
-                    break status;
-                }
-                cmd = commands.recv() => match cmd {
-                    Some(RouterCommand::Register { route, agent_session_id, events }) => {
-                        if let Some(asid) = agent_session_id {
-                            for ev in self.early.remove(&asid).unwrap_or_default() {
-                                let _ = events.send(ev).await;
-                            }
-                            self.by_agent_sid.retain(|_, r| *r != route);
-                            self.by_agent_sid.insert(asid, route.clone());
-                        }
-                        self.routes.insert(route, events);
-                    }
-                    Some(RouterCommand::Active { route }) => self.last_route = Some(route),
-                    Some(RouterCommand::Unregister { route }) => {
-                        self.routes.remove(&route);
-                        self.by_agent_sid.retain(|_, r| *r != route);
-                    }
-                    // Every handle is gone: nobody can use this agent any more.
-                    None => {
-                        process.kill().await;
-                        break "no longer used".to_owned();
-                    }
-                },
-                msg = incoming.recv() => match msg {
-                    Some(m) => self.route(m).await,
-                    // stdout closed: wait for the exit status on the next turn.
-                    None => {
-                        let status = match tokio::time::timeout(KILL_GRACE, process.wait()).await {
-                            Ok(s) => s,
-                            Err(_) => {
-                                process.kill().await;
-                                "closed its stdout".to_owned()
-                            }
-                        };
-                        break status;
-                    }
-                },
-            }
-        };
-        tracing::warn!(agent = %self.agent, %status, "agent process ended");
-        metrics::counter!(crate::metrics::AGENT_EXITS_TOTAL).increment(1);
-        metrics::gauge!(crate::metrics::AGENT_PROCESSES).decrement(1);
-        exited.cancel();
-        io_cancel.cancel();
-        for (_, tx) in self.routes.drain() {
-            let _ = tx
-                .send(AgentEvent::Exited {
-                    status: status.clone(),
-                })
-                .await;
-        }
-    }
-
-    async fn route(&mut self, msg: Incoming) {
-        let (sid, event) = match msg {
-            Incoming::Response { route, tag, result } => {
-                if let Some(tx) = self.routes.get(&route) {
-                    let _ = tx.send(AgentEvent::Response { tag, result }).await;
-                }
-                self.last_route = Some(route);
-                return;
-            }
-            Incoming::Notification(n) => {
-                let params = n.params.unwrap_or(Value::Null);
-                let sid = session_id_of(&params);
-                (
-                    sid,
-                    AgentEvent::Notification {
-                        method: n.method,
-                        params,
-                    },
-                )
-            }
-            Incoming::Request(r) => {
-                let sid = r.params.as_ref().and_then(session_id_of);
-                if sid.is_none() {
-                    let target = self
-                        .last_route
-                        .as_ref()
-                        .and_then(|route| self.routes.get(route));
-                    match target {
-                        Some(tx) => {
-                            let _ = tx.send(AgentEvent::Request(r)).await;
-                        }
-                        None => {
-                            tracing::debug!(agent = %self.agent, method = %r.method, "agent request with no session to route it to");
-                            r.responder
-                                .respond(Err(ResponseError::method_not_found(&r.method)))
-                                .await;
-                        }
-                    }
-                    return;
-                }
-                (sid, AgentEvent::Request(r))
-            }
-        };
-        let Some(sid) = sid else {
-            tracing::debug!(agent = %self.agent, "agent notification without a sessionId dropped");
-            return;
-        };
-        match self
-            .by_agent_sid
-            .get(&sid)
-            .and_then(|r| self.routes.get(r).map(|tx| (r, tx)))
-        {
-            Some((route, tx)) => {
-                let _ = tx.send(event).await;
-                self.last_route = Some(route.clone());
-            }
-            None => {
-                if self.early.len() > EARLY_LIMIT {
-                    self.early.clear();
-                }
-                let q = self.early.entry(sid).or_default();
-                if q.len() < EARLY_LIMIT {
-                    q.push(event);
-                }
-            }
-        }
-    }
-}
-
-fn session_id_of(params: &Value) -> Option<String> {
-    params
-        .get("sessionId")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
 }

@@ -6,8 +6,10 @@
 //! `outbox.rs`), so nothing reaches a client that a later `session/load` could not replay.
 
 mod attach;
+mod events;
 mod journal;
 mod restore;
+mod rows;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::outbox::{Out, Outbox};
-use super::pending::{Pending, PendingRequests};
+use super::pending::PendingRequests;
 use super::{AttachMode, ConnId, HubCommand, SessionCommand, SessionHandle, Shared};
 use crate::agent::{AgentError, AgentEvent, AgentHandle};
 use crate::error::AcpError;
@@ -39,7 +41,8 @@ pub(super) fn spawn(
         principal: Arc::from(row.principal_id.as_str()),
         tx,
     };
-    let (durable, durable_rx) = watch::channel(row.last_seq);
+    let journaled = row.last_seq;
+    let (durable, durable_rx) = watch::channel(journaled);
     let mut session = Session {
         id,
         next_seq: row.last_seq + 1,
@@ -50,18 +53,21 @@ pub(super) fn spawn(
         events: ev_tx,
         durable: Arc::new(durable),
         durable_rx,
-        outbox: Outbox::default(),
-        inflight: std::collections::HashMap::new(),
-        next_tag: 1,
-        cancel_requested: false,
-        turn_conn: None,
+        outbox: Outbox::new(shared.tasks.clone(), journaled),
+        turn: Turn {
+            inflight: std::collections::HashMap::new(),
+            next_tag: 1,
+            cancel_requested: false,
+            conn: None,
+            own_from: 0,
+        },
         pending: PendingRequests::default(),
         deferred: VecDeque::new(),
         tasks: JoinSet::new(),
         last_init: None,
         ending: false,
-        compacting: false,
-        retention_wanted: false,
+        upkeep: Upkeep::default(),
+        rows: rows::RowWrites::default(),
     };
     if let Some((agent, agent_sid)) = agent {
         agent.register(&session.id, Some(&agent_sid), session.events.clone());
@@ -113,39 +119,62 @@ enum TaskDone {
     /// A journal page for a lagging client.
     CatchUp {
         conn: ConnId,
+        after: i64,
         page: Result<Vec<acpd_store::JournalEntry>, StoreError>,
     },
+    Row(rows::RowDone),
 }
 
-pub(super) struct Session {
-    id: Arc<str>,
-    row: SessionRow,
-    /// Parsed `row.meta`: the agent's last `modes`/`configOptions`, the `mcpServers`.
-    meta: Value,
-    shared: Shared,
-    agent: AgentState,
-    /// Given to the agent router so the agent's messages reach this actor.
-    events: mpsc::Sender<AgentEvent>,
-    next_seq: i64,
-    durable: Arc<watch::Sender<i64>>,
-    durable_rx: watch::Receiver<i64>,
-    outbox: Outbox,
+/// In-band requests to the agent and the running turn.
+struct Turn {
     inflight: std::collections::HashMap<u64, Inflight>,
     next_tag: u64,
     cancel_requested: bool,
     /// The connection whose prompt is running: the agent's requests go there first.
-    turn_conn: Option<ConnId>,
-    pending: PendingRequests,
-    /// Commands that wait for the agent to be bound.
-    deferred: VecDeque<SessionCommand>,
-    tasks: JoinSet<TaskDone>,
-    /// The newest client `initialize` params, to start the agent with.
-    last_init: Option<Arc<Value>>,
-    ending: bool,
+    conn: Option<ConnId>,
+    /// The first seq of that prompt's turn (its own prompt is not echoed to it).
+    own_from: i64,
+}
+
+/// Journal retention passes (`retention.rs`).
+#[derive(Default)]
+struct Upkeep {
     /// A retention pass is running.
     compacting: bool,
     /// Another pass is due when the running one ends.
     retention_wanted: bool,
+}
+
+/// The session's state, grouped by what owns it.
+pub(super) struct Session {
+    id: Arc<str>,
+    shared: Shared,
+    // The session row (`rows.rs` writes it).
+    row: SessionRow,
+    /// Parsed `row.meta`: the agent's last `modes`/`configOptions`, the `mcpServers`.
+    meta: Value,
+    /// Session row updates on their way to the store.
+    rows: rows::RowWrites,
+    // The journal (`journal.rs`): position and durable watermark.
+    next_seq: i64,
+    durable: Arc<watch::Sender<i64>>,
+    durable_rx: watch::Receiver<i64>,
+    // The agent side (`restore.rs`).
+    agent: AgentState,
+    /// Given to the agent router so the agent's messages reach this actor.
+    events: mpsc::Sender<AgentEvent>,
+    /// Commands that wait for the agent to be bound.
+    deferred: VecDeque<SessionCommand>,
+    /// The newest client `initialize` params, to start the agent with.
+    last_init: Option<Arc<Value>>,
+    turn: Turn,
+    // The clients (`attach.rs`, `outbox.rs`, `pending.rs`).
+    outbox: Outbox,
+    pending: PendingRequests,
+    // Helper tasks and the session's end.
+    tasks: JoinSet<TaskDone>,
+    upkeep: Upkeep,
+    ending: bool,
 }
 
 impl Session {
@@ -198,6 +227,7 @@ impl Session {
                 idle_since = Instant::now();
             }
             let now_turns = self
+                .turn
                 .inflight
                 .values()
                 .filter(|f| matches!(f, Inflight::Prompt { .. }))
@@ -226,6 +256,10 @@ impl Session {
         if detached {
             metrics::gauge!(crate::metrics::SESSIONS_DETACHED).decrement(1);
         }
+        // Row writes under way finish on their own; what is still queued is written here,
+        // and what waited for it goes.
+        self.tasks.detach_all();
+        self.finish_rows().await;
         self.flush().await;
         if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } = &self.agent {
             agent.unregister(&self.id);
@@ -242,12 +276,28 @@ impl Session {
 
     fn is_idle(&self) -> bool {
         self.outbox.clients_len() == 0
-            && self.inflight.is_empty()
+            && self.turn.inflight.is_empty()
             && self.pending.is_empty()
             && self.outbox.is_empty()
+            && self.rows.is_idle()
+    }
+
+    /// Answers a client's request after what is queued for it; never waits on the client.
+    fn reply(&mut self, responder: Responder, result: Result<Value, ResponseError>) {
+        self.outbox.push(Out::Reply { responder, result });
+    }
+
+    /// Answers a command that will not run with `e`.
+    fn refuse(&mut self, cmd: SessionCommand, e: ResponseError) {
+        if let Some(r) = cmd.into_responder() {
+            self.reply(r, Err(e));
+        }
     }
 
     async fn on_command(&mut self, cmd: SessionCommand) {
+        if self.ending || self.rows.closing() {
+            return self.refuse(cmd, AcpError::SessionGone.into());
+        }
         if needs_agent(&cmd) && !matches!(self.agent, AgentState::Bound { .. }) {
             if let SessionCommand::Attach { client, .. } = &cmd {
                 self.last_init = Some(client.init.clone());
@@ -268,11 +318,11 @@ impl Session {
                 client,
                 mode,
                 responder,
-            } => self.attach(client, mode, responder).await,
+            } => self.attach(client, mode, responder),
             SessionCommand::Detach { conn } => {
                 self.outbox.detach(&conn);
-                if self.turn_conn.as_ref() == Some(&conn) {
-                    self.turn_conn = None;
+                if self.turn.conn.as_ref() == Some(&conn) {
+                    self.turn.conn = None;
                 }
             }
             SessionCommand::Prompt {
@@ -287,9 +337,11 @@ impl Session {
                 responder,
             } => match self.send_in_band(&method, params).await {
                 Ok(tag) => {
-                    self.inflight.insert(tag, Inflight::Relay { responder });
+                    self.turn
+                        .inflight
+                        .insert(tag, Inflight::Relay { responder });
                 }
-                Err(e) => responder.respond(Err(e.into())).await,
+                Err(e) => self.reply(responder, Err(e.into())),
             },
             SessionCommand::RelayNotification { method, params } => {
                 if let AgentState::Bound { agent, agent_sid } = &self.agent {
@@ -305,25 +357,29 @@ impl Session {
     }
 
     async fn prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
+        self.turn.own_from = self.next_seq;
         if let Some(blocks) = params.get("prompt").and_then(Value::as_array) {
             for block in blocks.clone() {
                 let update = json!({ "sessionId": &*self.id, "update": { "sessionUpdate": "user_message_chunk", "content": block } });
                 self.journal(update, Some(conn.clone())).await;
             }
         }
-        self.turn_conn = Some(conn);
+        self.turn.conn = Some(conn);
         if self
+            .turn
             .inflight
             .values()
             .all(|f| !matches!(f, Inflight::Prompt { .. }))
         {
-            self.cancel_requested = false;
+            self.turn.cancel_requested = false;
         }
         match self.send_in_band("session/prompt", params).await {
             Ok(tag) => {
-                self.inflight.insert(tag, Inflight::Prompt { responder });
+                self.turn
+                    .inflight
+                    .insert(tag, Inflight::Prompt { responder });
             }
-            Err(e) => responder.respond(Err(e.into())).await,
+            Err(e) => self.reply(responder, Err(e.into())),
         }
     }
 
@@ -332,8 +388,8 @@ impl Session {
         let AgentState::Bound { agent, agent_sid } = &self.agent else {
             return Err(AcpError::AgentExited("no agent process".into()));
         };
-        let tag = self.next_tag;
-        self.next_tag += 1;
+        let tag = self.turn.next_tag;
+        self.turn.next_tag += 1;
         let params = with_session_id(params, agent_sid);
         match agent.request_in_band(method, params, &self.id, tag).await {
             Ok(_) => Ok(tag),
@@ -345,118 +401,18 @@ impl Session {
     }
 
     fn tag(&mut self) -> u64 {
-        self.next_tag += 1;
-        self.next_tag - 1
-    }
-
-    async fn on_agent_event(&mut self, ev: AgentEvent) {
-        match ev {
-            AgentEvent::Notification { method, params } => {
-                if matches!(self.agent, AgentState::Restoring { .. }) {
-                    // The agent replaying its own history: acpd's journal already has it.
-                    return;
-                }
-                if method == "session/update" {
-                    self.journal(params, None).await;
-                } else {
-                    let params = with_session_id(params, &self.id);
-                    let text =
-                        json!({ "jsonrpc": "2.0", "method": method, "params": params }).to_string();
-                    self.outbox.push(Out::Raw(text.into()));
-                }
-            }
-            AgentEvent::Request(req) => {
-                if matches!(self.agent, AgentState::Restoring { .. }) {
-                    req.responder
-                        .respond(Err(ResponseError::internal(
-                            "the session is being restored",
-                        )))
-                        .await;
-                    return;
-                }
-                let params = req.params.unwrap_or(Value::Null);
-                // Rewrite the agent's session id; a request without one stays without.
-                let params = if params.get("sessionId").is_some() {
-                    with_session_id(params, &self.id)
-                } else {
-                    params
-                };
-                let deadline = Instant::now() + self.shared.settings.pending_request_timeout;
-                let id =
-                    self.pending
-                        .insert(Pending::new(req.method, params, req.responder, deadline));
-                self.outbox.push(Out::Request(id));
-            }
-            AgentEvent::Response { tag, result } => match self.inflight.remove(&tag) {
-                Some(Inflight::Prompt { responder }) => {
-                    let result = match result {
-                        Err(_) if self.cancel_requested => Ok(json!({ "stopReason": "cancelled" })),
-                        r => r,
-                    };
-                    let reason = match &result {
-                        Ok(v) => v
-                            .get("stopReason")
-                            .and_then(Value::as_str)
-                            .unwrap_or("unknown")
-                            .to_owned(),
-                        Err(_) => "error".to_owned(),
-                    };
-                    metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason)
-                        .increment(1);
-                    self.save(self.patch()).await;
-                    self.outbox.push(Out::Reply { responder, result });
-                    self.retention();
-                }
-                Some(Inflight::Relay { responder }) => {
-                    self.outbox.push(Out::Reply { responder, result })
-                }
-                Some(Inflight::Restore(step)) => self.restore_done(step, result).await,
-                None => {}
-            },
-            AgentEvent::Exited { status } => self.agent_exited(status).await,
-        }
-    }
-
-    async fn agent_exited(&mut self, status: String) {
-        tracing::warn!(session = %self.id, %status, "agent exited under the session");
-        let was_restoring = matches!(self.agent, AgentState::Restoring { .. });
-        self.agent = AgentState::Unbound;
-        let cancelled = self.cancel_requested;
-        for (_, f) in self.inflight.drain() {
-            match f {
-                Inflight::Prompt { responder } => {
-                    let result = if cancelled {
-                        Ok(json!({ "stopReason": "cancelled" }))
-                    } else {
-                        Err(AcpError::AgentExited(status.clone()).into())
-                    };
-                    self.outbox.push(Out::Reply { responder, result });
-                }
-                Inflight::Relay { responder } => {
-                    self.outbox.push(Out::Reply {
-                        responder,
-                        result: Err(AcpError::AgentExited(status.clone()).into()),
-                    });
-                }
-                Inflight::Restore(_) => {}
-            }
-        }
-        if was_restoring {
-            self.restore_failed(format!("the agent exited ({status})"))
-                .await;
-        }
-        for p in self.pending.drain() {
-            p.withdraw();
-        }
+        self.turn.next_tag += 1;
+        self.turn.next_tag - 1
     }
 
     async fn on_task(&mut self, done: TaskDone) {
         match done {
             TaskDone::AgentReady(Ok(agent)) => self.restore_step(agent, None).await,
-            TaskDone::CatchUp { conn, page } => self.on_catch_up(conn, page),
+            TaskDone::CatchUp { conn, after, page } => self.on_catch_up(conn, after, page),
+            TaskDone::Row(done) => self.on_row_done(done),
             TaskDone::Retention(r) => {
-                self.compacting = false;
-                if self.retention_wanted {
+                self.upkeep.compacting = false;
+                if self.upkeep.retention_wanted {
                     self.retention();
                 }
                 match r {
@@ -477,7 +433,7 @@ impl Session {
                 self.agent = AgentState::Unbound;
                 let err: ResponseError = AcpError::Agent(e).into();
                 while let Some(cmd) = self.deferred.pop_front() {
-                    cmd.reject(err.clone()).await;
+                    self.refuse(cmd, err.clone());
                 }
             }
             TaskDone::ClientAnswer {
@@ -517,12 +473,12 @@ impl Session {
             return;
         }
         // One pass at a time; a turn that ends during a pass gets another pass after it.
-        self.retention_wanted = true;
-        if self.compacting {
+        self.upkeep.retention_wanted = true;
+        if self.upkeep.compacting {
             return;
         }
-        self.compacting = true;
-        self.retention_wanted = false;
+        self.upkeep.compacting = true;
+        self.upkeep.retention_wanted = false;
         let (store, id) = (self.shared.store.clone(), self.id.clone());
         // Compact what the turns wrote once it is all committed.
         let (mut durable, upto) = (self.durable_rx.clone(), self.next_seq - 1);
@@ -536,7 +492,7 @@ impl Session {
     fn dispatch(&mut self, id: u64, prefer: Option<&ConnId>) {
         let target = prefer
             .cloned()
-            .or_else(|| self.outbox.pick_client(self.turn_conn.as_ref()));
+            .or_else(|| self.outbox.pick_client(self.turn.conn.as_ref()));
         let Some(client) = target.and_then(|c| self.outbox.client(&c)) else {
             return;
         };

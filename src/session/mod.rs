@@ -4,6 +4,7 @@
 
 mod actor;
 pub mod compaction;
+mod hub;
 mod outbox;
 mod pending;
 mod retention;
@@ -19,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::agent::{AgentHandle, AgentKey, AgentPool};
 use crate::config::SessionSettings;
 use crate::error::AcpError;
-use acpd_store::{ListQuery, SessionRow, Store};
+use acpd_store::{ListQuery, SessionRow, Store, StoreError};
 use acpd_wire::{PeerHandle, Responder, ResponseError};
 
 /// Identifies one client connection.
@@ -89,6 +90,13 @@ pub enum SessionCommand {
 impl SessionCommand {
     /// Answers the command with an error, if it expects an answer (it never ran).
     pub async fn reject(self, e: ResponseError) {
+        if let Some(r) = self.into_responder() {
+            r.respond(Err(e)).await
+        }
+    }
+
+    /// The responder the command would answer, if it expects an answer.
+    pub fn into_responder(self) -> Option<Responder> {
         match self {
             SessionCommand::Attach {
                 responder: Some(r), ..
@@ -96,8 +104,8 @@ impl SessionCommand {
             | SessionCommand::Prompt { responder: r, .. }
             | SessionCommand::Relay { responder: r, .. }
             | SessionCommand::Close { responder: r }
-            | SessionCommand::Delete { responder: r } => r.respond(Err(e)).await,
-            _ => {}
+            | SessionCommand::Delete { responder: r } => Some(r),
+            _ => None,
         }
     }
 }
@@ -142,6 +150,11 @@ pub(crate) enum HubCommand {
         principal: String,
         reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
     },
+    /// The store's answer for a session being opened.
+    Loaded {
+        id: String,
+        row: Box<Result<Option<SessionRow>, StoreError>>,
+    },
     Spawn {
         row: Box<SessionRow>,
         agent: Option<(AgentHandle, String)>,
@@ -184,9 +197,10 @@ impl SessionHub {
             hub: tx,
             turns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         };
-        let task = HubTask {
+        let task = hub::HubTask {
             shared: shared.clone(),
             live: HashMap::new(),
+            opening: HashMap::new(),
             serial: 0,
         };
         tasks.spawn(task.run(rx));
@@ -365,92 +379,6 @@ impl SessionHub {
             out["nextCursor"] = json!(c);
         }
         Ok(out)
-    }
-}
-
-struct HubTask {
-    shared: Shared,
-    live: HashMap<Arc<str>, (u64, SessionHandle)>,
-    serial: u64,
-}
-
-impl HubTask {
-    async fn run(mut self, mut rx: mpsc::Receiver<HubCommand>) {
-        loop {
-            let cmd = tokio::select! {
-                _ = self.shared.shutdown.cancelled() => break,
-                cmd = rx.recv() => match cmd { Some(c) => c, None => break },
-            };
-            match cmd {
-                HubCommand::Open {
-                    id,
-                    principal,
-                    reply,
-                } => {
-                    let r = self.open(&id, &principal).await;
-                    let _ = reply.send(r);
-                }
-                HubCommand::Spawn { row, agent, reply } => {
-                    let _ = reply.send(self.start(*row, agent));
-                }
-                HubCommand::Admit { principal, reply } => {
-                    let _ = reply.send(self.admits(&principal));
-                }
-                HubCommand::CancelAll => {
-                    for (_, h) in self.live.values() {
-                        let _ = h.send(SessionCommand::Cancel).await;
-                    }
-                }
-                HubCommand::Ended { id, serial } => {
-                    if self.live.get(&id).is_some_and(|(s, _)| *s == serial) {
-                        self.live.remove(&id);
-                    }
-                }
-            }
-        }
-    }
-
-    async fn open(&mut self, id: &str, principal: &str) -> Result<SessionHandle, AcpError> {
-        if let Some((_, h)) = self.live.get(id)
-            && !h.is_closed()
-        {
-            // The owner is checked against the store row the actor was started from.
-            return if &*h.principal == principal {
-                Ok(h.clone())
-            } else {
-                Err(AcpError::SessionNotFound(id.to_owned()))
-            };
-        }
-        let row = self.shared.store.session(id).await?;
-        match row {
-            Some(row) if row.principal_id == principal => {
-                if !self.admits(principal) {
-                    return Err(AcpError::TooManySessions);
-                }
-                Ok(self.start(row, None))
-            }
-            _ => Err(AcpError::SessionNotFound(id.to_owned())),
-        }
-    }
-
-    /// Whether `principal` may have one more live session.
-    fn admits(&self, principal: &str) -> bool {
-        let max = self.shared.settings.max_live_per_principal;
-        max == 0
-            || self
-                .live
-                .values()
-                .filter(|(_, h)| !h.is_closed() && &*h.principal == principal)
-                .count()
-                < max
-    }
-
-    fn start(&mut self, row: SessionRow, agent: Option<(AgentHandle, String)>) -> SessionHandle {
-        self.serial += 1;
-        let id: Arc<str> = Arc::from(row.id.as_str());
-        let handle = actor::spawn(row, agent, self.shared.clone(), self.serial);
-        self.live.insert(id, (self.serial, handle.clone()));
-        handle
     }
 }
 

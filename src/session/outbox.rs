@@ -8,23 +8,28 @@
 //! up. Memory stays bounded, the agent is never slowed, and every other client and session goes
 //! on. A lagging client that takes nothing off its queue for `slow_client_cutoff` (a setting)
 //! is cut off (it can reconnect and replay from the journal).
+//!
+//! `session/load` and `_acpd/session/attach` replay through the same path: the client starts
+//! out lagging behind `after`, is fed journal pages by tasks as its queue drains, and the
+//! answer to its request is held behind the replay. A connection has one writer for as long as
+//! it is attached, re-attaches included; an attach never sends it a seq twice (a load replays
+//! the whole history again).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+mod writer;
 
 use super::{Client, ConnId};
 use acpd_wire::{Responder, ResponseError};
+use writer::{CLIENT_QUEUE, CLIENT_QUEUE_BYTES, ClientOut, Writer, queue_out, reply};
 
-/// Messages queued for one client before it counts as too slow and is disconnected.
-const CLIENT_QUEUE: usize = 4096;
-/// Bytes queued for one client before it counts as too slow.
-const CLIENT_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 /// How often lagging clients are looked at (queue drained? stalled?).
 const LAG_CHECK: Duration = Duration::from_millis(20);
 /// Journal entries read per catch-up page.
@@ -48,48 +53,19 @@ pub(super) enum Out {
     Request(u64),
 }
 
-/// What a client's writer task sends, in order.
-enum ClientOut {
-    Raw(Arc<str>),
-    /// Boxed: it is the large variant, and full queues hand messages back by value.
-    Reply(Box<(Responder, Result<Value, ResponseError>)>),
-}
-
 pub(super) struct Attached {
     pub client: Client,
-    /// The highest seq this client has been sent (by replay or live).
-    pub sent_upto: i64,
-}
-
-/// One attached client and its writer task. Dropping it closes the queue: the task sends
-/// what is queued (a close or delete answer may be last) and ends; if the connection is gone
-/// it ends at the first failed send.
-struct Writer {
-    client: Client,
-    sent_upto: i64,
-    tx: mpsc::Sender<ClientOut>,
-    /// Counters the writer task updates; only their bounds and movement matter.
-    progress: Arc<Progress>,
-    /// Set while the client is fed from the journal instead of live.
-    lag: Option<Lag>,
-}
-
-#[derive(Default)]
-struct Progress {
-    /// Bytes queued and not yet handed to the connection.
-    queued: AtomicUsize,
-    /// Messages handed to the connection so far.
-    handed: AtomicU64,
-}
-
-struct Lag {
-    /// `progress.handed` when last looked at, and when it last moved.
-    handed: u64,
-    moved_at: Instant,
-    /// A journal page is being read for this client.
-    reading: bool,
-    /// Non-journal messages for the client, in order, each after the updates up to its seq.
-    held: VecDeque<(i64, ClientOut)>,
+    /// The highest seq this client has: what comes after it is replayed from the journal.
+    pub after: i64,
+    /// The answer to the request that attached it, if any.
+    pub reply: Option<(Responder, Result<Value, ResponseError>)>,
+    /// The answer goes after the replay (`session/load`, attach) rather than first.
+    pub reply_after_replay: bool,
+    /// Replay from `after` even what this connection has been sent (a load shows the whole
+    /// history again); otherwise a connection is never sent a seq twice.
+    pub resend: bool,
+    /// Updates are held this long once the answer is out (the bootstrap hold).
+    pub hold: Duration,
 }
 
 /// A journal page to read for a lagging client: entries after `after`.
@@ -98,16 +74,28 @@ pub(super) struct CatchUp {
     pub after: i64,
 }
 
-#[derive(Default)]
 pub(super) struct Outbox {
     items: VecDeque<Out>,
     clients: Vec<Writer>,
     hold_until: Option<Instant>,
     /// The highest update seq that has left `items`.
     flushed_upto: i64,
+    /// Writer tasks and answers to detached clients run here, so shutdown waits for them.
+    tasks: TaskTracker,
 }
 
 impl Outbox {
+    /// `journaled`: the last seq journaled before this actor started; it left long ago.
+    pub fn new(tasks: TaskTracker, journaled: i64) -> Outbox {
+        Outbox {
+            items: VecDeque::new(),
+            clients: Vec::new(),
+            hold_until: None,
+            flushed_upto: journaled,
+            tasks,
+        }
+    }
+
     pub fn push(&mut self, out: Out) {
         self.items.push_back(out);
     }
@@ -136,46 +124,84 @@ impl Outbox {
         }
     }
 
-    /// Adds a client (replacing an earlier attachment of the same connection) and starts its
-    /// writer.
-    pub fn attach(&mut self, a: Attached) {
-        self.clients.retain(|c| c.client.conn != a.client.conn);
-        let (tx, mut rx) = mpsc::channel(CLIENT_QUEUE);
-        let peer = a.client.peer.clone();
-        let progress = Arc::new(Progress::default());
-        let p = progress.clone();
-        tokio::spawn(async move {
-            while let Some(out) = rx.recv().await {
-                match out {
-                    ClientOut::Raw(text) => {
-                        let n = text.len();
-                        let ok = peer.send_raw(text.to_string()).await.is_ok();
-                        p.queued.fetch_sub(n, Ordering::Relaxed);
-                        if !ok {
-                            break;
-                        }
-                    }
-                    ClientOut::Reply(reply) => {
-                        let (responder, result) = *reply;
-                        responder.respond(result).await
-                    }
-                }
-                p.handed.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-        let mut w = Writer {
-            client: a.client,
-            sent_upto: a.sent_upto,
-            tx,
-            progress,
-            lag: None,
+    /// The seq an attach after `after` replays up to: the answer `{lastSeq}` of
+    /// `_acpd/session/attach`, which never sends a connection a seq twice.
+    pub fn replay_upto(&self, conn: &ConnId, after: i64) -> i64 {
+        let sent = self
+            .clients
+            .iter()
+            .find(|c| &c.client.conn == conn)
+            .map_or(0, |c| c.sent_upto);
+        after.max(sent).max(self.flushed_upto)
+    }
+
+    /// Adds a client, or updates a connection already attached (its writer, its queue and
+    /// what it has been sent stay: one writer per connection), and queues the answer.
+    pub fn attach(&mut self, mut a: Attached) {
+        let first = if a.reply_after_replay {
+            None
+        } else {
+            a.reply.take()
         };
-        // Updates it should get have already left `items` (a new session's first update can
-        // be durable before its creator is attached): it catches up from the journal.
-        if w.sent_upto < self.flushed_upto {
-            w.start_lag();
+        let i = match self
+            .clients
+            .iter()
+            .position(|c| c.client.conn == a.client.conn)
+        {
+            Some(i) => {
+                let w = &mut self.clients[i];
+                w.client = a.client;
+                w.sent_upto = if a.resend {
+                    a.after
+                } else {
+                    w.sent_upto.max(a.after)
+                };
+                if let Some((responder, result)) = first {
+                    let upto = w.sent_upto;
+                    w.send_or_hold(upto, ClientOut::Reply(Box::new((responder, result))));
+                    self.hold_for(a.hold);
+                    return;
+                }
+                i
+            }
+            None => {
+                let mut w = writer::spawn(&self.tasks, a.client, a.after);
+                if let Some((responder, result)) = first {
+                    // First in a fresh queue, before any catch-up.
+                    let _ = queue_out(&w.tx, &w.progress, reply(responder, result));
+                    self.hold_for(a.hold);
+                    // Updates it should get may have left `items` already (a new session's
+                    // first update can be durable before its creator is attached).
+                    if w.sent_upto < self.flushed_upto {
+                        w.start_lag();
+                    }
+                    self.clients.push(w);
+                    return;
+                }
+                self.clients.push(w);
+                self.clients.len() - 1
+            }
+        };
+        // Load or attach: the journal after `after`, then the answer.
+        let upto = self.flushed_upto;
+        let w = &mut self.clients[i];
+        let Some(reply_out) = a.reply.map(|(r, res)| reply(r, res)) else {
+            if w.sent_upto < upto && w.lag.is_none() {
+                w.start_lag();
+            }
+            return;
+        };
+        if w.sent_upto >= upto && w.lag.is_none() {
+            w.send_or_hold(upto, reply_out);
+            self.hold_for(a.hold);
+            return;
         }
-        self.clients.push(w);
+        let lag = match w.lag.as_mut() {
+            Some(l) => l,
+            None => w.start_lag(),
+        };
+        lag.held.push_back((upto, reply_out));
+        lag.replay = Some((upto, a.hold));
     }
 
     pub fn detach(&mut self, conn: &ConnId) {
@@ -252,7 +278,7 @@ impl Outbox {
                             c.send_or_hold(upto, ClientOut::Reply(Box::new((responder, result))))
                         }
                         None => {
-                            tokio::spawn(responder.respond(result));
+                            self.tasks.spawn(responder.respond(result));
                         }
                     }
                 }
@@ -288,9 +314,12 @@ impl Outbox {
             }
             let drained = c.tx.capacity() > CLIENT_QUEUE / 2
                 && c.progress.queued.load(Ordering::Relaxed) < CLIENT_QUEUE_BYTES / 2;
-            // Catch-up obeys the bootstrap hold like live updates do.
-            if !lag.reading && drained && self.hold_until.is_none() {
+            // Catch-up obeys the bootstrap hold like live updates do, except a replay whose
+            // answer is still to come (the hold starts after that answer).
+            let held = self.hold_until.is_some() && lag.replay.is_none();
+            if !lag.reading && drained && !held {
                 lag.reading = true;
+                lag.read_upto = self.flushed_upto;
                 reads.push(CatchUp {
                     conn: c.client.conn.clone(),
                     after: c.sent_upto,
@@ -308,88 +337,68 @@ impl Outbox {
     }
 
     /// Queues a page read from the journal for a lagging client, then what was held for it;
-    /// ends the lag once the client is level with the live stream.
-    pub fn caught_up(&mut self, conn: &ConnId, page: Vec<(i64, Arc<str>)>) {
+    /// ends the lag once the client is level with the live stream. `complete`: the page is
+    /// shorter than asked, so the journal holds nothing more (retention may have merged the
+    /// seqs in between away).
+    /// `after`: where the read started; a page for an earlier position (the client re-attached
+    /// meanwhile) is dropped and read again.
+    pub fn caught_up(
+        &mut self,
+        conn: &ConnId,
+        after: i64,
+        page: Vec<(i64, Arc<str>)>,
+        complete: bool,
+    ) {
         let upto = self.flushed_upto;
         let Some(c) = self.clients.iter_mut().find(|c| &c.client.conn == conn) else {
             return;
         };
         let Some(lag) = c.lag.as_mut() else { return };
         lag.reading = false;
+        if after != c.sent_upto {
+            return;
+        }
+        let read_upto = lag.read_upto;
+        let mut full = false;
+        let mut past = false;
         for (seq, text) in page {
             // Entries not yet flushed live are sent live once the lag ends.
-            if seq <= c.sent_upto || seq > upto {
+            if seq > upto {
+                past = true;
+                break;
+            }
+            if seq <= c.sent_upto {
                 continue;
             }
             if queue_out(&c.tx, &c.progress, ClientOut::Raw(text)).is_err() {
+                full = true;
                 break;
             }
             c.sent_upto = seq;
         }
+        if !full {
+            // Nothing is left in the journal up to `upto` (or up to what it had at the read).
+            if past {
+                c.sent_upto = c.sent_upto.max(upto);
+            } else if complete {
+                c.sent_upto = c.sent_upto.max(read_upto);
+            }
+        }
         c.release_held();
-        if c.sent_upto >= upto
-            && let Some(lag) = &c.lag
-            && lag.held.is_empty()
+        let Some(lag) = c.lag.as_mut() else { return };
+        let mut hold = None;
+        if let Some((at, d)) = lag.replay
+            && lag.held.front().is_none_or(|(u, _)| *u > at)
+            && c.sent_upto >= at
         {
+            lag.replay = None;
+            hold = Some(d);
+        }
+        if c.sent_upto >= upto && lag.held.is_empty() {
             c.lag = None;
         }
-    }
-}
-
-impl Writer {
-    fn start_lag(&mut self) -> &mut Lag {
-        tracing::info!(conn = %self.client.conn, seq = self.sent_upto, "client lags; feeding it from the journal");
-        self.lag.insert(Lag {
-            handed: self.progress.handed.load(Ordering::Relaxed),
-            moved_at: Instant::now(),
-            reading: false,
-            held: VecDeque::new(),
-        })
-    }
-
-    /// Queues a message that is not journaled, or holds it (in order) while the client lags.
-    fn send_or_hold(&mut self, upto: i64, out: ClientOut) {
-        if let Some(lag) = &mut self.lag {
-            lag.held.push_back((upto, out));
-        } else if let Err(out) = queue_out(&self.tx, &self.progress, out) {
-            self.start_lag().held.push_back((upto, out));
+        if let Some(d) = hold {
+            self.hold_for(d);
         }
-    }
-
-    /// Queues the held messages whose updates the client has been sent.
-    fn release_held(&mut self) {
-        let Some(lag) = &mut self.lag else { return };
-        while let Some((upto, _)) = lag.held.front() {
-            if *upto > self.sent_upto {
-                break;
-            }
-            let Some((upto, out)) = lag.held.pop_front() else {
-                break;
-            };
-            if let Err(out) = queue_out(&self.tx, &self.progress, out) {
-                lag.held.push_front((upto, out));
-                break;
-            }
-        }
-    }
-}
-
-/// Queues without waiting unless the queue is full (by count or bytes). A closed queue counts
-/// as sent: its connection is gone and the Detach command follows.
-fn queue_out(tx: &mpsc::Sender<ClientOut>, p: &Progress, out: ClientOut) -> Result<(), ClientOut> {
-    let n = match &out {
-        ClientOut::Raw(t) => t.len(),
-        ClientOut::Reply(..) => 0,
-    };
-    if p.queued.load(Ordering::Relaxed) + n > CLIENT_QUEUE_BYTES {
-        return Err(out);
-    }
-    match tx.try_send(out) {
-        Ok(()) => {
-            p.queued.fetch_add(n, Ordering::Relaxed);
-            Ok(())
-        }
-        Err(mpsc::error::TrySendError::Full(out)) => Err(out),
-        Err(mpsc::error::TrySendError::Closed(_)) => Ok(()),
     }
 }

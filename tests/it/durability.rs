@@ -121,13 +121,22 @@ async fn request_while_detached_waits_for_the_next_client() {
     std::fs::write(&file, "read while away").unwrap();
     let mut first = daemon.client().await;
     let sid = first.open_session(&daemon.work_dir()).await;
-    let script = format!("echo going; sleep 300; read {}; echo done", file.display());
+    // The agent asks a second after the turn starts; the client is long gone by then.
+    let script = format!("sleep 1000; read {}; echo done", file.display());
     first.send_prompt(&sid, &script).await;
-    first.updates_until_text("going").await;
     drop(first);
-    // Not synchronisation: this opens the window in which the agent asks with nobody
-    // attached. Were it too short, the request would merely reach `second` directly.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The daemon says when the request is waiting with nobody attached.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(daemon.log_path())
+        .unwrap()
+        .contains("agent request waits for a client to attach")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the agent's request never waited for a client"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let mut second = daemon.client().await;
     let id = second

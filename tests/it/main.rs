@@ -35,3 +35,4 @@ mod store;
 mod store_failures;
 mod tidy;
 mod transports;
+mod update_path;

@@ -1,20 +1,22 @@
 //! Clients coming and going: attach (new, load with replay, resume, attach after a seq,
 //! implicit), and the session's own end (`session/cancel`, `session/close`, `session/delete`).
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
 use super::{AgentState, Inflight, Session};
-use crate::error::AcpError;
 use crate::session::outbox::{Attached, Out};
 use crate::session::{AttachMode, Client};
-use acpd_store::{SessionPatch, StoreError};
+use acpd_store::SessionPatch;
 use acpd_wire::Responder;
 
-/// Journal entries read per page when replaying.
-const REPLAY_PAGE: i64 = 1000;
-
 impl Session {
-    pub(super) async fn attach(
+    /// Attaches a client. A replay (`session/load`, `_acpd/session/attach`) is not sent from
+    /// here: the client starts out lagging behind it and is fed journal pages by tasks as its
+    /// queue drains (`outbox.rs`), with the answer held behind the replay. So a client that
+    /// stops reading during a replay holds up nothing but itself.
+    pub(super) fn attach(
         &mut self,
         client: Client,
         mode: AttachMode,
@@ -23,78 +25,45 @@ impl Session {
         self.last_init = Some(client.init.clone());
         let conn = client.conn.clone();
         let current = self.next_seq - 1;
-        let (sent_upto, reply, hold) = match mode {
-            AttachMode::New { result } => (0, Some(result), true),
-            AttachMode::Implicit => (current, None, false),
+        let bootstrap = self.shared.settings.bootstrap_delay;
+        let resend = matches!(mode, AttachMode::Load { .. });
+        let (after, result, reply_after_replay, hold) = match mode {
+            AttachMode::New { result } => (0, Some(result), false, bootstrap),
+            AttachMode::Implicit => (current, None, false, Duration::ZERO),
             AttachMode::Resume { params } => {
-                self.adopt_client_params(&params).await;
-                (current, Some(self.load_result()), true)
+                self.adopt_client_params(&params);
+                (current, Some(self.load_result()), false, bootstrap)
             }
             AttachMode::Load { params } => {
-                self.adopt_client_params(&params).await;
-                match self.replay(&client, 0).await {
-                    Ok(upto) => (upto, Some(self.load_result()), true),
-                    Err(e) => {
-                        if let Some(r) = responder {
-                            r.respond(Err(AcpError::from(e).into())).await;
-                        }
-                        return;
-                    }
-                }
+                self.adopt_client_params(&params);
+                (0, Some(self.load_result()), true, bootstrap)
             }
-            AttachMode::After { after_seq } => match self.replay(&client, after_seq).await {
-                Ok(upto) => (upto, Some(json!({ "lastSeq": upto })), false),
-                Err(e) => {
-                    if let Some(r) = responder {
-                        r.respond(Err(AcpError::from(e).into())).await;
-                    }
-                    return;
-                }
-            },
+            AttachMode::After { after_seq } => {
+                let upto = self.outbox.replay_upto(&conn, after_seq);
+                let result = json!({ "lastSeq": upto });
+                (after_seq, Some(result), true, Duration::ZERO)
+            }
         };
-        self.outbox.attach(Attached { client, sent_upto });
-        if let (Some(r), Some(result)) = (responder, reply) {
-            r.respond(Ok(result)).await;
-        }
-        if hold {
-            self.outbox.hold_for(self.shared.settings.bootstrap_delay);
-        }
+        let reply = match (responder, result) {
+            (Some(r), Some(result)) => Some((r, Ok(result))),
+            _ => None,
+        };
+        self.outbox.attach(Attached {
+            client,
+            after,
+            reply,
+            reply_after_replay,
+            resend,
+            hold,
+        });
         // Requests the agent made while nobody was attached go to the newcomer.
         for id in self.pending.waiting() {
             self.dispatch(id, Some(&conn));
         }
     }
 
-    /// Sends the journal after `after_seq` to one client; returns the last seq sent.
-    pub(super) async fn replay(
-        &mut self,
-        client: &Client,
-        after_seq: i64,
-    ) -> Result<i64, StoreError> {
-        let mut upto = after_seq.max(0);
-        loop {
-            let page = self
-                .shared
-                .store
-                .journal_after(&self.id, upto, REPLAY_PAGE)
-                .await?;
-            let Some(last) = page.last() else { break };
-            upto = last.seq;
-            let n = page.len() as i64;
-            for e in page {
-                if client.peer.send_raw(e.body).await.is_err() {
-                    return Ok(upto);
-                }
-            }
-            if n < REPLAY_PAGE {
-                break;
-            }
-        }
-        Ok(upto)
-    }
-
     /// A load/resume carries the client's cwd and MCP servers; they are the ones to use now.
-    pub(super) async fn adopt_client_params(&mut self, params: &Value) {
+    pub(super) fn adopt_client_params(&mut self, params: &Value) {
         let mut patch = SessionPatch {
             closed: Some(false),
             ..self.patch()
@@ -109,7 +78,7 @@ impl Session {
             self.meta["mcpServers"] = m.clone();
             patch.meta = Some(self.meta.to_string());
         }
-        self.save(patch).await;
+        self.save(patch);
     }
 
     pub(super) fn load_result(&self) -> Value {
@@ -123,7 +92,7 @@ impl Session {
     }
 
     pub(super) async fn cancel(&mut self) {
-        self.cancel_requested = true;
+        self.turn.cancel_requested = true;
         if let AgentState::Bound { agent, agent_sid } = &self.agent {
             let params = json!({ "sessionId": agent_sid });
             let _ = agent.peer.notify("session/cancel", Some(params)).await;
@@ -138,13 +107,14 @@ impl Session {
     pub(super) async fn close(&mut self, responder: Responder, delete: bool) {
         // Closing cancels the running turn as `session/cancel` would.
         if self
+            .turn
             .inflight
             .values()
             .any(|f| matches!(f, Inflight::Prompt { .. }))
         {
             self.cancel().await;
         }
-        for (_, f) in self.inflight.drain() {
+        for (_, f) in self.turn.inflight.drain() {
             if let Inflight::Prompt { responder } = f {
                 self.outbox.push(Out::Reply {
                     responder,
@@ -174,27 +144,8 @@ impl Session {
         for p in self.pending.drain() {
             p.answer_cancelled().await;
         }
-        let result = if delete {
-            self.shared.store.delete_session(&self.id).await.map(|_| ())
-        } else {
-            self.shared
-                .store
-                .update_session(
-                    &self.id,
-                    &SessionPatch {
-                        closed: Some(true),
-                        ..self.patch()
-                    },
-                )
-                .await
-        };
-        let reply = result
-            .map(|_| json!({}))
-            .map_err(|e| AcpError::from(e).into());
-        self.outbox.push(Out::Reply {
-            responder,
-            result: reply,
-        });
-        self.ending = true;
+        // Written after the row updates before it; answered when done (`rows.rs`).
+        self.rows.close = Some((responder, delete));
+        self.write_rows();
     }
 }

@@ -30,7 +30,7 @@ impl Session {
             .and_then(Value::as_str)
             .unwrap_or("unknown")
             .to_owned();
-        self.observe(&kind, &params).await;
+        self.observe(&kind, &params);
         let text: Arc<str> =
             json!({ "jsonrpc": "2.0", "method": "session/update", "params": params })
                 .to_string()
@@ -49,7 +49,7 @@ impl Session {
     }
 
     /// Keeps the session row in step with updates that change it.
-    pub(super) async fn observe(&mut self, kind: &str, params: &serde_json::Map<String, Value>) {
+    pub(super) fn observe(&mut self, kind: &str, params: &serde_json::Map<String, Value>) {
         let update = params.get("update");
         let field = |k: &str| update.and_then(|u| u.get(k));
         match kind {
@@ -60,8 +60,7 @@ impl Session {
                     self.save(SessionPatch {
                         title: Some(title),
                         ..self.patch()
-                    })
-                    .await;
+                    });
                 }
             }
             "current_mode_update" => {
@@ -74,7 +73,7 @@ impl Session {
                         meta: Some(self.meta.to_string()),
                         ..self.patch()
                     };
-                    self.save(patch).await;
+                    self.save(patch);
                 }
             }
             "config_option_update" => {
@@ -83,24 +82,10 @@ impl Session {
                     self.save(SessionPatch {
                         meta: Some(self.meta.to_string()),
                         ..self.patch()
-                    })
-                    .await;
+                    });
                 }
             }
             _ => {}
-        }
-    }
-
-    pub(super) fn patch(&self) -> SessionPatch {
-        SessionPatch {
-            updated_at_ms: now_ms(),
-            ..Default::default()
-        }
-    }
-
-    pub(super) async fn save(&mut self, patch: SessionPatch) {
-        if let Err(e) = self.shared.store.update_session(&self.id, &patch).await {
-            tracing::error!(session = %self.id, error = %e, "cannot update the session row");
         }
     }
 
@@ -115,7 +100,7 @@ impl Session {
             let id = self.id.clone();
             self.tasks.spawn(async move {
                 let page = store.journal_after(&id, after, CATCH_UP_PAGE).await;
-                TaskDone::CatchUp { conn, page }
+                TaskDone::CatchUp { conn, after, page }
             });
         }
     }
@@ -124,6 +109,7 @@ impl Session {
     pub(super) fn on_catch_up(
         &mut self,
         conn: ConnId,
+        after: i64,
         page: Result<Vec<JournalEntry>, StoreError>,
     ) {
         let page = match page {
@@ -131,16 +117,20 @@ impl Session {
             Err(e) => {
                 // Tried again at the next lag check.
                 tracing::warn!(session = %self.id, error = %e, "cannot read the journal for a lagging client");
-                Vec::new()
+                self.outbox.caught_up(&conn, after, Vec::new(), false);
+                return;
             }
         };
-        // The client's own prompt was never echoed to it live; nor is it now.
-        let own = self.turn_conn.as_ref() == Some(&conn);
+        let complete = (page.len() as i64) < CATCH_UP_PAGE;
+        // The client's own prompt of the running turn was never echoed to it live; nor is it
+        // now.
+        let own = self.turn.conn.as_ref() == Some(&conn);
+        let from = self.turn.own_from;
         let page = page
             .into_iter()
-            .filter(|e| !(own && e.kind == "user_message_chunk"))
+            .filter(|e| !(own && e.seq >= from && e.kind == "user_message_chunk"))
             .map(|e| (e.seq, Arc::from(e.body)))
             .collect();
-        self.outbox.caught_up(&conn, page);
+        self.outbox.caught_up(&conn, after, page, complete);
     }
 }

@@ -69,7 +69,7 @@ impl Session {
         let tag = self.tag();
         match agent.request_in_band(method, params, &self.id, tag).await {
             Ok(_) => {
-                self.inflight.insert(tag, Inflight::Restore(step));
+                self.turn.inflight.insert(tag, Inflight::Restore(step));
                 self.agent = AgentState::Restoring { agent };
             }
             Err(_) => self.restore_failed("the agent exited".into()).await,
@@ -112,7 +112,7 @@ impl Session {
                     closed: Some(false),
                     ..self.patch()
                 };
-                self.save(patch).await;
+                self.save(patch);
                 tracing::info!(session = %self.id, ?step, "agent session restored");
                 self.agent = AgentState::Bound { agent, agent_sid };
                 self.run_deferred().await;
@@ -131,7 +131,7 @@ impl Session {
         tracing::warn!(session = %self.id, %why, "cannot restore the agent session");
         self.agent = AgentState::Failed(why.clone());
         while let Some(cmd) = self.deferred.pop_front() {
-            cmd.reject(AcpError::AgentExited(why.clone()).into()).await;
+            self.refuse(cmd, AcpError::AgentExited(why.clone()).into());
         }
     }
 

@@ -1,0 +1,335 @@
+//! The router of one hosted agent: owns the map from the agent's session ids to session
+//! actors and forwards what the agent sends, never waiting on one session.
+//!
+//! Each route has a bounded backlog for what its session has no room for yet, drained by a
+//! permit task as the session takes events, so the agent's stdout is read whatever one session
+//! does. (A session never waits on a client, so it keeps up unless the store stalls; one whose
+//! backlog overflows is told the agent is gone for it, and re-creates its agent side on its
+//! next command.)
+
+use std::collections::{HashMap, VecDeque};
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::{SendError, TrySendError};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{EARLY_LIMIT, KILL_GRACE, Process, RouterCommand};
+use crate::agent::AgentEvent;
+use acpd_wire::{Incoming, ResponseError};
+
+/// Events held for one session that has no room for them yet (its own queue holds 1024).
+const ROUTE_BACKLOG: usize = 65_536;
+
+/// One session as the router sees it.
+struct Route {
+    tx: mpsc::Sender<AgentEvent>,
+    /// What the session had no room for yet, in order; a permit task waits for room.
+    backlog: VecDeque<AgentEvent>,
+    /// Which registration of the route this is (a permit is for one registration's channel).
+    generation: u64,
+}
+
+/// A permit task's result: room for one event on a route's channel.
+type Room = (
+    String,
+    u64,
+    Result<mpsc::OwnedPermit<AgentEvent>, SendError<()>>,
+);
+
+pub(super) struct Router {
+    agent: String,
+    tasks: TaskTracker,
+    /// acpd session id -> its actor.
+    routes: HashMap<String, Route>,
+    /// One permit task per route with a backlog.
+    waits: JoinSet<Room>,
+    /// Registrations so far.
+    registrations: u64,
+    /// The agent's session id -> acpd session id.
+    by_agent_sid: HashMap<String, String>,
+    /// The session the agent spoke about last: where a request without a `sessionId` (an
+    /// extension method, say) most likely belongs.
+    last_route: Option<String>,
+    /// Messages for session ids not registered yet (the agent spoke before its response).
+    early: HashMap<String, Vec<AgentEvent>>,
+}
+
+impl Router {
+    pub(super) fn new(agent: &str, tasks: TaskTracker) -> Router {
+        Router {
+            agent: agent.to_owned(),
+            tasks,
+            routes: HashMap::new(),
+            waits: JoinSet::new(),
+            registrations: 0,
+            by_agent_sid: HashMap::new(),
+            last_route: None,
+            early: HashMap::new(),
+        }
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut process: Process,
+        mut incoming: mpsc::Receiver<Incoming>,
+        mut commands: mpsc::UnboundedReceiver<RouterCommand>,
+        exited: CancellationToken,
+        io_cancel: CancellationToken,
+        shutdown: CancellationToken,
+    ) {
+        metrics::gauge!(crate::metrics::AGENT_PROCESSES).increment(1);
+        let status = loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    process.kill().await;
+                    break "acpd shut down".to_owned();
+                }
+                status = process.wait() => {
+                    // What the agent wrote before it died still counts: route it before
+                    // telling sessions it is gone (bounded: a grandchild may hold stdout).
+                    let drain = async {
+                        while let Some(m) = incoming.recv().await {
+                            self.route(m);
+                        }
+                    };
+                    let _ = tokio::time::timeout(KILL_GRACE, drain).await;
+                    break status;
+                }
+                cmd = commands.recv() => match cmd {
+                    Some(RouterCommand::Register { route, agent_session_id, events }) => {
+                        let kept = self.routes.remove(&route).map(|r| r.backlog);
+                        // What was held for the route's earlier registration still goes first.
+                        let backlog = kept.filter(|b| !b.is_empty() && b.len() < ROUTE_BACKLOG);
+                        let waiting = backlog.is_some();
+                        self.registrations += 1;
+                        self.routes.insert(route.clone(), Route {
+                            tx: events,
+                            backlog: backlog.unwrap_or_default(),
+                            generation: self.registrations,
+                        });
+                        if waiting {
+                            self.wait_for_room(&route);
+                        }
+                        if let Some(asid) = agent_session_id {
+                            for ev in self.early.remove(&asid).unwrap_or_default() {
+                                self.deliver(&route, ev);
+                            }
+                            self.by_agent_sid.retain(|_, r| *r != route);
+                            self.by_agent_sid.insert(asid, route);
+                        }
+                    }
+                    Some(RouterCommand::Active { route }) => self.last_route = Some(route),
+                    Some(RouterCommand::Unregister { route }) => {
+                        self.routes.remove(&route);
+                        self.by_agent_sid.retain(|_, r| *r != route);
+                    }
+                    // Every handle is gone: nobody can use this agent any more.
+                    None => {
+                        process.kill().await;
+                        break "no longer used".to_owned();
+                    }
+                },
+                Some(Ok((route, generation, room))) = self.waits.join_next() => {
+                    self.on_room(route, generation, room)
+                }
+                msg = incoming.recv() => match msg {
+                    Some(m) => self.route(m),
+                    // stdout closed: wait for the exit status on the next turn.
+                    None => {
+                        let status = match tokio::time::timeout(KILL_GRACE, process.wait()).await {
+                            Ok(s) => s,
+                            Err(_) => {
+                                process.kill().await;
+                                "closed its stdout".to_owned()
+                            }
+                        };
+                        break status;
+                    }
+                },
+            }
+        };
+        tracing::warn!(agent = %self.agent, %status, "agent process ended");
+        metrics::counter!(crate::metrics::AGENT_EXITS_TOTAL).increment(1);
+        metrics::gauge!(crate::metrics::AGENT_PROCESSES).decrement(1);
+        exited.cancel();
+        io_cancel.cancel();
+        self.waits.abort_all();
+        // Each session gets what is held for it, then the news; a task each, so no session
+        // waits for another.
+        for (_, route) in self.routes.drain() {
+            let status = status.clone();
+            self.tasks.spawn(async move {
+                for ev in route.backlog {
+                    if route.tx.send(ev).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = route.tx.send(AgentEvent::Exited { status }).await;
+            });
+        }
+    }
+
+    /// Hands an event to a session without waiting: straight into its queue when there is
+    /// room and nothing is held for it, else behind what is held.
+    fn deliver(&mut self, route: &str, ev: AgentEvent) {
+        let Some(r) = self.routes.get_mut(route) else {
+            return;
+        };
+        if !r.backlog.is_empty() {
+            r.backlog.push_back(ev);
+            if r.backlog.len() > ROUTE_BACKLOG {
+                self.overflow(route);
+            }
+            return;
+        }
+        match r.tx.try_send(ev) {
+            Ok(()) => {}
+            Err(TrySendError::Full(ev)) => {
+                r.backlog.push_back(ev);
+                self.wait_for_room(route);
+            }
+            // The session ended; its Unregister is on the way.
+            Err(TrySendError::Closed(_)) => {}
+        }
+    }
+
+    fn wait_for_room(&mut self, route: &str) {
+        let Some(r) = self.routes.get(route) else {
+            return;
+        };
+        let (tx, route, generation) = (r.tx.clone(), route.to_owned(), r.generation);
+        self.waits
+            .spawn(async move { (route, generation, tx.reserve_owned().await) });
+    }
+
+    /// Room on a route: what is held for it goes, as far as there is room.
+    fn on_room(
+        &mut self,
+        route: String,
+        generation: u64,
+        room: Result<mpsc::OwnedPermit<AgentEvent>, SendError<()>>,
+    ) {
+        let Some(r) = self.routes.get_mut(&route) else {
+            return;
+        };
+        // A permit for an earlier registration's channel: wait on the current one.
+        if generation != r.generation {
+            drop(room);
+            if !r.backlog.is_empty() {
+                self.wait_for_room(&route);
+            }
+            return;
+        }
+        let Ok(permit) = room else {
+            r.backlog.clear();
+            return;
+        };
+        let Some(ev) = r.backlog.pop_front() else {
+            return;
+        };
+        permit.send(ev);
+        while let Some(ev) = r.backlog.pop_front() {
+            match r.tx.try_send(ev) {
+                Ok(()) => {}
+                Err(TrySendError::Full(ev)) => {
+                    r.backlog.push_front(ev);
+                    self.wait_for_room(&route);
+                    return;
+                }
+                Err(TrySendError::Closed(_)) => {
+                    r.backlog.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A session that takes nothing while its agent goes on: what is held for it is dropped
+    /// and it is told the agent is gone for it (it re-creates its agent side on its next
+    /// command), rather than the agent's stdout no longer being read.
+    fn overflow(&mut self, route: &str) {
+        tracing::error!(agent = %self.agent, session = %route, "a session cannot keep up with its agent; detaching it from the agent");
+        if let Some(r) = self.routes.remove(route) {
+            self.by_agent_sid.retain(|_, s| s != route);
+            let status = "the session could not keep up with its agent".to_owned();
+            self.tasks.spawn(async move {
+                let _ = r.tx.send(AgentEvent::Exited { status }).await;
+            });
+        }
+    }
+
+    fn route(&mut self, msg: Incoming) {
+        let (sid, event) = match msg {
+            Incoming::Response { route, tag, result } => {
+                self.deliver(&route, AgentEvent::Response { tag, result });
+                self.last_route = Some(route);
+                return;
+            }
+            Incoming::Notification(n) => {
+                let params = n.params.unwrap_or(Value::Null);
+                let sid = session_id_of(&params);
+                (
+                    sid,
+                    AgentEvent::Notification {
+                        method: n.method,
+                        params,
+                    },
+                )
+            }
+            Incoming::Request(r) => {
+                let sid = r.params.as_ref().and_then(session_id_of);
+                if sid.is_none() {
+                    let target = self
+                        .last_route
+                        .clone()
+                        .filter(|route| self.routes.contains_key(route));
+                    match target {
+                        Some(route) => self.deliver(&route, AgentEvent::Request(r)),
+                        None => {
+                            tracing::debug!(agent = %self.agent, method = %r.method, "agent request with no session to route it to");
+                            let e = ResponseError::method_not_found(&r.method);
+                            // Answered on the agent's link; a task, so the router never waits.
+                            self.tasks.spawn(r.responder.respond(Err(e)));
+                        }
+                    }
+                    return;
+                }
+                (sid, AgentEvent::Request(r))
+            }
+        };
+        let Some(sid) = sid else {
+            tracing::debug!(agent = %self.agent, "agent notification without a sessionId dropped");
+            return;
+        };
+        match self
+            .by_agent_sid
+            .get(&sid)
+            .filter(|r| self.routes.contains_key(*r))
+            .cloned()
+        {
+            Some(route) => {
+                self.deliver(&route, event);
+                self.last_route = Some(route);
+            }
+            None => {
+                if self.early.len() > EARLY_LIMIT {
+                    self.early.clear();
+                }
+                let q = self.early.entry(sid).or_default();
+                if q.len() < EARLY_LIMIT {
+                    q.push(event);
+                }
+            }
+        }
+    }
+}
+
+fn session_id_of(params: &Value) -> Option<String> {
+    params
+        .get("sessionId")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}

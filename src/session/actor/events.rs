@@ -1,0 +1,112 @@
+//! What the agent sends about the session: updates (journaled), other notifications and its
+//! requests (queued for a client), answers to in-band requests (a turn's end), its exit.
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::{AgentState, Inflight, Session, with_session_id};
+use crate::agent::AgentEvent;
+use crate::error::AcpError;
+use crate::session::outbox::Out;
+use crate::session::pending::Pending;
+use acpd_wire::ResponseError;
+
+impl Session {
+    pub(super) async fn on_agent_event(&mut self, ev: AgentEvent) {
+        match ev {
+            AgentEvent::Notification { method, params } => {
+                if matches!(self.agent, AgentState::Restoring { .. }) {
+                    // The agent replaying its own history: acpd's journal already has it.
+                    return;
+                }
+                if method == "session/update" {
+                    self.journal(params, None).await;
+                } else {
+                    let params = with_session_id(params, &self.id);
+                    let text =
+                        json!({ "jsonrpc": "2.0", "method": method, "params": params }).to_string();
+                    self.outbox.push(Out::Raw(text.into()));
+                }
+            }
+            AgentEvent::Request(req) => {
+                if matches!(self.agent, AgentState::Restoring { .. }) {
+                    // The agent's own request (answered on the agent's link, not a client's).
+                    let e = ResponseError::internal("the session is being restored");
+                    req.responder.respond(Err(e)).await;
+                    return;
+                }
+                let params = req.params.unwrap_or(Value::Null);
+                // Rewrite the agent's session id; a request without one stays without.
+                let params = if params.get("sessionId").is_some() {
+                    with_session_id(params, &self.id)
+                } else {
+                    params
+                };
+                let deadline = Instant::now() + self.shared.settings.pending_request_timeout;
+                if self.outbox.clients_len() == 0 {
+                    tracing::info!(session = %self.id, method = %req.method, "agent request waits for a client to attach");
+                }
+                let id =
+                    self.pending
+                        .insert(Pending::new(req.method, params, req.responder, deadline));
+                self.outbox.push(Out::Request(id));
+            }
+            AgentEvent::Response { tag, result } => match self.turn.inflight.remove(&tag) {
+                Some(Inflight::Prompt { responder }) => {
+                    let result = match result {
+                        Err(_) if self.turn.cancel_requested => {
+                            Ok(json!({ "stopReason": "cancelled" }))
+                        }
+                        r => r,
+                    };
+                    let reason = crate::metrics::stop_reason_label(&result);
+                    metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason)
+                        .increment(1);
+                    self.save(self.patch());
+                    // After the turn's row updates (its title, say) are written.
+                    self.after_rows(Out::Reply { responder, result });
+                    self.retention();
+                }
+                Some(Inflight::Relay { responder }) => {
+                    self.outbox.push(Out::Reply { responder, result })
+                }
+                Some(Inflight::Restore(step)) => self.restore_done(step, result).await,
+                None => {}
+            },
+            AgentEvent::Exited { status } => self.agent_exited(status).await,
+        }
+    }
+
+    pub(super) async fn agent_exited(&mut self, status: String) {
+        tracing::warn!(session = %self.id, %status, "agent exited under the session");
+        let was_restoring = matches!(self.agent, AgentState::Restoring { .. });
+        self.agent = AgentState::Unbound;
+        let cancelled = self.turn.cancel_requested;
+        for (_, f) in self.turn.inflight.drain() {
+            match f {
+                Inflight::Prompt { responder } => {
+                    let result = if cancelled {
+                        Ok(json!({ "stopReason": "cancelled" }))
+                    } else {
+                        Err(AcpError::AgentExited(status.clone()).into())
+                    };
+                    self.outbox.push(Out::Reply { responder, result });
+                }
+                Inflight::Relay { responder } => {
+                    self.outbox.push(Out::Reply {
+                        responder,
+                        result: Err(AcpError::AgentExited(status.clone()).into()),
+                    });
+                }
+                Inflight::Restore(_) => {}
+            }
+        }
+        if was_restoring {
+            self.restore_failed(format!("the agent exited ({status})"))
+                .await;
+        }
+        for p in self.pending.drain() {
+            p.withdraw();
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! The hub's task: owns the map of live sessions, opens them from the store (a task reads
+//! the row; the answer comes back as `Loaded`), checks the owning principal and the
+//! live-session limit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::{HubCommand, SessionCommand, SessionHandle, Shared, actor};
+use crate::agent::AgentHandle;
+use crate::error::AcpError;
+use acpd_store::{SessionRow, StoreError};
+
+/// Who waits for a session the hub is reading from the store.
+type OpenWaiter = (String, oneshot::Sender<Result<SessionHandle, AcpError>>);
+
+/// The hub never waits on the store or on a session: a session row is read by a task whose
+/// answer comes back as `Loaded`, and a cancel-all is sent by a task.
+pub(super) struct HubTask {
+    pub shared: Shared,
+    pub live: HashMap<Arc<str>, (u64, SessionHandle)>,
+    /// Sessions whose row is being read, with who waits for them.
+    pub opening: HashMap<String, Vec<OpenWaiter>>,
+    pub serial: u64,
+}
+
+impl HubTask {
+    pub async fn run(mut self, mut rx: mpsc::Receiver<HubCommand>) {
+        loop {
+            let cmd = tokio::select! {
+                _ = self.shared.shutdown.cancelled() => break,
+                cmd = rx.recv() => match cmd { Some(c) => c, None => break },
+            };
+            match cmd {
+                HubCommand::Open {
+                    id,
+                    principal,
+                    reply,
+                } => self.open(id, principal, reply),
+                HubCommand::Loaded { id, row } => self.loaded(id, *row),
+                HubCommand::Spawn { row, agent, reply } => {
+                    let _ = reply.send(self.start(*row, agent));
+                }
+                HubCommand::Admit { principal, reply } => {
+                    let _ = reply.send(self.admits(&principal));
+                }
+                HubCommand::CancelAll => {
+                    let live: Vec<SessionHandle> =
+                        self.live.values().map(|(_, h)| h.clone()).collect();
+                    self.shared.tasks.spawn(async move {
+                        for h in live {
+                            let _ = h.send(SessionCommand::Cancel).await;
+                        }
+                    });
+                }
+                HubCommand::Ended { id, serial } => {
+                    if self.live.get(&id).is_some_and(|(s, _)| *s == serial) {
+                        self.live.remove(&id);
+                    }
+                }
+            }
+        }
+    }
+
+    fn open(
+        &mut self,
+        id: String,
+        principal: String,
+        reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
+    ) {
+        if let Some((_, h)) = self.live.get(id.as_str())
+            && !h.is_closed()
+        {
+            // The owner is checked against the store row the actor was started from.
+            let r = if *h.principal == *principal {
+                Ok(h.clone())
+            } else {
+                Err(AcpError::SessionNotFound(id))
+            };
+            let _ = reply.send(r);
+            return;
+        }
+        if let Some(waiters) = self.opening.get_mut(&id) {
+            waiters.push((principal, reply));
+            return;
+        }
+        self.opening.insert(id.clone(), vec![(principal, reply)]);
+        let (store, hub) = (self.shared.store.clone(), self.shared.hub.clone());
+        self.shared.tasks.spawn(async move {
+            let row = store.session(&id).await;
+            let row = Box::new(row);
+            let _ = hub.send(HubCommand::Loaded { id, row }).await;
+        });
+    }
+
+    fn loaded(&mut self, id: String, row: Result<Option<SessionRow>, StoreError>) {
+        let waiters = self.opening.remove(&id).unwrap_or_default();
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                let why = e.to_string();
+                let mut first = Some(e);
+                for (_, reply) in waiters {
+                    let e = first
+                        .take()
+                        .unwrap_or_else(|| StoreError::Unavailable(why.clone()));
+                    let _ = reply.send(Err(e.into()));
+                }
+                return;
+            }
+        };
+        let mut handle: Option<SessionHandle> = None;
+        for (principal, reply) in waiters {
+            let r = match &row {
+                Some(row) if row.principal_id == principal => match &handle {
+                    Some(h) => Ok(h.clone()),
+                    None if !self.admits(&principal) => Err(AcpError::TooManySessions),
+                    None => {
+                        let h = self.start(row.clone(), None);
+                        handle = Some(h.clone());
+                        Ok(h)
+                    }
+                },
+                // Another principal's session is reported exactly like a missing one.
+                _ => Err(AcpError::SessionNotFound(id.clone())),
+            };
+            let _ = reply.send(r);
+        }
+    }
+
+    /// Whether `principal` may have one more live session.
+    fn admits(&self, principal: &str) -> bool {
+        let max = self.shared.settings.max_live_per_principal;
+        max == 0
+            || self
+                .live
+                .values()
+                .filter(|(_, h)| !h.is_closed() && &*h.principal == principal)
+                .count()
+                < max
+    }
+
+    fn start(&mut self, row: SessionRow, agent: Option<(AgentHandle, String)>) -> SessionHandle {
+        self.serial += 1;
+        let id: Arc<str> = Arc::from(row.id.as_str());
+        let handle = actor::spawn(row, agent, self.shared.clone(), self.serial);
+        self.live.insert(id, (self.serial, handle.clone()));
+        handle
+    }
+}

@@ -1,0 +1,162 @@
+//! The update path never waits on a client: a client stuck in a big `session/load` holds up
+//! no other session of the agent; a connection's commands for a session still being opened
+//! keep their order (a cancel never overtakes its prompt); a re-attach while the client's
+//! queue is full delivers every update exactly once, in seq order; a prompt sent the moment
+//! `session/new` answers is never lost.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::{Daemon, DaemonOptions, agent_texts, assert_consecutive, kind, seq, seqs};
+
+/// The `agent_message_chunk`s of `updates`.
+fn chunks(updates: &[Value]) -> Vec<Value> {
+    updates
+        .iter()
+        .filter(|u| kind(u) == "agent_message_chunk")
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn a_client_stuck_in_a_big_load_holds_up_no_other_session_of_the_agent() {
+    const HISTORY: usize = 100_000;
+    // The stuck client must stay attached (and stuck) for the whole test; no retention, so
+    // the replay is the journal as streamed.
+    let opts = DaemonOptions::default()
+        .arg("--slow-client-cutoff-ms", 600_000)
+        .arg("--journal-max-entries", 0);
+    let daemon = Daemon::start_with(opts).await;
+    let long = Duration::from_secs(180);
+    let mut writer = daemon.client().await.with_timeout(long);
+    let big = writer.open_session(&daemon.work_dir()).await;
+    let (turn, r) = writer.prompt(&big, &format!("stream {HISTORY} 64")).await;
+    assert_eq!(r.unwrap()["stopReason"], "end_turn");
+    assert_eq!(chunks(&turn).len(), HISTORY);
+    // The big session keeps its agent busy while it is loaded: its actor gets events all along.
+    writer.send_prompt(&big, "stream 50000 64").await;
+    drop(writer);
+
+    // The stuck client asks for the whole journal and reads nothing.
+    let mut stuck = daemon.client().await.with_timeout(long);
+    let params = json!({ "sessionId": big, "cwd": daemon.work_dir(), "mcpServers": [] });
+    let load = stuck.send_request("session/load", params).await;
+
+    // Another session of the same agent streams meanwhile.
+    let mut other = daemon.client().await.with_timeout(Duration::from_secs(60));
+    let sid = other.open_session(&daemon.work_dir()).await;
+    let (turn, r) = other.prompt(&sid, "stream 10000 32").await;
+    assert_eq!(
+        r.expect("the other session's turn")["stopReason"],
+        "end_turn"
+    );
+    let turn = chunks(&turn);
+    assert_eq!(turn.len(), 10_000, "every update of the other session");
+    assert_consecutive(&turn);
+
+    // The stuck client was slow, not lost: once it reads, it gets the whole journal in order.
+    let (replayed, r) = stuck.collect_updates_until_response(&load).await;
+    r.expect("the load answers after its replay");
+    let replayed = chunks(&replayed);
+    assert!(
+        replayed.len() >= HISTORY,
+        "{} chunks replayed, seqs {:?}..{:?}",
+        replayed.len(),
+        replayed.first().map(seq),
+        replayed.last().map(seq)
+    );
+    assert_consecutive(&replayed[..HISTORY]);
+}
+
+#[tokio::test]
+async fn cancel_right_after_prompt_on_a_session_being_opened_ends_the_turn_cancelled() {
+    let daemon = Daemon::start().await;
+    let mut creator = daemon.client().await;
+    let sid = creator.open_session(&daemon.work_dir()).await;
+    drop(creator);
+    // Each round a fresh connection, for which the session is still being opened when both
+    // commands arrive back to back.
+    for round in 0..30 {
+        let mut c = daemon.client().await;
+        let prompt = c.send_prompt(&sid, "wait_for_cancel; echo never").await;
+        c.notify("session/cancel", json!({ "sessionId": sid }))
+            .await;
+        let (updates, r) = c.collect_updates_until_response(&prompt).await;
+        assert_eq!(
+            r.unwrap_or_else(|e| panic!("round {round}: {e:?}")),
+            json!({ "stopReason": "cancelled" }),
+            "round {round}"
+        );
+        assert!(
+            !agent_texts(&updates).contains(&"never".to_string()),
+            "round {round}: the turn ran on after the cancel: {updates:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn re_attach_during_a_full_queue_delivers_every_update_once_in_order() {
+    const N: usize = 20_000;
+    let daemon = Daemon::start().await;
+    let mut c = daemon.client().await.with_timeout(Duration::from_secs(120));
+    let sid = c.open_session(&daemon.work_dir()).await;
+    let before = c.take_buffered_updates();
+    let last_read = before.last().map_or(0, seq);
+    // 20 MiB: far more than the client's queue and the socket buffers.
+    let prompt = c.send_prompt(&sid, &format!("stream {N} 1024")).await;
+    // Read nothing until the session says the client's queue is full.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(daemon.log_path())
+        .unwrap()
+        .contains("feeding it from the journal")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the client's queue never filled: the test did not exercise a full queue"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Re-attach after the last update actually read.
+    let attach = c
+        .send_request(
+            "_acpd/session/attach",
+            json!({ "sessionId": sid, "afterSeq": last_read }),
+        )
+        .await;
+    let (mut updates, r) = c.collect_updates_until_response(&prompt).await;
+    assert_eq!(r.unwrap()["stopReason"], "end_turn");
+    let (more, r) = c.collect_updates_until_response(&attach).await;
+    let last_seq = r.expect("attach")["lastSeq"].as_i64().unwrap();
+    updates.extend(more);
+    let seqs = seqs(&updates);
+    assert_eq!(
+        seqs.iter().collect::<HashSet<_>>().len(),
+        seqs.len(),
+        "an update arrived twice"
+    );
+    assert!(seqs.windows(2).all(|w| w[1] > w[0]), "seqs out of order");
+    assert!(seqs.iter().all(|s| *s > last_read));
+    let turn = chunks(&updates);
+    assert_eq!(turn.len(), N, "every update of the turn");
+    assert_consecutive(&turn);
+    assert!(last_seq >= seq(&turn[0]), "lastSeq {last_seq}");
+}
+
+#[tokio::test]
+async fn a_prompt_sent_the_moment_session_new_answers_is_never_lost() {
+    let daemon = Daemon::start().await;
+    let mut c = daemon.client().await;
+    // The answer can reach the client before the connection has filed the new session: the
+    // prompt then waits for it, in order, rather than being dropped.
+    for round in 0..20 {
+        let sid = c.new_session(&daemon.work_dir()).await;
+        let (updates, r) = c.prompt(&sid, &format!("echo round {round}")).await;
+        assert_eq!(
+            r.unwrap_or_else(|e| panic!("round {round}: {e:?}"))["stopReason"],
+            "end_turn"
+        );
+        assert!(agent_texts(&updates).contains(&format!("round {round}")));
+    }
+}
