@@ -39,7 +39,7 @@ pub(super) fn spawn(
         principal: Arc::from(row.principal_id.as_str()),
         tx,
     };
-    let (durable, durable_rx) = watch::channel(row.last_seq);
+    let (durable, durable_rx) = acpd_store::watermark(row.last_seq);
     let mut session = Session {
         id,
         next_seq: row.last_seq + 1,
@@ -48,7 +48,7 @@ pub(super) fn spawn(
         shared: shared.clone(),
         agent: AgentState::Unbound,
         events: ev_tx,
-        durable: Arc::new(durable),
+        durable,
         durable_rx,
         outbox: Outbox::default(),
         inflight: std::collections::HashMap::new(),
@@ -127,8 +127,8 @@ pub(super) struct Session {
     /// Given to the agent router so the agent's messages reach this actor.
     events: mpsc::Sender<AgentEvent>,
     next_seq: i64,
-    durable: Arc<watch::Sender<i64>>,
-    durable_rx: watch::Receiver<i64>,
+    durable: Arc<acpd_store::DurableSeq>,
+    durable_rx: watch::Receiver<acpd_store::Watermark>,
     outbox: Outbox,
     inflight: std::collections::HashMap<u64, Inflight>,
     next_tag: u64,
@@ -527,7 +527,7 @@ impl Session {
         // Compact what the turns wrote once it is all committed.
         let (mut durable, upto) = (self.durable_rx.clone(), self.next_seq - 1);
         self.tasks.spawn(async move {
-            let _ = durable.wait_for(|d| *d >= upto).await;
+            let _ = durable.wait_for(|d| d.settled(upto)).await;
             TaskDone::Retention(super::retention::enforce(store, id, entries, bytes).await)
         });
     }

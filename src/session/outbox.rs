@@ -199,6 +199,13 @@ impl Outbox {
             .map(|c| &c.client)
     }
 
+    /// Drops the queued updates after `seq`: the journal stopped below them, so they will never
+    /// be durable and must never be sent. Everything else stays queued, in order.
+    pub fn discard_updates_after(&mut self, seq: i64) {
+        self.items
+            .retain(|o| !matches!(o, Out::Update { seq: s, .. } if *s > seq));
+    }
+
     /// Sends everything that may go now; returns the agent requests to dispatch.
     pub async fn flush(&mut self, durable: i64) -> Vec<u64> {
         let mut requests = vec![];

@@ -228,6 +228,61 @@ pub(super) async fn replace_journal_range(
     })
 }
 
+/// The newest seq that must go for the newest `max_entries` to remain; none when fewer.
+const CUT_BY_COUNT: &str = "SELECT seq FROM journal WHERE session_id = $1 \
+     ORDER BY seq DESC LIMIT 1 OFFSET $2";
+
+/// The newest seq at which the bytes counted from the newest entry down exceed `$2`: it and
+/// everything older must go. A running sum over the index, newest first, in the database.
+const CUT_BY_BYTES: &str = "SELECT seq FROM (SELECT seq, SUM(OCTET_LENGTH(body)) \
+     OVER (ORDER BY seq DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS total \
+     FROM journal WHERE session_id = $1) AS t WHERE total > $2 ORDER BY seq DESC LIMIT 1";
+
+/// Drops a session's oldest entries until at most `max_entries` and `max_bytes` (0: no cap)
+/// remain; returns how many went. Counts and sums run in the database, so the journal is
+/// never read into memory, however long it is.
+pub(super) async fn trim_journal(
+    pool: &Pool,
+    session_id: &str,
+    max_entries: u64,
+    max_bytes: u64,
+) -> Result<u64, StoreError> {
+    let cap = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    on_pool!(pool, |p| {
+        let mut tx = p.begin_with(begin_write(pool)).await.map_err(db)?;
+        let mut cut: Option<i64> = None;
+        if max_entries > 0 {
+            cut = sqlx::query_scalar(CUT_BY_COUNT)
+                .bind(session_id)
+                .bind(cap(max_entries))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+        }
+        if max_bytes > 0 {
+            let by_bytes: Option<i64> = sqlx::query_scalar(CUT_BY_BYTES)
+                .bind(session_id)
+                .bind(cap(max_bytes))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+            cut = cut.max(by_bytes);
+        }
+        let Some(cut) = cut else {
+            return Ok(0);
+        };
+        let dropped = sqlx::query("DELETE FROM journal WHERE session_id = $1 AND seq <= $2")
+            .bind(session_id)
+            .bind(cut)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?
+            .rows_affected();
+        tx.commit().await.map_err(db)?;
+        Ok(dropped)
+    })
+}
+
 pub(super) async fn journal_size(pool: &Pool, session_id: &str) -> Result<(i64, i64), StoreError> {
     on_pool!(pool, |p| {
         sqlx::query_as(JOURNAL_SIZE)

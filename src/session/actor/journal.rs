@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{Session, TaskDone};
+use super::{Inflight, Session, TaskDone};
 use crate::session::outbox::{CATCH_UP_PAGE, CatchUp, Out};
 use crate::session::{ConnId, now_ms};
 use acpd_store::{JournalEntry, NewEntry, SessionPatch, StoreError};
+use acpd_wire::ResponseError;
 
 impl Session {
     /// Journals one `session/update` and queues it for the attached clients.
@@ -16,6 +17,11 @@ impl Session {
         let Value::Object(mut params) = params else {
             return;
         };
+        if self.durable_rx.borrow().rejected.is_some() {
+            // The journal stopped at a rejected entry (`journal_stopped`): nothing after it is
+            // journaled or sent, and the session is ending.
+            return;
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         params.insert("sessionId".into(), Value::String(self.id.to_string()));
@@ -105,7 +111,16 @@ impl Session {
     }
 
     pub(super) async fn flush(&mut self) {
-        let durable = *self.durable_rx.borrow_and_update();
+        let (mark, news) = {
+            let r = self.durable_rx.borrow_and_update();
+            (*r, r.has_changed())
+        };
+        if let Some(rejected) = mark.rejected
+            && news
+        {
+            self.journal_stopped(mark.durable, rejected).await;
+        }
+        let durable = mark.durable;
         for id in self.outbox.flush(durable).await {
             self.dispatch(id, None);
         }
@@ -118,6 +133,41 @@ impl Session {
                 TaskDone::CatchUp { conn, page }
             });
         }
+    }
+
+    /// The store rejected update `rejected`: the journal stops at `durable` for good. What the
+    /// clients were sent is exactly the journal; the updates after it are dropped unsent, the
+    /// running turn is cancelled at the agent and answered with an error, and the session ends,
+    /// so the next request opens it again from its journal (with a fresh watermark).
+    async fn journal_stopped(&mut self, durable: i64, rejected: i64) {
+        tracing::error!(
+            session = %self.id,
+            seq = rejected,
+            durable,
+            "the store rejected a journal entry; ending the session"
+        );
+        self.outbox.discard_updates_after(durable);
+        let turn = self
+            .inflight
+            .values()
+            .any(|f| matches!(f, Inflight::Prompt { .. }));
+        if turn {
+            self.cancel().await;
+        }
+        let err = ResponseError::internal(format!(
+            "the session store rejected update {rejected} of this session, so nothing after it \
+             can be kept; the turn is stopped and the session reopens from its journal on the \
+             next request"
+        ));
+        for (_, f) in self.inflight.drain() {
+            if let Inflight::Prompt { responder } | Inflight::Relay { responder } = f {
+                self.outbox.push(Out::Reply {
+                    responder,
+                    result: Err(err.clone()),
+                });
+            }
+        }
+        self.ending = true;
     }
 
     /// A journal page for a lagging client arrived (see `outbox.rs`).
