@@ -16,6 +16,7 @@ mod client_requests;
 mod durability;
 mod handshake;
 mod hostile;
+mod journal_rejection;
 mod journal_retention;
 mod layering;
 mod limits;

@@ -111,14 +111,19 @@ impl Session {
     }
 
     pub(super) async fn flush(&mut self) {
-        let (mark, news) = {
-            let r = self.durable_rx.borrow_and_update();
-            (*r, r.has_changed())
-        };
-        if let Some(rejected) = mark.rejected
-            && news
-        {
-            self.journal_stopped(mark.durable, rejected).await;
+        let mark = *self.durable_rx.borrow_and_update();
+        if let Some(rejected) = mark.rejected {
+            let err = ResponseError::internal(format!(
+                "the session store rejected update {rejected} of this session, so nothing \
+                 after it can be kept; the turn is stopped and the session reopens from its \
+                 journal on the next request"
+            ));
+            // The updates after it will never be durable: they must never be sent.
+            self.outbox.discard_updates_after(mark.durable, &err);
+            // Once: the session is ending from then on (a close may have got there first).
+            if !self.ending {
+                self.journal_stopped(mark.durable, rejected, err).await;
+            }
         }
         let durable = mark.durable;
         for id in self.outbox.flush(durable).await {
@@ -136,17 +141,16 @@ impl Session {
     }
 
     /// The store rejected update `rejected`: the journal stops at `durable` for good. What the
-    /// clients were sent is exactly the journal; the updates after it are dropped unsent, the
-    /// running turn is cancelled at the agent and answered with an error, and the session ends,
-    /// so the next request opens it again from its journal (with a fresh watermark).
-    async fn journal_stopped(&mut self, durable: i64, rejected: i64) {
+    /// clients were sent is exactly the journal (`flush` drops the updates after it unsent, and
+    /// turns that ended behind them answer `err`); the running turn is cancelled at the agent
+    /// and answered with `err`, and the session ends, so the next request opens it again from its journal (with a fresh watermark).
+    async fn journal_stopped(&mut self, durable: i64, rejected: i64, err: ResponseError) {
         tracing::error!(
             session = %self.id,
             seq = rejected,
             durable,
             "the store rejected a journal entry; ending the session"
         );
-        self.outbox.discard_updates_after(durable);
         let turn = self
             .inflight
             .values()
@@ -154,11 +158,6 @@ impl Session {
         if turn {
             self.cancel().await;
         }
-        let err = ResponseError::internal(format!(
-            "the session store rejected update {rejected} of this session, so nothing after it \
-             can be kept; the turn is stopped and the session reopens from its journal on the \
-             next request"
-        ));
         for (_, f) in self.inflight.drain() {
             if let Inflight::Prompt { responder } | Inflight::Relay { responder } = f {
                 self.outbox.push(Out::Reply {
