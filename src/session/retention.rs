@@ -2,9 +2,10 @@
 //! `session/load`. Message chunks are merged first (`compaction::compact`); only if that is
 //! not enough do the oldest entries go.
 //!
-//! Never holds the journal in memory: merging walks it a page at a time and replaces each
-//! page's range, and the oldest entries are dropped by `Store::trim_journal`, which counts and
-//! sums in the database. A 1 000 000-entry journal costs a page of memory, not a journal.
+//! Never holds the journal in memory: merging reads only the stretches the database points out
+//! (neighbours of one mergeable kind), a page at a time, replacing each page's range; the
+//! oldest entries are dropped by `Store::trim_journal`, which counts and sums in the database.
+//! A 1 000 000-entry journal costs a page of memory, not a journal.
 
 use std::sync::Arc;
 
@@ -72,11 +73,44 @@ struct Carry {
     merged: JournalEntry,
 }
 
-/// Merges the chunk runs of the whole journal, one page at a time; a run crossing a page
-/// boundary is carried (as one merged entry) into the next page, so the result is what
-/// `compact` over the whole journal gives and every range is written once.
+/// The kinds whose neighbouring entries `compaction::compact` may merge.
+const MERGEABLE: [&str; 3] = [
+    "user_message_chunk",
+    "agent_message_chunk",
+    "agent_thought_chunk",
+];
+
+/// Merges the chunk runs of the whole journal. The database points out where neighbours share
+/// a mergeable kind (`journal_neighbours`, no bodies read); only those stretches are read, a
+/// page at a time. A journal with nothing to merge costs one scan in the database.
 async fn merge_chunks(store: &Store, session_id: &str, page: i64) -> Result<(), StoreError> {
     let mut after = 0;
+    loop {
+        let pairs = store
+            .journal_neighbours(session_id, after, &MERGEABLE, page)
+            .await?;
+        let (Some(first), Some(last)) = (pairs.first(), pairs.last()) else {
+            return Ok(());
+        };
+        after = merge_span(store, session_id, first.0 - 1, last.1, page).await?;
+        if (pairs.len() as i64) < page {
+            return Ok(());
+        }
+    }
+}
+
+/// Merges the entries after `from` up to at least `until`, one page at a time, and on until no
+/// run is left open; returns the last seq it looked at. A run crossing a page boundary is
+/// carried (as one merged entry) into the next page, so the result is what `compact` over the
+/// whole stretch gives and every range is written once.
+async fn merge_span(
+    store: &Store,
+    session_id: &str,
+    from: i64,
+    until: i64,
+    page: i64,
+) -> Result<i64, StoreError> {
+    let mut after = from;
     let mut carry: Option<Carry> = None;
     loop {
         let read = store.journal_after(session_id, after, page).await?;
@@ -87,7 +121,7 @@ async fn merge_chunks(store: &Store, session_id: &str, page: i64) -> Result<(), 
                     .replace_journal_range(session_id, c.start, c.merged.seq, &[c.merged])
                     .await?;
             }
-            return Ok(());
+            return Ok(after);
         };
         let full = read.len() as i64 == page;
         after = last_read;
@@ -121,18 +155,15 @@ async fn merge_chunks(store: &Store, session_id: &str, page: i64) -> Result<(), 
                 .replace_journal_range(session_id, start, end, &kept)
                 .await?;
         }
-        if !full {
-            return Ok(());
+        if !full || (after >= until && carry.is_none()) {
+            return Ok(after);
         }
     }
 }
 
 /// Whether the next page might continue this entry's run: it is a mergeable text chunk.
 fn may_continue(e: &JournalEntry) -> bool {
-    matches!(
-        e.kind.as_str(),
-        "user_message_chunk" | "agent_message_chunk" | "agent_thought_chunk"
-    )
+    MERGEABLE.contains(&e.kind.as_str())
 }
 
 #[cfg(test)]

@@ -209,11 +209,14 @@ async fn million_entries(opts: DaemonOptions) {
     daemon.sigterm().await;
     let (count, _, base, _) = journal_stats(&url, &sid).await;
     assert!(count > 0 && count < CAP);
+    let t = std::time::Instant::now();
     bulk_journal(&url, &sid, base, BIG).await;
+    eprintln!("bulk insert {:?}", t.elapsed());
     assert_eq!(journal_stats(&url, &sid).await.0, count + BIG);
 
     // A turn on the restarted daemon ends, and retention runs on the whole journal.
     daemon.restart().await;
+    let t = std::time::Instant::now();
     let mut client = daemon.client().await.with_timeout(Duration::from_secs(120));
     let (_, result) = client.prompt(&sid, "echo newest").await;
     assert_eq!(result.unwrap()["stopReason"], "end_turn");
@@ -231,6 +234,7 @@ async fn million_entries(opts: DaemonOptions) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     let peak = peak_rss_kib(daemon.pid());
+    eprintln!("turn + retention {:?}", t.elapsed());
     // The cap holds exactly, with the newest entries: nothing older than the cut, no gap.
     assert_eq!((count, last - first + 1), (CAP, CAP));
     assert!(last > base + BIG, "the new turn's entries are kept");

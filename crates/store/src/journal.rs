@@ -228,6 +228,42 @@ pub(super) async fn replace_journal_range(
     })
 }
 
+/// Pairs `(previous seq, seq)` of neighbouring entries (by seq, after `after_seq`) that share
+/// a kind out of `kinds`, ascending, at most `limit`: where compaction could merge something.
+/// One index scan in the database; no body is read.
+pub(super) async fn journal_neighbours(
+    pool: &Pool,
+    session_id: &str,
+    after_seq: i64,
+    kinds: &[&str],
+    limit: i64,
+) -> Result<Vec<(i64, i64)>, StoreError> {
+    if kinds.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list: Vec<String> = (0..kinds.len()).map(|i| format!("${}", i + 4)).collect();
+    // Driven by the primary key in seq order, so LIMIT stops the scan early; each entry of a
+    // wanted kind looks its successor up through the same index.
+    let sql = format!(
+        "SELECT a.seq, b.seq FROM journal a JOIN journal b \
+         ON b.session_id = a.session_id AND b.seq = (SELECT MIN(c.seq) FROM journal c \
+         WHERE c.session_id = a.session_id AND c.seq > a.seq) \
+         WHERE a.session_id = $1 AND a.seq > $2 AND a.kind IN ({}) AND b.kind = a.kind \
+         ORDER BY a.seq LIMIT $3",
+        list.join(", ")
+    );
+    on_pool!(pool, |p| {
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(session_id)
+            .bind(after_seq)
+            .bind(limit.max(0));
+        for k in kinds {
+            q = q.bind(*k);
+        }
+        q.fetch_all(p).await.map_err(db)
+    })
+}
+
 /// The newest seq that must go for the newest `max_entries` to remain; none when fewer.
 const CUT_BY_COUNT: &str = "SELECT seq FROM journal WHERE session_id = $1 \
      ORDER BY seq DESC LIMIT 1 OFFSET $2";

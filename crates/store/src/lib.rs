@@ -350,6 +350,19 @@ impl Store {
             .await
     }
 
+    /// Pairs `(previous seq, seq)` of neighbouring entries after `after_seq` whose kinds are
+    /// equal and one of `kinds`, ascending, at most `limit`: a scan in the database that reads
+    /// no body, so compaction reads only the stretches where it can merge something.
+    pub async fn journal_neighbours(
+        &self,
+        session_id: &str,
+        after_seq: i64,
+        kinds: &[&str],
+        limit: i64,
+    ) -> Result<Vec<(i64, i64)>, StoreError> {
+        journal::journal_neighbours(&self.inner.pool, session_id, after_seq, kinds, limit).await
+    }
+
     /// Drops the oldest entries of a session's journal until at most `max_entries` entries and
     /// `max_bytes` body bytes remain (0: no such cap); returns how many went. Works in the
     /// database (counts, running sums, one range delete), in bounded memory at any length.
