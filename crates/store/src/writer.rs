@@ -129,15 +129,19 @@ impl Writer {
     }
 
     /// Retries transient failures (the database went away, was busy) forever with capped
-    /// backoff; returns at once an error about the data itself, which no retry can fix.
+    /// backoff; returns any other error at once: one about the data itself, or one no retry is
+    /// known to fix (which then rejects the entries rather than wedging every session).
     async fn commit_with_retry(&self, items: &[&Item]) -> Result<(), sqlx::Error> {
         let mut retried = false;
-        let started = std::time::Instant::now();
         let backoff = ExponentialBuilder::default()
             .with_min_delay(BACKOFF_START)
             .with_max_delay(BACKOFF_MAX)
             .without_max_times();
-        let result = (|| write(&self.pool, items))
+        let attempt = || async {
+            let started = std::time::Instant::now();
+            write(&self.pool, items).await.map(|()| started.elapsed())
+        };
+        let result = attempt
             .retry(backoff)
             .sleep(tokio::time::sleep)
             .when(|e| classify(e) == Failure::Transient)
@@ -152,9 +156,8 @@ impl Writer {
                 );
             })
             .await;
-        if result.is_ok() {
-            metrics::histogram!(crate::metrics::JOURNAL_APPEND_SECONDS)
-                .record(started.elapsed().as_secs_f64());
+        if let Ok(took) = result {
+            metrics::histogram!(crate::metrics::JOURNAL_APPEND_SECONDS).record(took.as_secs_f64());
             metrics::histogram!(crate::metrics::JOURNAL_BATCH_SIZE).record(items.len() as f64);
             metrics::counter!(crate::metrics::JOURNAL_ENTRIES_TOTAL).increment(items.len() as u64);
             if retried {
@@ -164,7 +167,7 @@ impl Writer {
                 );
             }
         }
-        result
+        result.map(drop)
     }
 }
 
