@@ -143,7 +143,8 @@ impl Session {
     /// The store rejected update `rejected`: the journal stops at `durable` for good. What the
     /// clients were sent is exactly the journal (`flush` drops the updates after it unsent, and
     /// turns that ended behind them answer `err`); the running turn is cancelled at the agent
-    /// and answered with `err`, and the session ends, so the next request opens it again from its journal (with a fresh watermark).
+    /// and answered with `err`, and the session ends, so the next request opens it again from
+    /// its journal (with a fresh watermark).
     async fn journal_stopped(&mut self, durable: i64, rejected: i64, err: ResponseError) {
         tracing::error!(
             session = %self.id,
