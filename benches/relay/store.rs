@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use acpd_store::{NewEntry, SessionRow, Store, StoreOptions};
 use anyhow::{Result, ensure};
 use sqlx::{Connection, Executor, PgConnection};
-use tokio::sync::watch;
 
 pub struct StoreRef {
     pub appends_per_s: f64,
@@ -50,8 +49,7 @@ pub async fn measure(url: &str, tag: &str, appends: i64, read_back: i64) -> Resu
 async fn append_all(store: &Store, session_id: &str, n: i64) -> Result<Duration> {
     let sid: Arc<str> = session_id.into();
     let kind: Arc<str> = "agent_message_chunk".into();
-    let (durable, mut rx) = watch::channel(0);
-    let durable = Arc::new(durable);
+    let (durable, mut rx) = acpd_store::watermark(0);
     let start = Instant::now();
     for seq in 1..=n {
         let body = format!(
@@ -66,7 +64,13 @@ async fn append_all(store: &Store, session_id: &str, n: i64) -> Result<Duration>
         };
         store.append(entry, durable.clone()).await?;
     }
-    tokio::time::timeout(Duration::from_secs(600), rx.wait_for(|v| *v >= n)).await??;
+    let mark =
+        *tokio::time::timeout(Duration::from_secs(600), rx.wait_for(|v| v.settled(n))).await??;
+    ensure!(
+        mark.rejected.is_none(),
+        "the store rejected entry {:?}",
+        mark.rejected
+    );
     Ok(start.elapsed())
 }
 

@@ -42,7 +42,7 @@ pub(super) fn spawn(
         tx,
     };
     let journaled = row.last_seq;
-    let (durable, durable_rx) = watch::channel(journaled);
+    let (durable, durable_rx) = acpd_store::watermark(journaled);
     let mut session = Session {
         id,
         next_seq: row.last_seq + 1,
@@ -51,7 +51,7 @@ pub(super) fn spawn(
         shared: shared.clone(),
         agent: AgentState::Unbound,
         events: ev_tx,
-        durable: Arc::new(durable),
+        durable,
         durable_rx,
         outbox: Outbox::new(shared.tasks.clone(), journaled),
         turn: Turn {
@@ -157,8 +157,8 @@ pub(super) struct Session {
     rows: rows::RowWrites,
     // The journal (`journal.rs`): position and durable watermark.
     next_seq: i64,
-    durable: Arc<watch::Sender<i64>>,
-    durable_rx: watch::Receiver<i64>,
+    durable: Arc<acpd_store::DurableSeq>,
+    durable_rx: watch::Receiver<acpd_store::Watermark>,
     // The agent side (`restore.rs`).
     agent: AgentState,
     /// Given to the agent router so the agent's messages reach this actor.
@@ -483,7 +483,7 @@ impl Session {
         // Compact what the turns wrote once it is all committed.
         let (mut durable, upto) = (self.durable_rx.clone(), self.next_seq - 1);
         self.tasks.spawn(async move {
-            let _ = durable.wait_for(|d| *d >= upto).await;
+            let _ = durable.wait_for(|d| d.settled(upto)).await;
             TaskDone::Retention(super::retention::enforce(store, id, entries, bytes).await)
         });
     }

@@ -225,6 +225,24 @@ impl Outbox {
             .map(|c| &c.client)
     }
 
+    /// Drops the queued updates after `seq`: the journal stopped below them, so they will never
+    /// be durable and must never be sent. A reply queued behind a dropped update (a turn's end,
+    /// say) would vouch for what is lost: it answers `err` instead. The rest stays, in order.
+    pub fn discard_updates_after(&mut self, seq: i64, err: &ResponseError) {
+        let mut lost = false;
+        self.items.retain_mut(|o| match o {
+            Out::Update { seq: s, .. } if *s > seq => {
+                lost = true;
+                false
+            }
+            Out::Reply { result, .. } if lost => {
+                *result = Err(err.clone());
+                true
+            }
+            _ => true,
+        });
+    }
+
     /// Sends everything that may go now; returns the agent requests to dispatch.
     pub async fn flush(&mut self, durable: i64) -> Vec<u64> {
         let mut requests = vec![];

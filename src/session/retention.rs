@@ -1,6 +1,11 @@
 //! Retention: keeps one session's journal under its caps (entries, bytes) without breaking
 //! `session/load`. Message chunks are merged first (`compaction::compact`); only if that is
 //! not enough do the oldest entries go.
+//!
+//! Never holds the journal in memory: merging reads only the stretches the database points out
+//! (neighbours of one mergeable kind), a page at a time, replacing each page's range; the
+//! oldest entries are dropped by `Store::trim_journal`, which counts and sums in the database.
+//! A 1 000 000-entry journal costs a page of memory, not a journal.
 
 use std::sync::Arc;
 
@@ -19,49 +24,252 @@ pub(super) struct Outcome {
 }
 
 /// Checks the caps and compacts when over. Entries appended meanwhile have higher seqs and are
-/// outside the replaced range, so a pass can run while the session goes on.
+/// outside the replaced ranges, so a pass can run while the session goes on.
 pub(super) async fn enforce(
     store: Store,
     session_id: Arc<str>,
     max_entries: u64,
     max_bytes: u64,
 ) -> Result<Option<Outcome>, StoreError> {
-    let over = |count: u64, bytes: u64| {
-        (max_entries > 0 && count > max_entries) || (max_bytes > 0 && bytes > max_bytes)
+    enforce_paged(&store, &session_id, max_entries, max_bytes, PAGE).await
+}
+
+async fn enforce_paged(
+    store: &Store,
+    session_id: &str,
+    max_entries: u64,
+    max_bytes: u64,
+    page: i64,
+) -> Result<Option<Outcome>, StoreError> {
+    let over = |(count, bytes): (i64, i64)| {
+        (max_entries > 0 && count.max(0) as u64 > max_entries)
+            || (max_bytes > 0 && bytes.max(0) as u64 > max_bytes)
     };
-    let (count, bytes) = store.journal_size(&session_id).await?;
-    if !over(count.max(0) as u64, bytes.max(0) as u64) {
+    let size = store.journal_size(session_id).await?;
+    if !over(size) {
         return Ok(None);
     }
-    let mut all: Vec<JournalEntry> = Vec::with_capacity(count.max(0) as usize);
+    merge_chunks(store, session_id, page).await?;
+    let dropped_oldest = if over(store.journal_size(session_id).await?) {
+        store
+            .trim_journal(session_id, max_entries, max_bytes)
+            .await?
+    } else {
+        0
+    };
+    let after = store.journal_size(session_id).await?.0;
+    Ok(Some(Outcome {
+        before: size.0.max(0) as usize,
+        after: after.max(0) as usize,
+        dropped_oldest: dropped_oldest as usize,
+    }))
+}
+
+/// A run of chunks that may go on in the next page, merged so far but not yet written back:
+/// the journal still holds its `rows` original entries, from seq `start` on.
+struct Carry {
+    start: i64,
+    rows: usize,
+    merged: JournalEntry,
+}
+
+/// The kinds whose neighbouring entries `compaction::compact` may merge.
+const MERGEABLE: [&str; 3] = [
+    "user_message_chunk",
+    "agent_message_chunk",
+    "agent_thought_chunk",
+];
+
+/// Merges the chunk runs of the whole journal. The database points out where neighbours share
+/// a mergeable kind (`journal_neighbours`, no bodies read); only those stretches are read, a
+/// page at a time. A journal with nothing to merge costs one scan in the database.
+async fn merge_chunks(store: &Store, session_id: &str, page: i64) -> Result<(), StoreError> {
     let mut after = 0;
     loop {
-        let page = store.journal_after(&session_id, after, PAGE).await?;
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        let n = page.len();
-        all.extend(page);
-        if (n as i64) < PAGE {
-            break;
+        let pairs = store
+            .journal_neighbours(session_id, after, &MERGEABLE, page)
+            .await?;
+        let (Some(first), Some(last)) = (pairs.first(), pairs.last()) else {
+            return Ok(());
+        };
+        after = merge_span(store, session_id, first.0 - 1, last.1, page).await?;
+        if (pairs.len() as i64) < page {
+            return Ok(());
         }
     }
-    let (Some(first), Some(last)) = (all.first().map(|e| e.seq), all.last().map(|e| e.seq)) else {
-        return Ok(None);
-    };
-    let mut kept = compaction::compact(&all);
-    let mut kept_bytes: u64 = kept.iter().map(|e| e.body.len() as u64).sum();
-    let mut dropped_oldest = 0;
-    while !kept.is_empty() && over(kept.len() as u64, kept_bytes) {
-        let e = kept.remove(0);
-        kept_bytes -= e.body.len() as u64;
-        dropped_oldest += 1;
+}
+
+/// Merges the entries after `from` up to at least `until`, one page at a time, and on until no
+/// run is left open; returns the last seq it looked at. A run crossing a page boundary is
+/// carried (as one merged entry) into the next page, so the result is what `compact` over the
+/// whole stretch gives and every range is written once.
+async fn merge_span(
+    store: &Store,
+    session_id: &str,
+    from: i64,
+    until: i64,
+    page: i64,
+) -> Result<i64, StoreError> {
+    let mut after = from;
+    let mut carry: Option<Carry> = None;
+    loop {
+        let read = store.journal_after(session_id, after, page).await?;
+        let Some(last_read) = read.last().map(|e| e.seq) else {
+            // The journal ended right at a page boundary: write the carried run back.
+            if let Some(c) = carry.filter(|c| c.rows > 1) {
+                store
+                    .replace_journal_range(session_id, c.start, c.merged.seq, &[c.merged])
+                    .await?;
+            }
+            return Ok(after);
+        };
+        let full = read.len() as i64 == page;
+        after = last_read;
+        let (start, mut rows) = match &carry {
+            Some(c) => (c.start, c.rows + read.len()),
+            None => (read[0].seq, read.len()),
+        };
+        let mut input = Vec::with_capacity(read.len() + 1);
+        input.extend(carry.take().map(|c| c.merged));
+        input.extend(read);
+        let mut kept = compaction::compact(&input);
+        let mut end = last_read;
+        if full && kept.last().is_some_and(may_continue) {
+            let merged = kept.pop().expect("checked above");
+            // The run holds every entry after the last kept one (or the whole window).
+            let run_start = kept.last().map_or(start, |e| e.seq + 1);
+            let run_rows = match kept.last() {
+                Some(k) => input.iter().filter(|e| e.seq > k.seq).count(),
+                None => rows,
+            };
+            rows -= run_rows;
+            end = run_start - 1;
+            carry = Some(Carry {
+                start: run_start,
+                rows: run_rows,
+                merged,
+            });
+        }
+        if kept.len() < rows && start <= end {
+            store
+                .replace_journal_range(session_id, start, end, &kept)
+                .await?;
+        }
+        if !full || (after >= until && carry.is_none()) {
+            return Ok(after);
+        }
     }
-    store
-        .replace_journal_range(&session_id, first, last, &kept)
-        .await?;
-    Ok(Some(Outcome {
-        before: all.len(),
-        after: kept.len(),
-        dropped_oldest,
-    }))
+}
+
+/// Whether the next page might continue this entry's run: it is a mergeable text chunk.
+fn may_continue(e: &JournalEntry) -> bool {
+    MERGEABLE.contains(&e.kind.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use acpd_store::{NewEntry, SessionRow, StoreOptions};
+
+    fn body(seq: i64, kind: &str, message: &str) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"{kind}","messageId":"{message}","content":{{"type":"text","text":"<{seq}>"}}}},"_meta":{{"acpd":{{"seq":{seq}}}}}}}}}"#
+        )
+    }
+
+    async fn journal(store: &Store) -> Vec<JournalEntry> {
+        store.journal_after("s", 0, 1_000_000).await.unwrap()
+    }
+
+    /// Runs of every length, some across page boundaries, one over several pages: merging a
+    /// page at a time gives exactly what merging the whole journal at once gives.
+    /// A store holding one session "s" whose journal is runs of the given lengths.
+    async fn store_with_runs(runs: &[usize]) -> Store {
+        let store = Store::open("sqlite::memory:", StoreOptions::default())
+            .await
+            .unwrap();
+        let row = SessionRow {
+            id: "s".into(),
+            principal_id: "p".into(),
+            agent: "a".into(),
+            agent_session_id: None,
+            cwd: "/".into(),
+            additional_dirs: "[]".into(),
+            title: None,
+            mode_id: None,
+            config_values: "{}".into(),
+            meta: "{}".into(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+            closed: false,
+            last_seq: 0,
+            owner_instance: None,
+            lease_until_ms: None,
+        };
+        store.insert_session(&row).await.unwrap();
+        let (durable, mut rx) = acpd_store::watermark(0);
+        let mut seq = 0;
+        for (i, len) in runs.iter().enumerate() {
+            for _ in 0..*len {
+                seq += 1;
+                let kind = if i % 5 == 4 {
+                    "tool_call"
+                } else {
+                    "agent_message_chunk"
+                };
+                let entry = NewEntry {
+                    session_id: "s".into(),
+                    seq,
+                    kind: kind.into(),
+                    body: body(seq, kind, &format!("m{i}")).into(),
+                    at_ms: seq,
+                };
+                store.append(entry, durable.clone()).await.unwrap();
+            }
+        }
+        rx.wait_for(|w| w.durable >= seq).await.unwrap();
+        store
+    }
+
+    /// Runs of every length, some across page boundaries, one over several pages: merging a
+    /// page at a time gives exactly what merging the whole journal at once gives.
+    #[tokio::test]
+    async fn merging_page_by_page_equals_merging_the_whole_journal() {
+        let runs = [1, 3, 7, 2, 1, 25, 1, 6, 1, 1, 9, 4];
+        for page in [1, 2, 4, 5, 7, 61, 100] {
+            let store = store_with_runs(&runs).await;
+            let expected = compaction::compact(&journal(&store).await);
+            merge_chunks(&store, "s", page).await.unwrap();
+            assert_eq!(journal(&store).await, expected, "page of {page}");
+            // A second pass finds nothing more to merge.
+            merge_chunks(&store, "s", page).await.unwrap();
+            assert_eq!(journal(&store).await, expected, "again, page of {page}");
+            store.close().await;
+        }
+    }
+
+    /// Over both caps: merging first, then the oldest entries go until both hold.
+    #[tokio::test]
+    async fn the_caps_are_met_by_merging_then_by_dropping_the_oldest() {
+        let store = store_with_runs(&[10, 1, 10, 1, 1, 1, 10]).await;
+        let merged = compaction::compact(&journal(&store).await);
+        assert_eq!(merged.len(), 7);
+        let newest_three: u64 = merged[4..].iter().map(|e| e.body.len() as u64).sum();
+        let outcome = enforce_paged(&store, "s", 5, newest_three, 3)
+            .await
+            .unwrap()
+            .expect("over the caps");
+        assert_eq!(
+            (outcome.before, outcome.after, outcome.dropped_oldest),
+            (34, 3, 4)
+        );
+        assert_eq!(journal(&store).await, merged[4..].to_vec());
+        assert!(
+            enforce_paged(&store, "s", 5, newest_three, 3)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        store.close().await;
+    }
 }

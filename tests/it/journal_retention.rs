@@ -1,9 +1,11 @@
 //! Journal retention: over the per-session cap, message chunks are merged (load still shows
-//! the whole message); when merging is not enough the oldest entries go.
+//! the whole message); when merging is not enough the oldest entries go, also from a
+//! 1 000 000-entry journal, in bounded memory.
 
 use std::time::Duration;
 
 use serde_json::Value;
+use sqlx::{Connection, PgConnection, SqliteConnection};
 
 use crate::support::{Daemon, DaemonOptions};
 
@@ -87,5 +89,171 @@ async fn when_merging_is_not_enough_the_oldest_entries_go() {
         chunk_texts(&replay).last().map(String::as_str),
         Some("turn 4"),
         "the newest are kept"
+    );
+}
+
+/// The journal rows of one session in bulk, as the daemon would have written them: one
+/// statement generating `n` `tool_call_update` entries after seq `after`.
+async fn bulk_journal(url: &str, sid: &str, after: i64, n: i64) {
+    const BODY: &str = "'{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"' || $1 || '\",\"update\":{\"sessionUpdate\":\"tool_call_update\",\"toolCallId\":\"t' || i || '\",\"status\":\"completed\"},\"_meta\":{\"acpd\":{\"seq\":' || ($2 + i) || '}}}}'";
+    let (insert, bump) = (
+        format!(
+            "INSERT INTO journal (session_id, seq, kind, body, at_ms) \
+             SELECT $1, $2 + i, 'tool_call_update', {BODY}, 0 FROM ROWS"
+        ),
+        "UPDATE sessions SET last_seq = $2 + $3 WHERE id = $1",
+    );
+    if url.starts_with("sqlite:") {
+        let mut db = SqliteConnection::connect(url)
+            .await
+            .expect("connect sqlite");
+        let insert = format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $3) {}",
+            insert.replace("FROM ROWS", "FROM n")
+        );
+        sqlx::query(sqlx::AssertSqlSafe(insert))
+            .bind(sid)
+            .bind(after)
+            .bind(n)
+            .execute(&mut db)
+            .await
+            .expect("bulk insert");
+        sqlx::query(bump)
+            .bind(sid)
+            .bind(after)
+            .bind(n)
+            .execute(&mut db)
+            .await
+            .expect("raise last_seq");
+        db.close().await.ok();
+    } else {
+        let mut db = PgConnection::connect(url).await.expect("connect postgres");
+        let insert = insert.replace("FROM ROWS", "FROM generate_series(1, $3::int8) AS i");
+        sqlx::query(sqlx::AssertSqlSafe(insert))
+            .bind(sid)
+            .bind(after)
+            .bind(n)
+            .execute(&mut db)
+            .await
+            .expect("bulk insert");
+        sqlx::query(bump)
+            .bind(sid)
+            .bind(after)
+            .bind(n)
+            .execute(&mut db)
+            .await
+            .expect("raise last_seq");
+        db.close().await.ok();
+    }
+}
+
+/// `(count, min seq, max seq, body of the newest)` of a session's journal.
+async fn journal_stats(url: &str, sid: &str) -> (i64, i64, i64, String) {
+    const STATS: &str = "SELECT COUNT(*), COALESCE(MIN(seq), 0), COALESCE(MAX(seq), 0), \
+         COALESCE((SELECT body FROM journal WHERE session_id = $1 ORDER BY seq DESC LIMIT 1), '') \
+         FROM journal WHERE session_id = $1";
+    if url.starts_with("sqlite:") {
+        let mut db = SqliteConnection::connect(url)
+            .await
+            .expect("connect sqlite");
+        let stats = sqlx::query_as(STATS).bind(sid).fetch_one(&mut db).await;
+        db.close().await.ok();
+        stats.expect("journal stats")
+    } else {
+        let mut db = PgConnection::connect(url).await.expect("connect postgres");
+        let stats = sqlx::query_as(STATS).bind(sid).fetch_one(&mut db).await;
+        db.close().await.ok();
+        stats.expect("journal stats")
+    }
+}
+
+/// Peak resident memory of a process, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+/// Entries in the big journal: its bodies alone are ~170 MB, far more than the memory bound.
+const BIG: i64 = 1_000_000;
+/// The daemon's peak RSS bound while it trims the big journal. Holding the journal (as a
+/// retention that reads it whole would) takes several hundred MiB.
+const PEAK_RSS_BOUND_KIB: u64 = 160 * 1024;
+
+#[tokio::test]
+async fn a_million_entry_journal_is_trimmed_to_the_cap_in_bounded_memory() {
+    million_entries(DaemonOptions::default()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(acpd_pg),
+    ignore = "set ACPD_TEST_DATABASE_URL to run the Postgres tests"
+)]
+async fn on_postgres_a_million_entry_journal_is_trimmed_to_the_cap_in_bounded_memory() {
+    million_entries(DaemonOptions::default().postgres()).await;
+}
+
+async fn million_entries(opts: DaemonOptions) {
+    const CAP: i64 = 1000;
+    let mut daemon = Daemon::start_with(opts.arg("--journal-max-entries", CAP)).await;
+    let url = daemon.store_url();
+    let mut client = daemon.client().await;
+    let sid = client.open_session(&daemon.work_dir()).await;
+    let (_, result) = client.prompt(&sid, "echo first").await;
+    assert_eq!(result.unwrap()["stopReason"], "end_turn");
+    drop(client);
+    daemon.sigterm().await;
+    let (count, _, base, _) = journal_stats(&url, &sid).await;
+    assert!(count > 0 && count < CAP);
+    let t = std::time::Instant::now();
+    bulk_journal(&url, &sid, base, BIG).await;
+    eprintln!("bulk insert {:?}", t.elapsed());
+    assert_eq!(journal_stats(&url, &sid).await.0, count + BIG);
+
+    // A turn on the restarted daemon ends, and retention runs on the whole journal.
+    daemon.restart().await;
+    let t = std::time::Instant::now();
+    let mut client = daemon.client().await.with_timeout(Duration::from_secs(120));
+    let (_, result) = client.prompt(&sid, "echo newest").await;
+    assert_eq!(result.unwrap()["stopReason"], "end_turn");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    let (count, first, last, newest) = loop {
+        let stats = journal_stats(&url, &sid).await;
+        if stats.0 <= CAP {
+            break stats;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "retention never trimmed the journal: {} entries",
+            stats.0
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let peak = peak_rss_kib(daemon.pid());
+    eprintln!("turn + retention {:?}", t.elapsed());
+    // The cap holds exactly, with the newest entries: nothing older than the cut, no gap.
+    assert_eq!((count, last - first + 1), (CAP, CAP));
+    assert!(last > base + BIG, "the new turn's entries are kept");
+    assert!(
+        newest.contains("newest"),
+        "the newest entry is the last chunk: {newest}"
+    );
+    assert!(
+        peak < PEAK_RSS_BOUND_KIB,
+        "acpd peaked at {peak} KiB trimming a {BIG}-entry journal"
+    );
+    eprintln!("acpd peak RSS while trimming {BIG} entries: {peak} KiB");
+
+    // And load replays exactly what is kept.
+    let (replay, result) = client.load(&sid, &daemon.work_dir()).await;
+    result.expect("load");
+    assert_eq!(replay.len() as i64, CAP);
+    assert_eq!(
+        chunk_texts(&replay).last().map(String::as_str),
+        Some("newest")
     );
 }

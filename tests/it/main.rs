@@ -19,6 +19,7 @@ mod config;
 mod durability;
 mod handshake;
 mod hostile;
+mod journal_rejection;
 mod journal_retention;
 mod layering;
 mod limits;

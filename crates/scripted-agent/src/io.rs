@@ -1,13 +1,14 @@
-//! Wire plumbing of the scripted agent: one stdout writer task and the table of requests the
-//! agent sent to the client and is still waiting for.
+//! Wire plumbing of the scripted agent: one stdout writer thread (single messages and
+//! pre-serialized bursts) and the table of requests the agent sent to the client and is still
+//! waiting for.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::io::Write;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 /// A JSON-RPC error, in either direction.
@@ -54,50 +55,108 @@ impl RpcError {
 
 enum OutMsg {
     Line(String),
+    /// Whole lines, newline-terminated, written with one write; the permit holds their share
+    /// of the output budget until they are written.
+    Burst(Vec<u8>, Option<OwnedSemaphorePermit>),
     Exit(i32),
 }
 
-/// Cloneable handle to the single stdout writer. Going through one task keeps every message
+/// A failed write to stdout: the client is gone.
+fn gone<T>(_: std::io::Error) -> T {
+    std::process::exit(0)
+}
+
+/// Bytes of bursts queued for stdout and not yet written: a stream waits for the reader
+/// instead of piling up in memory.
+const OUT_BUDGET: usize = 8 * 1024 * 1024;
+
+/// Cloneable handle to the single stdout writer. Going through one writer keeps every message
 /// on its own line and keeps the order in which callers queued them.
 #[derive(Clone)]
 pub struct Out {
     tx: mpsc::UnboundedSender<OutMsg>,
+    budget: Arc<Semaphore>,
 }
 
 impl Out {
-    /// Starts the writer task. A failed write means the client is gone: exit quietly.
+    /// Starts the writer thread. A failed write means the client is gone: exit quietly.
+    ///
+    /// A thread of its own, writing to the raw stdout: a burst of many updates leaves in one
+    /// `write`, without the copy and the blocking-pool hop of tokio's stdout, while the turn
+    /// builds the next burst.
     pub fn start() -> Out {
         let (tx, mut rx) = mpsc::unbounded_channel::<OutMsg>();
-        tokio::spawn(async move {
-            let mut stdout = BufWriter::with_capacity(64 * 1024, tokio::io::stdout());
-            while let Some(msg) = rx.recv().await {
-                match msg {
-                    OutMsg::Line(line) => {
-                        let ok = stdout.write_all(line.as_bytes()).await.is_ok()
-                            && stdout.write_all(b"\n").await.is_ok();
-                        // Flush only when the queue is drained: big streams go out in large
-                        // writes, single messages still leave at once.
-                        if !ok || (rx.is_empty() && stdout.flush().await.is_err()) {
-                            std::process::exit(0);
+        std::thread::spawn(move || {
+            let stdout = std::io::stdout();
+            let mut stdout = stdout.lock();
+            // Small messages queued together go out in one write.
+            let mut lines: Vec<u8> = Vec::with_capacity(64 * 1024);
+            while let Some(mut msg) = rx.blocking_recv() {
+                loop {
+                    match msg {
+                        OutMsg::Line(line) => {
+                            lines.extend_from_slice(line.as_bytes());
+                            lines.push(b'\n');
+                        }
+                        OutMsg::Burst(bytes, permit) => {
+                            if !lines.is_empty() {
+                                stdout.write_all(&lines).unwrap_or_else(gone);
+                                lines.clear();
+                            }
+                            stdout.write_all(&bytes).unwrap_or_else(gone);
+                            drop(permit);
+                        }
+                        OutMsg::Exit(code) => {
+                            let _ = stdout.write_all(&lines);
+                            let _ = stdout.flush();
+                            eprintln!(
+                                "scripted-agent[{}]: exiting with status {code}",
+                                std::process::id()
+                            );
+                            std::process::exit(code);
                         }
                     }
-                    OutMsg::Exit(code) => {
-                        let _ = stdout.flush().await;
-                        eprintln!(
-                            "scripted-agent[{}]: exiting with status {code}",
-                            std::process::id()
-                        );
-                        std::process::exit(code);
+                    // Flush only when the queue is drained: big streams go out in large
+                    // writes, single messages still leave at once.
+                    match rx.try_recv() {
+                        Ok(next) if lines.len() < 256 * 1024 => msg = next,
+                        Ok(next) => {
+                            stdout.write_all(&lines).unwrap_or_else(gone);
+                            lines.clear();
+                            msg = next;
+                        }
+                        Err(_) => break,
                     }
                 }
+                stdout.write_all(&lines).unwrap_or_else(gone);
+                lines.clear();
+                stdout.flush().unwrap_or_else(gone);
             }
         });
-        Out { tx }
+        Out {
+            tx,
+            budget: Arc::new(Semaphore::new(OUT_BUDGET)),
+        }
     }
 
     pub fn send(&self, msg: &Value) {
         let line = serde_json::to_string(msg).expect("JSON values always serialize");
         let _ = self.tx.send(OutMsg::Line(line));
+    }
+
+    /// Waits until `bytes` more bytes of bursts may be queued (at most the whole budget).
+    pub async fn reserve(&self, bytes: usize) -> OwnedSemaphorePermit {
+        let n = bytes.clamp(1, OUT_BUDGET) as u32;
+        self.budget
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .expect("the output budget is never closed")
+    }
+
+    /// Queues newline-terminated lines to be written at once.
+    pub fn burst(&self, bytes: Vec<u8>, permit: Option<OwnedSemaphorePermit>) {
+        let _ = self.tx.send(OutMsg::Burst(bytes, permit));
     }
 
     pub fn respond(&self, id: Value, result: Result<Value, RpcError>) {

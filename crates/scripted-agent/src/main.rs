@@ -149,11 +149,31 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             let sid = session_id(&params)?;
             let (history, result) =
                 agent.with_session(&sid, |s| (s.history.clone(), s.setup_result()))?;
-            for update in history {
-                agent.out.notify(
-                    "session/update",
-                    json!({ "sessionId": sid, "update": update }),
-                );
+            let lines = state::ChunkLines::new(&sid);
+            for item in history {
+                match item {
+                    state::History::Update(update) => agent.out.notify(
+                        "session/update",
+                        json!({ "sessionId": sid, "update": update }),
+                    ),
+                    state::History::Stream {
+                        first,
+                        count,
+                        size,
+                        n,
+                    } => {
+                        // In bursts, like the live stream (without waiting for the budget:
+                        // this handler answers inline).
+                        let mut k = 0;
+                        while k < count {
+                            let m = (count - k).min(1024);
+                            agent
+                                .out
+                                .burst(lines.render(first + k, m, size, n + k), None);
+                            k += m;
+                        }
+                    }
+                }
             }
             Ok(result)
         }
@@ -238,8 +258,9 @@ fn prompt(agent: &Arc<Agent>, id: Value, params: Value) {
         let commands = script::parse(&text.join("\n")).map_err(RpcError::invalid_params)?;
         agent.with_session(&sid, |s| {
             for block in &blocks {
-                s.history
-                    .push(json!({ "sessionUpdate": "user_message_chunk", "content": block }));
+                s.history.push(state::History::Update(
+                    json!({ "sessionUpdate": "user_message_chunk", "content": block }),
+                ));
             }
         })?;
         let (turn, cancel) = agent.begin_turn(&sid)?;

@@ -108,6 +108,9 @@ fn parse_line(line: &str) -> Result<Command, String> {
     })
 }
 
+/// Bytes of one `stream` burst (a few hundred updates of 64 B).
+const BURST_BYTES: usize = 128 * 1024;
+
 /// How a turn ends.
 pub enum TurnEnd {
     Stop(String),
@@ -152,15 +155,19 @@ async fn run_one(
     match command {
         Command::Echo(text) => agent.say(sid, text),
         Command::Stream { count, size } => {
-            for i in 0..count {
-                if cancel.is_cancelled() {
-                    return Err(cancelled());
-                }
-                let mut text = format!("{i}:");
-                if text.len() < size {
-                    text.push_str(&"x".repeat(size - text.len()));
-                }
-                agent.say(sid, text);
+            // Bursts of pre-serialized lines, each one write; the output budget makes the
+            // stream wait for its reader instead of piling up.
+            let line = size + 220;
+            let per_burst = (BURST_BYTES / line).max(1) as u64;
+            let mut i = 0;
+            while i < count {
+                let n = per_burst.min(count - i);
+                let permit = tokio::select! {
+                    p = agent.out.reserve(line * n as usize) => p,
+                    _ = cancel.cancelled() => return Err(cancelled()),
+                };
+                agent.stream(sid, i, n, size, permit);
+                i += n;
             }
         }
         Command::Thought(text) => agent.emit(

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::io::{Out, Peer, RpcError};
@@ -20,9 +21,23 @@ pub struct Flags {
     pub no_resume: bool,
 }
 
+/// One item of a session's history.
+#[derive(Clone)]
+pub enum History {
+    Update(Value),
+    /// Chunks `first..first + count` of a `stream` of `size`-byte texts, stamped `n..n + count`:
+    /// kept as a range, so a stream of millions costs nothing to remember.
+    Stream {
+        first: u64,
+        count: u64,
+        size: usize,
+        n: u64,
+    },
+}
+
 pub struct Session {
     /// Every update sent for this session, plus the user's prompts, in order.
-    pub history: Vec<Value>,
+    pub history: Vec<History>,
     /// Counter stamped into `agent_message_chunk`s (`_meta.scripted.n`).
     chunk_n: u64,
     /// Counter for tool call and permission ids.
@@ -149,7 +164,46 @@ impl Agent {
             "session/update",
             json!({ "sessionId": session_id, "update": update }),
         );
-        session.history.push(update);
+        session.history.push(History::Update(update));
+    }
+
+    /// Sends chunks `first..first + count` of a `stream` as one burst of pre-serialized lines
+    /// (the same updates `say` would send, `_meta.scripted.n` included) and records them.
+    pub fn stream(
+        &self,
+        session_id: &str,
+        first: u64,
+        count: u64,
+        size: usize,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let mut sessions = self.sessions.lock().unwrap();
+        let Some(session) = sessions.get_mut(session_id) else {
+            return;
+        };
+        let n = session.chunk_n + 1;
+        session.chunk_n += count;
+        let bytes = ChunkLines::new(session_id).render(first, count, size, n);
+        self.out.burst(bytes, Some(permit));
+        if let Some(History::Stream {
+            first: f,
+            count: c,
+            size: s,
+            n: m,
+        }) = session.history.last_mut()
+            && *s == size
+            && *f + *c == first
+            && *m + *c == n
+        {
+            *c += count;
+        } else {
+            session.history.push(History::Stream {
+                first,
+                count,
+                size,
+                n,
+            });
+        }
     }
 
     /// Sends an `agent_message_chunk` with plain text.
@@ -184,5 +238,96 @@ impl Agent {
                 token.cancel();
             }
         });
+    }
+}
+
+/// The line of a streamed `agent_message_chunk`, as a template: only the chunk's index, its
+/// padding and its number are written per update, no JSON is built.
+pub struct ChunkLines {
+    head: Vec<u8>,
+}
+
+const CHUNK_MID: &[u8] = br#""},"_meta":{"scripted":{"n":"#;
+const CHUNK_TAIL: &[u8] = b"}}}}}\n";
+
+impl ChunkLines {
+    pub fn new(session_id: &str) -> ChunkLines {
+        let sid = serde_json::to_string(session_id).expect("strings always serialize");
+        let head = format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":{sid},"update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":""#
+        );
+        ChunkLines {
+            head: head.into_bytes(),
+        }
+    }
+
+    /// The lines of chunks `first..first + count`: text `"{i}:"` padded with `x` to `size`
+    /// bytes, numbered from `n`.
+    pub fn render(&self, first: u64, count: u64, size: usize, n: u64) -> Vec<u8> {
+        let line = self.head.len() + size.max(24) + CHUNK_MID.len() + CHUNK_TAIL.len() + 20;
+        let mut out = Vec::with_capacity(line * count as usize);
+        for k in 0..count {
+            out.extend_from_slice(&self.head);
+            let start = out.len();
+            push_int(&mut out, first + k);
+            out.push(b':');
+            let written = out.len() - start;
+            if written < size {
+                out.resize(out.len() + size - written, b'x');
+            }
+            out.extend_from_slice(CHUNK_MID);
+            push_int(&mut out, n + k);
+            out.extend_from_slice(CHUNK_TAIL);
+        }
+        out
+    }
+}
+
+/// Appends `v` in decimal.
+fn push_int(out: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChunkLines;
+    use serde_json::{Value, json};
+
+    #[test]
+    fn template_lines_are_the_updates_say_would_send() {
+        let bytes = ChunkLines::new("sa-\"1\"").render(9, 3, 6, 41);
+        let lines: Vec<Value> = std::str::from_utf8(&bytes)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let line = |text: &str, n: u64| {
+            json!({ "jsonrpc": "2.0", "method": "session/update", "params": {
+                "sessionId": "sa-\"1\"",
+                "update": {
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": { "type": "text", "text": text },
+                    "_meta": { "scripted": { "n": n } },
+                },
+            }})
+        };
+        assert_eq!(
+            lines,
+            [line("9:xxxx", 41), line("10:xxx", 42), line("11:xxx", 43)]
+        );
+        assert!(bytes.ends_with(b"\n"));
+        let short = ChunkLines::new("s").render(12345, 1, 2, 1);
+        let v: Value = serde_json::from_slice(&short).unwrap();
+        assert_eq!(v["params"]["update"]["content"]["text"], "12345:");
     }
 }

@@ -228,6 +228,97 @@ pub(super) async fn replace_journal_range(
     })
 }
 
+/// Pairs `(previous seq, seq)` of neighbouring entries (by seq, after `after_seq`) that share
+/// a kind out of `kinds`, ascending, at most `limit`: where compaction could merge something.
+/// One index scan in the database; no body is read.
+pub(super) async fn journal_neighbours(
+    pool: &Pool,
+    session_id: &str,
+    after_seq: i64,
+    kinds: &[&str],
+    limit: i64,
+) -> Result<Vec<(i64, i64)>, StoreError> {
+    if kinds.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list: Vec<String> = (0..kinds.len()).map(|i| format!("${}", i + 4)).collect();
+    // Driven by the primary key in seq order, so LIMIT stops the scan early; each entry of a
+    // wanted kind looks its successor up through the same index.
+    let sql = format!(
+        "SELECT a.seq, b.seq FROM journal a JOIN journal b \
+         ON b.session_id = a.session_id AND b.seq = (SELECT MIN(c.seq) FROM journal c \
+         WHERE c.session_id = a.session_id AND c.seq > a.seq) \
+         WHERE a.session_id = $1 AND a.seq > $2 AND a.kind IN ({}) AND b.kind = a.kind \
+         ORDER BY a.seq LIMIT $3",
+        list.join(", ")
+    );
+    on_pool!(pool, |p| {
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(session_id)
+            .bind(after_seq)
+            .bind(limit.max(0));
+        for k in kinds {
+            q = q.bind(*k);
+        }
+        q.fetch_all(p).await.map_err(db)
+    })
+}
+
+/// The newest seq that must go for the newest `max_entries` to remain; none when fewer.
+const CUT_BY_COUNT: &str = "SELECT seq FROM journal WHERE session_id = $1 \
+     ORDER BY seq DESC LIMIT 1 OFFSET $2";
+
+/// The newest seq at which the bytes counted from the newest entry down exceed `$2`: it and
+/// everything older must go. A running sum over the index, newest first, in the database.
+const CUT_BY_BYTES: &str = "SELECT seq FROM (SELECT seq, SUM(OCTET_LENGTH(body)) \
+     OVER (ORDER BY seq DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS total \
+     FROM journal WHERE session_id = $1) AS t WHERE total > $2 ORDER BY seq DESC LIMIT 1";
+
+/// Drops a session's oldest entries until at most `max_entries` and `max_bytes` (0: no cap)
+/// remain; returns how many went. Counts and sums run in the database, so the journal is
+/// never read into memory, however long it is.
+pub(super) async fn trim_journal(
+    pool: &Pool,
+    session_id: &str,
+    max_entries: u64,
+    max_bytes: u64,
+) -> Result<u64, StoreError> {
+    let cap = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    on_pool!(pool, |p| {
+        let mut tx = p.begin_with(begin_write(pool)).await.map_err(db)?;
+        let mut cut: Option<i64> = None;
+        if max_entries > 0 {
+            cut = sqlx::query_scalar(CUT_BY_COUNT)
+                .bind(session_id)
+                .bind(cap(max_entries))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+        }
+        if max_bytes > 0 {
+            let by_bytes: Option<i64> = sqlx::query_scalar(CUT_BY_BYTES)
+                .bind(session_id)
+                .bind(cap(max_bytes))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+            cut = cut.max(by_bytes);
+        }
+        let Some(cut) = cut else {
+            return Ok(0);
+        };
+        let dropped = sqlx::query("DELETE FROM journal WHERE session_id = $1 AND seq <= $2")
+            .bind(session_id)
+            .bind(cut)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?
+            .rows_affected();
+        tx.commit().await.map_err(db)?;
+        Ok(dropped)
+    })
+}
+
 pub(super) async fn journal_size(pool: &Pool, session_id: &str) -> Result<(i64, i64), StoreError> {
     on_pool!(pool, |p| {
         sqlx::query_as(JOURNAL_SIZE)

@@ -147,8 +147,41 @@ pub struct JournalEntry {
     pub at_ms: i64,
 }
 
-/// Durable watermark of one session's journal: the highest seq known committed.
-pub type DurableSeq = watch::Sender<i64>;
+/// Where one session's journal stands, as the writer reports it through a `DurableSeq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watermark {
+    /// Every entry appended with a seq up to this one is committed.
+    pub durable: i64,
+    /// The seq of an entry the database rejected (a constraint, a bad value): the watermark
+    /// stops below it for good, and later appends through the same watch are not written.
+    pub rejected: Option<i64>,
+}
+
+impl Watermark {
+    /// A journal committed up to `seq`, nothing rejected.
+    pub fn at(seq: i64) -> Watermark {
+        Watermark {
+            durable: seq,
+            rejected: None,
+        }
+    }
+
+    /// True once `seq` is committed, or once it never will be (the watermark stopped).
+    pub fn settled(&self, seq: i64) -> bool {
+        self.durable >= seq || self.rejected.is_some()
+    }
+}
+
+/// Durable watermark of one session's journal, set by the writer only. One watch per live
+/// session: a rejection stops this watch, and a new watch (the session opened again from its
+/// row's `last_seq`) starts afresh.
+pub type DurableSeq = watch::Sender<Watermark>;
+
+/// A fresh watch for a journal committed up to `last_seq`.
+pub fn watermark(last_seq: i64) -> (Arc<DurableSeq>, watch::Receiver<Watermark>) {
+    let (tx, rx) = watch::channel(Watermark::at(last_seq));
+    (Arc::new(tx), rx)
+}
 
 /// An append on its way to the group-commit writer.
 #[derive(Debug, Clone)]
@@ -276,7 +309,9 @@ impl Store {
     /// full). `durable` is advanced to `entry.seq` once the entry's batch has committed.
     ///
     /// Entries of a deleted session are discarded (and acknowledged). An entry the database
-    /// rejects (e.g. its session never existed) is logged and never acknowledged.
+    /// rejects as data (e.g. its session never existed, a constraint fails) stops `durable`:
+    /// it reports `rejected: Some(seq)` and never passes the seq below it; later appends
+    /// through that watch are not written. Connection failures are retried until they pass.
     pub async fn append(
         &self,
         entry: NewEntry,
@@ -313,6 +348,31 @@ impl Store {
     ) -> Result<(), StoreError> {
         journal::replace_journal_range(&self.inner.pool, session_id, first_seq, last_seq, entries)
             .await
+    }
+
+    /// Pairs `(previous seq, seq)` of neighbouring entries after `after_seq` whose kinds are
+    /// equal and one of `kinds`, ascending, at most `limit`: a scan in the database that reads
+    /// no body, so compaction reads only the stretches where it can merge something.
+    pub async fn journal_neighbours(
+        &self,
+        session_id: &str,
+        after_seq: i64,
+        kinds: &[&str],
+        limit: i64,
+    ) -> Result<Vec<(i64, i64)>, StoreError> {
+        journal::journal_neighbours(&self.inner.pool, session_id, after_seq, kinds, limit).await
+    }
+
+    /// Drops the oldest entries of a session's journal until at most `max_entries` entries and
+    /// `max_bytes` body bytes remain (0: no such cap); returns how many went. Works in the
+    /// database (counts, running sums, one range delete), in bounded memory at any length.
+    pub async fn trim_journal(
+        &self,
+        session_id: &str,
+        max_entries: u64,
+        max_bytes: u64,
+    ) -> Result<u64, StoreError> {
+        journal::trim_journal(&self.inner.pool, session_id, max_entries, max_bytes).await
     }
 
     /// Count and total body bytes of a session's journal.

@@ -5,13 +5,16 @@
 //! each touched session's durable watermark. It never waits for companions: a lone append
 //! commits at once (a prompt's first update is not held back), and appends that arrive while a
 //! commit runs queue up and form the next batch, so batches grow with the load by themselves.
-//! A failed commit keeps the batch and retries with capped backoff: nothing is dropped because
-//! the database went away, and the bounded channel pushes back on `append` meanwhile.
+//! A failed commit keeps the batch and retries with capped backoff (`backon`): nothing is
+//! dropped because the database went away, and the bounded channel pushes back on `append`
+//! meanwhile. An entry the database refuses as data is never skipped silently: it stops its
+//! session's watermark (`Watermark::rejected`), which the session reports as an error.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::{mpsc, watch};
 
 use super::backend::{Failure, Pool, begin_write, classify, on_pool};
@@ -57,7 +60,8 @@ struct Writer {
     _finished: watch::Sender<()>,
 }
 
-type Batch = Vec<(NewEntry, Arc<DurableSeq>)>;
+type Item = (NewEntry, Arc<DurableSeq>);
+type Batch = Vec<Item>;
 
 impl Writer {
     async fn run(mut self) {
@@ -69,8 +73,7 @@ impl Writer {
             }
             if !batch.is_empty() {
                 self.fill(&mut batch);
-                let dropped = self.commit(&batch).await;
-                advance(&batch, &dropped);
+                self.commit(&batch).await;
                 batch.clear();
             }
         }
@@ -95,85 +98,83 @@ impl Writer {
         }
     }
 
-    /// Commits the batch, retrying until it is in; returns the indexes of entries the database
-    /// rejected as data (e.g. a session that never existed), which are logged and skipped.
-    async fn commit(&self, batch: &Batch) -> Vec<usize> {
-        match self.commit_with_retry(batch).await {
-            Ok(()) => Vec::new(),
-            Err(e) => {
-                // Some row poisons the whole transaction: find it by committing one by one, so
-                // the good rows still go in.
-                tracing::warn!(
-                    error = %e,
-                    entries = batch.len(),
-                    "journal batch rejected; committing entries one by one"
-                );
-                let mut dropped = Vec::new();
-                for (i, item) in batch.iter().enumerate() {
-                    if let Err(e) = self.commit_with_retry(std::slice::from_ref(item)).await {
-                        tracing::error!(
-                            error = %e,
-                            session_id = %item.0.session_id,
-                            seq = item.0.seq,
-                            "journal entry rejected by the database; it is not stored"
-                        );
-                        dropped.push(i);
-                    }
-                }
-                dropped
+    /// Commits the batch and advances the watermarks. Appends through a stopped watch are
+    /// dropped unwritten. If the batch as a whole is rejected, some row poisons the
+    /// transaction: the entries are committed one by one, so the good ones still go in and
+    /// the bad one stops its session's watermark (and that session's later entries).
+    async fn commit(&self, batch: &Batch) {
+        let live: Vec<&Item> = batch.iter().filter(|(_, d)| !stopped(d)).collect();
+        if live.is_empty() {
+            return;
+        }
+        let Err(e) = self.commit_with_retry(&live).await else {
+            advance(&live);
+            return;
+        };
+        tracing::warn!(
+            error = %e,
+            entries = live.len(),
+            "journal batch rejected; committing entries one by one"
+        );
+        for item in live {
+            // An earlier entry of this batch may have stopped the same watch.
+            if stopped(&item.1) {
+                continue;
+            }
+            match self.commit_with_retry(&[item]).await {
+                Ok(()) => advance(&[item]),
+                Err(e) => reject(item, &e),
             }
         }
     }
 
-    /// Retries transient failures forever with capped backoff; returns a data error.
-    async fn commit_with_retry(
-        &self,
-        items: &[(NewEntry, Arc<DurableSeq>)],
-    ) -> Result<(), sqlx::Error> {
-        let mut backoff = BACKOFF_START;
-        let mut attempt = 1u32;
-        loop {
+    /// Retries transient failures (the database went away, was busy) forever with capped
+    /// backoff; returns any other error at once: one about the data itself, or one no retry is
+    /// known to fix (which then rejects the entries rather than wedging every session).
+    async fn commit_with_retry(&self, items: &[&Item]) -> Result<(), sqlx::Error> {
+        let mut retried = false;
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(BACKOFF_START)
+            .with_max_delay(BACKOFF_MAX)
+            .without_max_times();
+        let attempt = || async {
             let started = std::time::Instant::now();
-            match write(&self.pool, items).await {
-                Ok(()) => {
-                    metrics::histogram!(crate::metrics::JOURNAL_APPEND_SECONDS)
-                        .record(started.elapsed().as_secs_f64());
-                    metrics::histogram!(crate::metrics::JOURNAL_BATCH_SIZE)
-                        .record(items.len() as f64);
-                    metrics::counter!(crate::metrics::JOURNAL_ENTRIES_TOTAL)
-                        .increment(items.len() as u64);
-                    if attempt > 1 {
-                        tracing::info!(
-                            attempt,
-                            entries = items.len(),
-                            "journal batch committed after retrying"
-                        );
-                    }
-                    return Ok(());
-                }
-                Err(e) if classify(&e) == Failure::Data => return Err(e),
-                Err(e) => {
-                    metrics::counter!(crate::metrics::STORE_ERRORS_TOTAL).increment(1);
-                    tracing::warn!(
-                        error = %e,
-                        attempt,
-                        entries = items.len(),
-                        retry_in_ms = backoff.as_millis() as u64,
-                        "journal commit failed; keeping the batch and retrying"
-                    );
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    attempt = attempt.saturating_add(1);
-                }
+            write(&self.pool, items).await.map(|()| started.elapsed())
+        };
+        let result = attempt
+            .retry(backoff)
+            .sleep(tokio::time::sleep)
+            .when(|e| classify(e) == Failure::Transient)
+            .notify(|e, wait| {
+                retried = true;
+                metrics::counter!(crate::metrics::STORE_ERRORS_TOTAL).increment(1);
+                tracing::warn!(
+                    error = %e,
+                    entries = items.len(),
+                    retry_in_ms = wait.as_millis() as u64,
+                    "journal commit failed; keeping the batch and retrying"
+                );
+            })
+            .await;
+        if let Ok(took) = result {
+            metrics::histogram!(crate::metrics::JOURNAL_APPEND_SECONDS).record(took.as_secs_f64());
+            metrics::histogram!(crate::metrics::JOURNAL_BATCH_SIZE).record(items.len() as f64);
+            metrics::counter!(crate::metrics::JOURNAL_ENTRIES_TOTAL).increment(items.len() as u64);
+            if retried {
+                tracing::info!(
+                    entries = items.len(),
+                    "journal batch committed after retrying"
+                );
             }
         }
+        result.map(drop)
     }
 }
 
 /// One transaction: raise the touched sessions' `last_seq`, then insert every entry.
-async fn write(pool: &Pool, items: &[(NewEntry, Arc<DurableSeq>)]) -> Result<(), sqlx::Error> {
+async fn write(pool: &Pool, items: &[&Item]) -> Result<(), sqlx::Error> {
     let mut marks: BTreeMap<&str, i64> = BTreeMap::new();
-    for (e, _) in items {
+    for (e, _) in items.iter().copied() {
         let m = marks.entry(&*e.session_id).or_insert(e.seq);
         *m = (*m).max(e.seq);
     }
@@ -196,26 +197,46 @@ async fn write(pool: &Pool, items: &[(NewEntry, Arc<DurableSeq>)]) -> Result<(),
     })
 }
 
-/// Raises each session's watermark to the highest seq committed for it in this batch, using
-/// the newest watch the session layer handed in.
-fn advance(batch: &Batch, dropped: &[usize]) {
-    let mut marks: BTreeMap<&str, (i64, &Arc<DurableSeq>)> = BTreeMap::new();
-    for (i, (e, durable)) in batch.iter().enumerate() {
-        if dropped.contains(&i) {
-            continue;
-        }
-        let m = marks.entry(&*e.session_id).or_insert((e.seq, durable));
+fn stopped(durable: &DurableSeq) -> bool {
+    durable.borrow().rejected.is_some()
+}
+
+/// Raises each watch to the highest seq committed through it in `items`. Keyed by the watch,
+/// not the session: a session opened again hands in a new watch, and the old one must not be
+/// raised past what was committed through it.
+fn advance(items: &[&Item]) {
+    let mut marks: BTreeMap<*const DurableSeq, (i64, &DurableSeq)> = BTreeMap::new();
+    for (e, durable) in items.iter().copied() {
+        let m = marks
+            .entry(Arc::as_ptr(durable))
+            .or_insert((e.seq, durable));
         m.0 = m.0.max(e.seq);
-        m.1 = durable;
     }
     for (seq, durable) in marks.into_values() {
         durable.send_if_modified(|v| {
-            if *v < seq {
-                *v = seq;
+            if v.rejected.is_none() && v.durable < seq {
+                v.durable = seq;
                 true
             } else {
                 false
             }
         });
     }
+}
+
+/// Stops the watch of an entry the database refused: its session learns of it, and nothing
+/// after it goes in through that watch (the journal keeps no gap).
+fn reject((entry, durable): &Item, e: &sqlx::Error) {
+    metrics::counter!(crate::metrics::STORE_ERRORS_TOTAL).increment(1);
+    tracing::error!(
+        error = %e,
+        session_id = %entry.session_id,
+        seq = entry.seq,
+        "journal entry rejected by the database; the session's journal stops before it"
+    );
+    durable.send_modify(|v| {
+        if v.rejected.is_none() {
+            v.rejected = Some(entry.seq);
+        }
+    });
 }

@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{Session, TaskDone};
+use super::{Inflight, Session, TaskDone};
 use crate::session::outbox::{CATCH_UP_PAGE, CatchUp, Out};
 use crate::session::{ConnId, now_ms};
 use acpd_store::{JournalEntry, NewEntry, SessionPatch, StoreError};
+use acpd_wire::ResponseError;
 
 impl Session {
     /// Journals one `session/update` and queues it for the attached clients.
@@ -16,6 +17,11 @@ impl Session {
         let Value::Object(mut params) = params else {
             return;
         };
+        if self.durable_rx.borrow().rejected.is_some() {
+            // The journal stopped at a rejected entry (`journal_stopped`): nothing after it is
+            // journaled or sent, and the session is ending.
+            return;
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         params.insert("sessionId".into(), Value::String(self.id.to_string()));
@@ -90,7 +96,21 @@ impl Session {
     }
 
     pub(super) async fn flush(&mut self) {
-        let durable = *self.durable_rx.borrow_and_update();
+        let mark = *self.durable_rx.borrow_and_update();
+        if let Some(rejected) = mark.rejected {
+            let err = ResponseError::internal(format!(
+                "the session store rejected update {rejected} of this session, so nothing \
+                 after it can be kept; the turn is stopped and the session reopens from its \
+                 journal on the next request"
+            ));
+            // The updates after it will never be durable: they must never be sent.
+            self.outbox.discard_updates_after(mark.durable, &err);
+            // Once: the session is ending from then on (a close may have got there first).
+            if !self.ending {
+                self.journal_stopped(mark.durable, rejected, err).await;
+            }
+        }
+        let durable = mark.durable;
         for id in self.outbox.flush(durable).await {
             self.dispatch(id, None);
         }
@@ -103,6 +123,37 @@ impl Session {
                 TaskDone::CatchUp { conn, after, page }
             });
         }
+    }
+
+    /// The store rejected update `rejected`: the journal stops at `durable` for good. What the
+    /// clients were sent is exactly the journal (`flush` drops the updates after it unsent, and
+    /// turns that ended behind them answer `err`); the running turn is cancelled at the agent
+    /// and answered with `err`, and the session ends, so the next request opens it again from
+    /// its journal (with a fresh watermark).
+    async fn journal_stopped(&mut self, durable: i64, rejected: i64, err: ResponseError) {
+        tracing::error!(
+            session = %self.id,
+            seq = rejected,
+            durable,
+            "the store rejected a journal entry; ending the session"
+        );
+        let turn = self
+            .turn
+            .inflight
+            .values()
+            .any(|f| matches!(f, Inflight::Prompt { .. }));
+        if turn {
+            self.cancel().await;
+        }
+        for (_, f) in self.turn.inflight.drain() {
+            if let Inflight::Prompt { responder } | Inflight::Relay { responder } = f {
+                self.outbox.push(Out::Reply {
+                    responder,
+                    result: Err(err.clone()),
+                });
+            }
+        }
+        self.ending = true;
     }
 
     /// A journal page for a lagging client arrived (see `outbox.rs`).
