@@ -6,29 +6,28 @@
 //! the network or on the editor.
 
 use std::collections::{HashSet, VecDeque};
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::ExponentialBackoff;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::Exit;
+use super::backoff::reconnect_backoff;
+use super::bad_line;
 use super::connect::{self, ConnectError, Connected, Target, Ws};
 use super::editor::{FromDaemon, Tracker};
+use acpd_wire::lines::{Line, LineDecoder};
 use acpd_wire::resume::window::{self, Frame, Window};
 
-const BACKOFF_START: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// Largest editor line; the daemon enforces its own (smaller) limit with a proper error.
-const MAX_LINE: usize = 256 << 20;
 /// Editor messages buffered for the daemon before stdin stops being read.
 const BUFFER_MAX: usize = 64 << 20;
 const HELD_MAX: usize = 1024;
@@ -75,7 +74,10 @@ struct Relay {
     sock_no: u64,
     events: mpsc::Sender<SockEvent>,
     ever_connected: bool,
-    backoff: Duration,
+    backoff: ExponentialBackoff,
+    /// Largest editor line; longer ones are answered -32600 here. The daemon enforces its own
+    /// (smaller) limit with a proper error.
+    max_line: usize,
     retry_at: Option<Instant>,
     connecting: Option<oneshot::Receiver<Result<Connected, ConnectError>>>,
     to_stdout: VecDeque<String>,
@@ -89,11 +91,11 @@ struct Relay {
 }
 
 /// Runs the shim until stdin closes (exit 0) or something fatal happens.
-pub async fn run(target: Target, keepalive: Duration) -> Exit {
+pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
     let tasks = TaskTracker::new();
     let cancel = CancellationToken::new();
-    let (stdin_tx, mut stdin_rx) = mpsc::channel::<String>(64);
-    tasks.spawn(read_stdin(stdin_tx, cancel.clone()));
+    let (stdin_tx, mut stdin_rx) = mpsc::channel::<Line>(64);
+    tasks.spawn(read_stdin(stdin_tx, max_line, cancel.clone()));
     let (stdout_tx, stdout_rx) = mpsc::channel::<String>(STDOUT_MAX);
     let stdout_task = tokio::spawn(write_stdout(stdout_rx));
     let (events_tx, mut events) = mpsc::channel::<SockEvent>(64);
@@ -109,7 +111,8 @@ pub async fn run(target: Target, keepalive: Duration) -> Exit {
         sock_no: 0,
         events: events_tx,
         ever_connected: false,
-        backoff: BACKOFF_START,
+        backoff: reconnect_backoff(),
+        max_line,
         retry_at: None,
         connecting: None,
         to_stdout: VecDeque::new(),
@@ -196,14 +199,17 @@ pub async fn run(target: Target, keepalive: Duration) -> Exit {
 }
 
 impl Relay {
-    fn on_editor(&mut self, line: String) {
+    fn on_editor(&mut self, line: Line) {
+        // Never put what cannot be relayed inside a frame: answer the editor here, as a server
+        // would, and go on.
+        if let Some(answer) = bad_line::answer(&line, self.max_line) {
+            tracing::warn!("an editor line could not be relayed; answered with an error");
+            self.to_stdout.push_back(answer);
+            return;
+        }
+        let Line::Text(line) = line else { return };
         if let Err(e) = serde_json::from_str::<&RawValue>(&line) {
-            // Never put invalid JSON inside a frame: answer the editor here, as a server would.
-            let msg = serde_json::json!({
-                "jsonrpc": "2.0", "id": null,
-                "error": { "code": -32700, "message": format!("Parse error: {e}") },
-            });
-            self.to_stdout.push_back(msg.to_string());
+            self.to_stdout.push_back(bad_line::parse_error(&line, &e));
             return;
         }
         let Some(line) = self.tracker.note_editor(line) else {
@@ -299,7 +305,7 @@ impl Relay {
                 }
                 tracing::info!(link = %c.conn_id, resumed, "connected to acpd");
                 self.ever_connected = true;
-                self.backoff = BACKOFF_START;
+                self.backoff = reconnect_backoff();
                 self.start_socket(c.ws);
                 Ok(())
             }
@@ -360,7 +366,7 @@ impl Relay {
         if self.last_heard.elapsed() > self.keepalive * 3 && events.is_empty() {
             tracing::info!("acpd stopped answering (keepalive); reconnecting");
             self.socket = None;
-            self.backoff = BACKOFF_START;
+            self.backoff = reconnect_backoff();
             self.retry_at = Some(Instant::now());
             return;
         }
@@ -387,11 +393,9 @@ impl Relay {
     }
 
     fn schedule_reconnect(&mut self) {
-        let jitter = RandomState::new().hash_one(Instant::now()) % 1000;
-        let half = self.backoff / 2;
-        let wait = half + half.mul_f64(jitter as f64 / 1000.0);
+        // `without_max_times`: the schedule never runs out; the cap is only a fallback.
+        let wait = self.backoff.next().unwrap_or(Duration::from_secs(5));
         self.retry_at = Some(Instant::now() + wait);
-        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
     }
 
     fn start_connect(&mut self) {
@@ -518,28 +522,23 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Editor lines to the loop; ends (dropping `tx`) at end of input.
-async fn read_stdin(tx: mpsc::Sender<String>, cancel: CancellationToken) {
-    let mut lines = FramedRead::new(
-        tokio::io::stdin(),
-        LinesCodec::new_with_max_length(MAX_LINE),
-    );
+/// Editor lines to the loop, bad ones included (the loop answers them); ends (dropping `tx`)
+/// at end of input. The daemon's own decoder: an overlong or non-UTF-8 line is one item, and
+/// the stream goes on after it.
+async fn read_stdin(tx: mpsc::Sender<Line>, max_line: usize, cancel: CancellationToken) {
+    let mut lines = FramedRead::new(tokio::io::stdin(), LineDecoder::new(max_line));
     loop {
         let line = tokio::select! {
             _ = cancel.cancelled() => return,
             l = lines.next() => l,
         };
         match line {
-            Some(Ok(l)) if l.trim().is_empty() => {}
             Some(Ok(l)) => {
                 if tx.send(l).await.is_err() {
                     return;
                 }
             }
-            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
-                tracing::error!("an editor message over {MAX_LINE} bytes was dropped");
-            }
-            Some(Err(LinesCodecError::Io(e))) => {
+            Some(Err(e)) => {
                 tracing::warn!(error = %e, "stdin read failed");
                 return;
             }

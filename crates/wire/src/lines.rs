@@ -155,7 +155,10 @@ pub enum Line {
     Text(String),
     /// A line over the limit, skipped: its size (so far) and its first bytes (up to
     /// `HEAD_BYTES`), enough to find a request id near the start.
-    TooLarge { size: usize, head: Vec<u8> },
+    TooLarge {
+        size: usize,
+        head: Vec<u8>,
+    },
     /// A line whose bytes are not UTF-8.
     NotUtf8,
 }
