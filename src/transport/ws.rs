@@ -52,9 +52,11 @@ pub fn pump(
         let mut ping = tokio::time::interval(keepalive);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ping.tick().await;
-        // `None` once the client said goodbye; writing goes on until acpd's side is done.
+        // `None` once the client said goodbye or the connection stopped reading; writing goes
+        // on until acpd's side is done.
         let mut in_tx = Some(in_tx);
         let mut input_done = false;
+        let mut client_left = false;
         // A frame read but not yet taken by the link: while it waits, nothing more is read.
         let mut held: Option<InFrame> = None;
         // Looked up once: a registry lookup hashes the name on every call.
@@ -68,8 +70,11 @@ pub fn pump(
                 _ = cancel.cancelled() => break Some(CloseReason::SHUTDOWN),
                 permit = reserve(in_tx.as_ref()), if held.is_some() => match permit {
                     Some(p) => { if let Some(f) = held.take() { p.send(f) } }
-                    // The connection is gone.
-                    None => break None,
+                    // The connection is gone; what it still queued is written, then the close.
+                    None => {
+                        held = None;
+                        input_done = true;
+                    }
                 },
                 msg = stream.next(), if in_tx.is_some() && held.is_none() => match msg {
                     Some(Ok(Message::Text(t))) if t.len() > max_message_bytes => {
@@ -81,7 +86,10 @@ pub fn pump(
                         held = Some(InFrame::Text(t.to_string()));
                     }
                     Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => {}
-                    Some(Ok(Message::Close(_))) | None => input_done = true,
+                    Some(Ok(Message::Close(_))) | None => {
+                        input_done = true;
+                        client_left = true;
+                    }
                     Some(Err(e)) => {
                         tracing::debug!(error = %e, "websocket read failed");
                         break None;
@@ -109,7 +117,7 @@ pub fn pump(
                     // The link ended on acpd's side: shutting down, or the client was cut off
                     // (too slow, token revoked) while it was still there.
                     None if cancel.is_cancelled() => break Some(CloseReason::SHUTDOWN),
-                    None if in_tx.is_some() => break Some(CloseReason::CUT_OFF),
+                    None if !client_left => break Some(CloseReason::CUT_OFF),
                     None => break Some(CloseReason { code: close_code::NORMAL, reason: "" }),
                 },
                 _ = ping.tick() => {

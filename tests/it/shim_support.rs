@@ -181,8 +181,14 @@ impl Shim {
     }
 
     pub async fn send_line(&mut self, line: &str) -> Result<()> {
+        self.send_bytes(line.as_bytes()).await
+    }
+
+    /// One line of raw bytes (need not be UTF-8); the newline is added.
+    pub async fn send_bytes(&mut self, line: &[u8]) -> Result<()> {
         let stdin = self.stdin.as_mut().context("stdin closed")?;
-        stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        stdin.write_all(line).await?;
+        stdin.write_all(b"\n").await?;
         stdin.flush().await?;
         Ok(())
     }

@@ -67,7 +67,11 @@ where
                 _ = cancel.cancelled() => break,
                 permit = reserve(in_tx.as_ref()), if held.is_some() => match permit {
                     Some(p) => { if let Some(f) = held.take() { p.send(f) } }
-                    None => break,
+                    // The peer stopped reading; what it still queued is written.
+                    None => {
+                        held = None;
+                        input_done = true;
+                    }
                 },
                 line = lines.next(), if in_tx.is_some() && held.is_none() => match line {
                     Some(Ok(line)) => held = Some(line.into()),
