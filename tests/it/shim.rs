@@ -404,11 +404,11 @@ async fn stdin_closed_exits_zero_and_stdout_is_protocol_only() -> Result<()> {
     shim.open_session().await?;
     // Not JSON: answered by the shim itself, never framed (the link must survive it).
     shim.send_line("{not json").await?;
-    let err = shim.recv().await?;
+    let err = shim.next_answer().await?;
     assert_eq!(err["error"]["code"], -32700, "{err}");
     // JSON but not a request: the daemon's business; it answers, the link lives.
     shim.send(&json!([1, 2])).await?;
-    let err = shim.recv().await?;
+    let err = shim.next_answer().await?;
     assert!(err.get("error").is_some(), "{err}");
     let id = shim.request("session/list", json!({})).await?;
     assert!(shim.until_response(id).await?.0.get("result").is_some());

@@ -10,16 +10,6 @@ use crate::shim_support::{Daemon, Shim, prompt};
 /// The shim's line limit in these tests (a hidden flag; the default is 256 MiB).
 const MAX_LINE: usize = 64 * 1024;
 
-/// The next answer on the shim's stdout, skipping notifications (the new session's updates).
-async fn next_answer(shim: &mut Shim) -> Result<Value> {
-    loop {
-        let m = shim.recv().await?;
-        if m.get("method").is_none() {
-            return Ok(m);
-        }
-    }
-}
-
 fn error_of(m: &Value) -> (Value, Value) {
     (m["id"].clone(), m["error"]["code"].clone())
 }
@@ -44,7 +34,7 @@ async fn checks(shim: &mut Shim, sid: &str) -> Result<()> {
     let text = "x".repeat(MAX_LINE * 3);
     let big = json!({"jsonrpc": "2.0", "id": 41, "method": "session/prompt", "params": prompt(&sid, &text)});
     shim.send(&big).await?;
-    let m = next_answer(shim).await?;
+    let m = shim.next_answer().await?;
     assert_eq!(error_of(&m), (json!(41), json!(-32600)), "{m}");
     let msg = m["error"]["message"].as_str().unwrap_or_default();
     assert!(
@@ -54,23 +44,23 @@ async fn checks(shim: &mut Shim, sid: &str) -> Result<()> {
     // Two in a row, the second with a string id and no newline until far past the limit.
     let big = json!({"id": "big-2", "jsonrpc": "2.0", "method": "session/prompt", "params": prompt(&sid, &text)});
     shim.send(&big).await?;
-    let m = next_answer(shim).await?;
+    let m = shim.next_answer().await?;
     assert_eq!(error_of(&m), (json!("big-2"), json!(-32600)), "{m}");
 
     // Not UTF-8: -32700, id null (the bytes are not read any further).
     shim.send_bytes(b"{\"jsonrpc\":\"2.0\",\"id\":42,\"method\":\"x\",\"params\":\"\xff\xfe\"}")
         .await?;
-    let m = next_answer(shim).await?;
+    let m = shim.next_answer().await?;
     assert_eq!(error_of(&m), (json!(null), json!(-32700)), "{m}");
 
     // Not JSON, but its id comes before the mistake: -32700 under that id.
     shim.send_line(r#"{"jsonrpc":"2.0","id":43,"method":"session/list",}"#)
         .await?;
-    let m = next_answer(shim).await?;
+    let m = shim.next_answer().await?;
     assert_eq!(error_of(&m), (json!(43), json!(-32700)), "{m}");
     // No id to be found: null.
     shim.send_line("{not json").await?;
-    let m = next_answer(shim).await?;
+    let m = shim.next_answer().await?;
     assert_eq!(error_of(&m), (json!(null), json!(-32700)), "{m}");
 
     // The shim and its link lived through all of it.

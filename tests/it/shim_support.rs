@@ -230,6 +230,16 @@ impl Shim {
         Ok(v)
     }
 
+    /// The next message that is not a notification (session updates may come at any time).
+    pub async fn next_answer(&mut self) -> Result<Value> {
+        loop {
+            let m = self.recv().await?;
+            if m.get("method").is_none() {
+                return Ok(m);
+            }
+        }
+    }
+
     /// Reads until the response to `id`; returns it and everything before it.
     pub async fn until_response(&mut self, id: u64) -> Result<(Value, Vec<Value>)> {
         let mut before = Vec::new();

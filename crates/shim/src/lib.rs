@@ -10,7 +10,9 @@ mod backoff;
 mod bad_line;
 mod connect;
 mod editor;
+mod frame;
 mod relay;
+mod stdout;
 mod tls;
 
 use std::path::{Path, PathBuf};

@@ -14,8 +14,8 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -25,6 +25,8 @@ use super::backoff::reconnect_backoff;
 use super::bad_line;
 use super::connect::{self, ConnectError, Connected, Target, Ws};
 use super::editor::{FromDaemon, Tracker};
+use super::frame;
+use super::stdout::{OutLine, write_stdout};
 use acpd_wire::lines::{Line, LineDecoder};
 use acpd_wire::resume::window::{self, Frame, Window};
 
@@ -41,7 +43,8 @@ enum WsOut {
 }
 
 enum SockEvent {
-    Text(u64, String),
+    /// A text frame, as the socket's own buffer.
+    Text(u64, Utf8Bytes),
     Closed(u64, Option<(u16, String)>),
 }
 
@@ -80,7 +83,7 @@ struct Relay {
     max_line: usize,
     retry_at: Option<Instant>,
     connecting: Option<oneshot::Receiver<Result<Connected, ConnectError>>>,
-    to_stdout: VecDeque<String>,
+    to_stdout: VecDeque<OutLine>,
     /// Editor messages waiting for a re-attach to finish.
     held: VecDeque<String>,
     /// The shim's own requests whose answers the re-attach waits for.
@@ -96,7 +99,7 @@ pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
     let cancel = CancellationToken::new();
     let (stdin_tx, mut stdin_rx) = mpsc::channel::<Line>(64);
     tasks.spawn(read_stdin(stdin_tx, max_line, cancel.clone()));
-    let (stdout_tx, stdout_rx) = mpsc::channel::<String>(STDOUT_MAX);
+    let (stdout_tx, stdout_rx) = mpsc::channel::<OutLine>(STDOUT_MAX);
     let stdout_task = tokio::spawn(write_stdout(stdout_rx));
     let (events_tx, mut events) = mpsc::channel::<SockEvent>(64);
     let mut r = Relay {
@@ -204,12 +207,13 @@ impl Relay {
         // would, and go on.
         if let Some(answer) = bad_line::answer(&line, self.max_line) {
             tracing::warn!("an editor line could not be relayed; answered with an error");
-            self.to_stdout.push_back(answer);
+            self.to_stdout.push_back(answer.into());
             return;
         }
         let Line::Text(line) = line else { return };
         if let Err(e) = serde_json::from_str::<&RawValue>(&line) {
-            self.to_stdout.push_back(bad_line::parse_error(&line, &e));
+            self.to_stdout
+                .push_back(bad_line::parse_error(&line, &e).into());
             return;
         }
         let Some(line) = self.tracker.note_editor(line) else {
@@ -227,7 +231,7 @@ impl Relay {
         match ev {
             SockEvent::Text(no, text) if current(no) => {
                 self.last_heard = Instant::now();
-                self.on_frame(&text)
+                self.on_frame(text)
                     .map_err(|e| Exit::Protocol(e.to_string()))?;
                 if self.window.ack_urgent() {
                     self.send_ack();
@@ -254,14 +258,25 @@ impl Relay {
         }
     }
 
-    fn on_frame(&mut self, text: &str) -> Result<(), window::WindowError> {
-        match window::parse(text)? {
+    fn on_frame(&mut self, text: Utf8Bytes) -> Result<(), window::WindowError> {
+        // The hot path: `m` is tokenized once, by the tracker, and written as it came.
+        if let Some((seq, ack, m)) = frame::split_data(&text) {
+            self.window.on_ack(ack)?;
+            if self.window.on_data(seq)? {
+                self.deliver(OutLine::Slice(text, m))?;
+            }
+            return Ok(());
+        }
+        match window::parse(&text)? {
             Frame::Data { seq, ack, msg } => {
                 if let Some(a) = ack {
                     self.window.on_ack(a)?;
                 }
                 if self.window.on_data(seq)? {
-                    self.deliver(msg.get());
+                    // `msg` is a slice of `text`: where it starts is how far it is into `text`.
+                    let start = msg.get().as_ptr() as usize - text.as_ptr() as usize;
+                    let m = start..start + msg.get().len();
+                    self.deliver(OutLine::Slice(text.clone(), m))?;
                 }
             }
             Frame::Ack(a) => self.window.on_ack(a)?,
@@ -275,13 +290,17 @@ impl Relay {
         Ok(())
     }
 
-    fn deliver(&mut self, m: &str) {
-        match self.tracker.note_daemon(m) {
-            FromDaemon::Forward(None) => self.to_stdout.push_back(one_line(m)),
-            FromDaemon::Forward(Some(rewritten)) => self.to_stdout.push_back(rewritten),
+    fn deliver(&mut self, m: OutLine) -> Result<(), window::WindowError> {
+        match self.tracker.note_daemon(m.as_str()) {
+            FromDaemon::Forward(None) => self.to_stdout.push_back(m.one_line()),
+            FromDaemon::Forward(Some(rewritten)) => self.to_stdout.push_back(rewritten.into()),
+            FromDaemon::NotJson => {
+                let e = format!("a message that is not JSON: {:.200}", m.as_str());
+                return Err(window::WindowError::Malformed(e));
+            }
             FromDaemon::Private { id, ok } => {
                 if !ok {
-                    tracing::warn!(%id, "re-attach request failed: {m}");
+                    tracing::warn!(%id, "re-attach request failed: {}", m.as_str());
                 }
                 if self.recovering.remove(&id) && self.recovering.is_empty() {
                     tracing::info!("re-attached; resuming the editor's traffic");
@@ -291,6 +310,7 @@ impl Relay {
                 }
             }
         }
+        Ok(())
     }
 
     fn on_connect(&mut self, res: Result<Connected, ConnectError>) -> Result<(), Exit> {
@@ -345,7 +365,8 @@ impl Relay {
             answered = plan.answers.len(),
             "acpd restarted (or the link expired): re-attaching sessions"
         );
-        self.to_stdout.extend(plan.answers);
+        self.to_stdout
+            .extend(plan.answers.into_iter().map(OutLine::from));
         for m in plan.resend {
             self.window.push(m);
         }
@@ -459,7 +480,7 @@ impl Relay {
                 };
                 match msg {
                     Some(Ok(Message::Text(t))) => {
-                        let ev = SockEvent::Text(no, t.as_str().to_owned());
+                        let ev = SockEvent::Text(no, t);
                         tokio::select! {
                             _ = k.cancelled() => return,
                             r = events.send(ev) => if r.is_err() { return },
@@ -487,16 +508,6 @@ impl Relay {
         self.last_heard = Instant::now();
         self.last_ping = Instant::now();
     }
-}
-
-/// A daemon message as one stdout line (JSON whitespace may hold newlines; strings cannot).
-fn one_line(m: &str) -> String {
-    if m.bytes().any(|b| b == b'\n' || b == b'\r')
-        && let Ok(v) = serde_json::from_str::<serde_json::Value>(m)
-    {
-        return v.to_string();
-    }
-    m.to_owned()
 }
 
 async fn writer_permit(w: Option<mpsc::Sender<WsOut>>) -> Option<mpsc::OwnedPermit<WsOut>> {
@@ -545,25 +556,4 @@ async fn read_stdin(tx: mpsc::Sender<Line>, max_line: usize, cancel: Cancellatio
             None => return,
         }
     }
-}
-
-/// Lines to stdout, flushed whenever the queue runs dry.
-async fn write_stdout(mut rx: mpsc::Receiver<String>) {
-    use tokio::io::AsyncWriteExt;
-    let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
-    while let Some(line) = rx.recv().await {
-        let r = async {
-            out.write_all(line.as_bytes()).await?;
-            out.write_all(b"\n").await?;
-            if rx.is_empty() {
-                out.flush().await?;
-            }
-            Ok::<(), std::io::Error>(())
-        };
-        if let Err(e) = r.await {
-            tracing::warn!(error = %e, "stdout write failed");
-            return;
-        }
-    }
-    let _ = out.flush().await;
 }
