@@ -485,7 +485,10 @@ mod tests {
     fn a_daemon_message_must_be_one_json_value() {
         let mut t = Tracker::new();
         // Cut out of a frame that had more after `m`: not one value.
-        assert_eq!(t.note_daemon(r#"{"jsonrpc":"2.0"},"x":2"#), FromDaemon::NotJson);
+        assert_eq!(
+            t.note_daemon(r#"{"jsonrpc":"2.0"},"x":2"#),
+            FromDaemon::NotJson
+        );
         assert_eq!(t.note_daemon(r#"{"jsonrpc":"2.0","#), FromDaemon::NotJson);
         fwd(&mut t, r#"[{"jsonrpc":"2.0","method":"x"}]"#);
         fwd(&mut t, r#"{"jsonrpc":"2.0","method":"x","params":[1]}"#);
