@@ -308,13 +308,15 @@ async fn acp_upgrade(
     }
     let tasks = st.tasks.clone();
     let shutdown = st.shutdown.clone();
+    let keepalive = st.config.keepalive;
     let mut resp = ws
         .max_message_size(hard_cap)
         .max_frame_size(hard_cap)
         .on_upgrade(move |socket| {
             tasks.track_future(async move {
                 let _registration = registration;
-                let (link, pump) = transport::ws::pump(socket, max, shutdown.child_token());
+                let (link, pump) =
+                    transport::ws::pump(socket, max, keepalive, shutdown.child_token());
                 let pump = tokio::spawn(pump);
                 connection::run(link, ctx, kick).await;
                 let _ = pump.await;
@@ -385,10 +387,12 @@ async fn accept_tcp(listener: TcpListener, st: AppState, shutdown: CancellationT
             }
         };
         let max = st.config.limits.max_message_bytes;
+        let deadline = transport::write_deadline(st.config.keepalive);
         st.tasks.spawn(async move {
             let _registration = registration;
             let (r, w) = stream.into_split();
-            let (link, pump) = acpd_wire::lines::pump(r, w, max, cancel.clone());
+            let (link, pump) =
+                acpd_wire::lines::pump_with(r, w, max, Some(deadline), cancel.clone());
             let pump = tokio::spawn(pump);
             connection::run(link, ctx, cancel).await;
             let _ = pump.await;

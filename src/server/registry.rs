@@ -1,12 +1,16 @@
 //! Live client connections: enforces the connection limits and cuts off the connections of
 //! a token that was revoked (`acpd token revoke` runs in another process, so the registry
 //! checks the store every few seconds for the tokens it has in use).
+//!
+//! The registry task never waits on the store: each check is a task of its own that reports
+//! the revoked token ids back as a message (like `AgentPool`'s `Started`), at most one at a time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use acpd_store::Store;
 
@@ -33,6 +37,10 @@ enum Command {
     Closed {
         conn_id: String,
     },
+    /// A revocation check finished: the revoked token ids, or `None` if the store failed.
+    Checked {
+        revoked: Option<HashSet<String>>,
+    },
 }
 
 struct Entry {
@@ -45,12 +53,14 @@ struct Entry {
 #[derive(Clone)]
 pub struct Registry {
     tx: mpsc::Sender<Command>,
+    tasks: TaskTracker,
 }
 
 /// Keeps a connection registered; unregisters it when dropped.
 pub struct Registration {
     conn_id: String,
     tx: mpsc::Sender<Command>,
+    tasks: TaskTracker,
 }
 
 impl Drop for Registration {
@@ -58,9 +68,11 @@ impl Drop for Registration {
         let cmd = Command::Closed {
             conn_id: std::mem::take(&mut self.conn_id),
         };
+        // Drop cannot await: a full queue is finished on a tracked task (the registry task
+        // drains its queue quickly, and once it is gone the send fails at once).
         if let Err(mpsc::error::TrySendError::Full(cmd)) = self.tx.try_send(cmd) {
             let tx = self.tx.clone();
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 let _ = tx.send(cmd).await;
             });
         }
@@ -73,7 +85,7 @@ impl Registry {
         store: Store,
         max_total: usize,
         max_per_principal: usize,
-        tasks: &tokio_util::task::TaskTracker,
+        tasks: &TaskTracker,
         shutdown: CancellationToken,
     ) -> Registry {
         let (tx, rx) = mpsc::channel(256);
@@ -82,9 +94,15 @@ impl Registry {
             max_total,
             max_per_principal,
             live: HashMap::new(),
+            tasks: tasks.clone(),
+            self_tx: tx.downgrade(),
+            checking: false,
         };
         tasks.spawn(task.run(rx, shutdown));
-        Registry { tx }
+        Registry {
+            tx,
+            tasks: tasks.clone(),
+        }
     }
 
     /// Registers a connection; `kick` is fired if its token is revoked.
@@ -110,6 +128,7 @@ impl Registry {
         Ok(Registration {
             conn_id: conn_id.to_owned(),
             tx: self.tx.clone(),
+            tasks: self.tasks.clone(),
         })
     }
 }
@@ -119,6 +138,12 @@ struct Task {
     max_total: usize,
     max_per_principal: usize,
     live: HashMap<String, Entry>,
+    /// Where store checks run; they end with `shutdown` too.
+    tasks: TaskTracker,
+    /// For check results; weak, so the registry still ends when every handle is gone.
+    self_tx: mpsc::WeakSender<Command>,
+    /// A check is running; the next tick does not start another.
+    checking: bool,
 }
 
 impl Task {
@@ -139,9 +164,15 @@ impl Task {
                     Some(Command::Closed { conn_id }) => {
                         self.live.remove(&conn_id);
                     }
+                    Some(Command::Checked { revoked }) => {
+                        self.checking = false;
+                        if let Some(revoked) = revoked {
+                            self.cut_off(&revoked);
+                        }
+                    }
                     None => break,
                 },
-                _ = check.tick() => self.cut_off_revoked().await,
+                _ = check.tick() => self.start_check(&shutdown),
             }
             metrics::gauge!(crate::metrics::CONNECTIONS_REGISTERED).set(self.live.len() as f64);
         }
@@ -162,22 +193,35 @@ impl Task {
         Ok(())
     }
 
-    async fn cut_off_revoked(&mut self) {
-        if !self.live.values().any(|e| e.token_id.is_some()) {
+    /// Starts a revocation check on its own task, unless one is running or no live connection
+    /// uses a token.
+    fn start_check(&mut self, shutdown: &CancellationToken) {
+        if self.checking || !self.live.values().any(|e| e.token_id.is_some()) {
             return;
         }
-        let tokens = match self.store.list_tokens().await {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot check tokens for revocation");
-                return;
-            }
+        let Some(tx) = self.self_tx.upgrade() else {
+            return;
         };
-        let revoked: std::collections::HashSet<String> = tokens
-            .into_iter()
-            .filter(|t| t.revoked)
-            .map(|t| t.id)
-            .collect();
+        self.checking = true;
+        let store = self.store.clone();
+        let stop = shutdown.clone();
+        self.tasks.spawn(async move {
+            let revoked = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = store.list_tokens() => match r {
+                    Ok(tokens) => Some(tokens.into_iter().filter(|t| t.revoked).map(|t| t.id).collect()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot check tokens for revocation");
+                        None
+                    }
+                },
+            };
+            let _ = tx.send(Command::Checked { revoked }).await;
+        });
+    }
+
+    /// Cuts off the live connections whose token is in `revoked`.
+    fn cut_off(&self, revoked: &HashSet<String>) {
         for (conn_id, e) in &self.live {
             if let Some(t) = &e.token_id
                 && revoked.contains(t)

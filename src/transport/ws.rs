@@ -10,9 +10,6 @@ use tokio_util::sync::CancellationToken;
 
 use acpd_wire::{InFrame, Link};
 
-/// How often the server pings an idle socket, so proxies keep it and dead peers are noticed.
-const PING_EVERY: Duration = Duration::from_secs(20);
-
 /// Why the server closed a socket; the close frame carries it.
 #[derive(Debug, Clone)]
 pub struct CloseReason {
@@ -33,9 +30,14 @@ impl CloseReason {
 
 /// Runs the pump for one upgraded socket. Returns the link for the peer and the pump's future.
 /// Text frames over `max_message_bytes` are reported as `InFrame::TooLarge`, not read.
+///
+/// The server pings every `keepalive`. A frame read is held until the link has room for it and
+/// only then is the next one read; writes, pings and the close frame never wait for that. A
+/// write the client takes no bytes of for `write_deadline(keepalive)` ends the socket.
 pub fn pump(
     socket: WebSocket,
     max_message_bytes: usize,
+    keepalive: Duration,
     cancel: CancellationToken,
 ) -> (Link, impl Future<Output = ()> + Send) {
     let (in_tx, in_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
@@ -44,73 +46,118 @@ pub fn pump(
         incoming: in_rx,
         outgoing: out_tx,
     };
+    let deadline = super::write_deadline(keepalive);
     let fut = async move {
         let (mut sink, mut stream) = socket.split();
-        let mut ping = tokio::time::interval(PING_EVERY);
+        let mut ping = tokio::time::interval(keepalive);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ping.tick().await;
+        // `None` once the client said goodbye or the connection stopped reading; writing goes
+        // on until acpd's side is done.
         let mut in_tx = Some(in_tx);
+        let mut input_done = false;
+        let mut client_left = false;
+        // A frame read but not yet taken by the link: while it waits, nothing more is read.
+        let mut held: Option<InFrame> = None;
         // Looked up once: a registry lookup hashes the name on every call.
         let bytes_in = metrics::counter!(crate::metrics::BYTES_IN_TOTAL);
         let bytes_out = metrics::counter!(crate::metrics::BYTES_OUT_TOTAL);
         let close = loop {
+            if input_done {
+                in_tx = None;
+            }
             tokio::select! {
                 _ = cancel.cancelled() => break Some(CloseReason::SHUTDOWN),
-                msg = stream.next(), if in_tx.is_some() => {
-                    let frame = match msg {
-                        Some(Ok(Message::Text(t))) if t.len() > max_message_bytes => {
-                            bytes_in.increment(t.len() as u64);
-                            InFrame::TooLarge(t.len())
-                        }
-                        Some(Ok(Message::Text(t))) => {
-                            bytes_in.increment(t.len() as u64);
-                            InFrame::Text(t.to_string())
-                        }
-                        Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => continue,
-                        Some(Ok(Message::Close(_))) | None => {
-                            in_tx = None;
-                            continue;
-                        }
-                        Some(Err(e)) => {
-                            tracing::debug!(error = %e, "websocket read failed");
-                            break None;
-                        }
-                    };
-                    if let Some(tx) = &in_tx
-                        && tx.send(frame).await.is_err()
-                    {
+                permit = reserve(in_tx.as_ref()), if held.is_some() => match permit {
+                    Some(p) => { if let Some(f) = held.take() { p.send(f) } }
+                    // The connection is gone; what it still queued is written, then the close.
+                    None => {
+                        held = None;
+                        input_done = true;
+                    }
+                },
+                msg = stream.next(), if in_tx.is_some() && held.is_none() => match msg {
+                    Some(Ok(Message::Text(t))) if t.len() > max_message_bytes => {
+                        bytes_in.increment(t.len() as u64);
+                        held = Some(InFrame::TooLarge(t.len()));
+                    }
+                    Some(Ok(Message::Text(t))) => {
+                        bytes_in.increment(t.len() as u64);
+                        held = Some(InFrame::Text(t.to_string()));
+                    }
+                    Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => {}
+                    Some(Ok(Message::Close(_))) | None => {
+                        input_done = true;
+                        client_left = true;
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "websocket read failed");
                         break None;
                     }
-                }
+                },
                 out = out_rx.recv() => match out {
                     Some(text) => {
-                        if let Err(e) = write_burst(&mut sink, text, &mut out_rx, &bytes_out).await {
-                            tracing::debug!(error = %e, "websocket write failed");
-                            break None;
+                        let write = tokio::time::timeout(deadline, write_burst(&mut sink, text, &mut out_rx, &bytes_out));
+                        let written = tokio::select! {
+                            _ = cancel.cancelled() => break Some(CloseReason::SHUTDOWN),
+                            w = write => w,
+                        };
+                        match written {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => {
+                                tracing::debug!(error = %e, "websocket write failed");
+                                break None;
+                            }
+                            Err(_) => {
+                                tracing::info!(?deadline, "websocket write deadline passed (the client takes no bytes); closing");
+                                return;
+                            }
                         }
                     }
                     // The link ended on acpd's side: shutting down, or the client was cut off
                     // (too slow, token revoked) while it was still there.
                     None if cancel.is_cancelled() => break Some(CloseReason::SHUTDOWN),
-                    None if in_tx.is_some() => break Some(CloseReason::CUT_OFF),
+                    None if !client_left => break Some(CloseReason::CUT_OFF),
                     None => break Some(CloseReason { code: close_code::NORMAL, reason: "" }),
                 },
                 _ = ping.tick() => {
-                    if sink.send(Message::Ping(Default::default())).await.is_err() {
-                        break None;
+                    let sent = tokio::time::timeout(deadline, sink.send(Message::Ping(Default::default())));
+                    match sent.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break None,
+                        Err(_) => {
+                            tracing::info!(?deadline, "websocket write deadline passed on a ping (the client takes no bytes); closing");
+                            return;
+                        }
                     }
                 }
             }
         };
-        if let Some(r) = close {
-            let frame = CloseFrame {
-                code: r.code,
-                reason: r.reason.into(),
-            };
-            let _ = sink.send(Message::Close(Some(frame))).await;
-        }
-        let _ = sink.close().await;
+        // Bounded: a client that takes no bytes cannot hold the pump (or the drain) here.
+        let goodbye = async {
+            if let Some(r) = close {
+                let frame = CloseFrame {
+                    code: r.code,
+                    reason: r.reason.into(),
+                };
+                let _ = sink.send(Message::Close(Some(frame))).await;
+            }
+            let _ = sink.close().await;
+        };
+        let _ = tokio::time::timeout(deadline.min(CLOSE_WAIT), goodbye).await;
     };
     (link, fut)
+}
+
+/// Longest wait for the close frame to go out.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// Room in `tx` for one frame; `None` when the receiver is gone. Never ready without a sender.
+async fn reserve(tx: Option<&mpsc::Sender<InFrame>>) -> Option<mpsc::Permit<'_, InFrame>> {
+    match tx {
+        Some(tx) => tx.reserve().await.ok(),
+        None => std::future::pending().await,
+    }
 }
 
 /// Most frames written before one flush (here and on resumable links).

@@ -3,7 +3,6 @@
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use futures_util::{SinkExt, StreamExt};
@@ -54,9 +53,9 @@ fn assert_stream(ups: &[(i64, &Value)], n: usize, per: usize) -> Result<()> {
     Ok(())
 }
 
-fn random_ms(lo: u64, hi: u64) -> Duration {
+fn random(lo: u64, hi: u64) -> u64 {
     let r = RandomState::new().hash_one(std::time::Instant::now());
-    Duration::from_millis(lo + r % (hi - lo))
+    lo + r % (hi - lo)
 }
 
 #[tokio::test]
@@ -116,10 +115,16 @@ async fn shim_relays_exactly_once_across_cuts() -> Result<()> {
     let id = shim
         .request("session/prompt", prompt(&sid, "stream 5000 64"))
         .await?;
+    // Five cuts at random points of the stream (each after another 20-60 KB reached the
+    // shim), timed by the bytes flowing, not by the clock.
     let p = proxy.clone();
     let cutter = tokio::spawn(async move {
+        let mut at = 0;
         for _ in 0..5 {
-            tokio::time::sleep(random_ms(100, 350)).await;
+            at += random(20_000, 60_000);
+            if p.wait_down_bytes(at).await.is_err() {
+                return;
+            }
             p.cut();
         }
     });
@@ -170,7 +175,8 @@ async fn blackholed_link_is_noticed_and_resumed() -> Result<()> {
     // Editor -> daemon traffic during the outage is delivered too.
     let mode = json!({"sessionId": sid, "modeId": "plan"});
     let mode_id = shim.request("session/set_mode", mode).await?;
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    // The network comes back once the shim has noticed it was gone.
+    shim.wait_stderr("keepalive").await?;
     proxy.heal();
     let (done, rest) = shim.until_response(id).await?;
     msgs.extend(rest);
@@ -220,7 +226,7 @@ async fn expired_link_falls_back_to_reattach() -> Result<()> {
     // Dead network for longer than keepalive detection plus the grace period: the daemon
     // forgets the link while the turn goes on.
     proxy.blackhole();
-    tokio::time::sleep(Duration::from_millis(2600)).await;
+    d.wait_log("grace period over").await?;
     proxy.heal();
     // The prompt's own answer went to the forgotten link: the shim answers it...
     let (done, _) = shim.until_response(id).await?;
@@ -312,15 +318,14 @@ async fn graceful_daemon_restart_is_recovered() -> Result<()> {
         .request("session/prompt", prompt(&sid, "echo one"))
         .await?;
     shim.until_response(id).await?;
-    // The drain closes resumable links too (their tasks are tracked), and quickly.
-    let started = std::time::Instant::now();
+    // The drain closes resumable links too: their tasks are tracked, so it ends with every
+    // task stopped rather than by giving up on them.
+    let log = d.dir.path().join("acpd.log");
     let (code, dir) = d.terminate().await?;
     assert_eq!(code, 0);
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
+    let log = std::fs::read_to_string(log)?;
+    assert!(log.contains("shutdown complete"), "{log}");
+    assert!(!log.contains("did not stop in time"), "{log}");
     let _d2 = Daemon::start_in(dir, port, false).await?;
     let id = shim
         .request("session/prompt", prompt(&sid, "echo two"))
@@ -399,11 +404,11 @@ async fn stdin_closed_exits_zero_and_stdout_is_protocol_only() -> Result<()> {
     shim.open_session().await?;
     // Not JSON: answered by the shim itself, never framed (the link must survive it).
     shim.send_line("{not json").await?;
-    let err = shim.recv().await?;
+    let err = shim.next_answer().await?;
     assert_eq!(err["error"]["code"], -32700, "{err}");
     // JSON but not a request: the daemon's business; it answers, the link lives.
     shim.send(&json!([1, 2])).await?;
-    let err = shim.recv().await?;
+    let err = shim.next_answer().await?;
     assert!(err.get("error").is_some(), "{err}");
     let id = shim.request("session/list", json!({})).await?;
     assert!(shim.until_response(id).await?.0.get("result").is_some());

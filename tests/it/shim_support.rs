@@ -117,6 +117,11 @@ impl Daemon {
         std::fs::read_to_string(self.dir.path().join("acpd.log")).unwrap_or_default()
     }
 
+    /// Waits until the daemon's log says `needle`.
+    pub async fn wait_log(&self, needle: &str) -> Result<()> {
+        wait_file(&self.dir.path().join("acpd.log"), needle).await
+    }
+
     /// SIGTERM and wait: the graceful drain. Returns the exit code.
     pub async fn terminate(mut self) -> Result<(i32, Arc<tempfile::TempDir>)> {
         let pid = self.child.id().context("acpd already gone")?;
@@ -176,13 +181,24 @@ impl Shim {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// Waits until the shim's log says `needle`.
+    pub async fn wait_stderr(&self, needle: &str) -> Result<()> {
+        wait_file(&self.stderr_path, needle).await
+    }
+
     pub async fn send(&mut self, msg: &Value) -> Result<()> {
         self.send_line(&msg.to_string()).await
     }
 
     pub async fn send_line(&mut self, line: &str) -> Result<()> {
+        self.send_bytes(line.as_bytes()).await
+    }
+
+    /// One line of raw bytes (need not be UTF-8); the newline is added.
+    pub async fn send_bytes(&mut self, line: &[u8]) -> Result<()> {
         let stdin = self.stdin.as_mut().context("stdin closed")?;
-        stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        stdin.write_all(line).await?;
+        stdin.write_all(b"\n").await?;
         stdin.flush().await?;
         Ok(())
     }
@@ -212,6 +228,16 @@ impl Shim {
             bail!("stdout line is not a JSON object: {line}");
         }
         Ok(v)
+    }
+
+    /// The next message that is not a notification (session updates may come at any time).
+    pub async fn next_answer(&mut self) -> Result<Value> {
+        loop {
+            let m = self.recv().await?;
+            if m.get("method").is_none() {
+                return Ok(m);
+            }
+        }
     }
 
     /// Reads until the response to `id`; returns it and everything before it.
@@ -256,6 +282,22 @@ impl Shim {
     }
 }
 
+/// Waits (at most `WAIT`) until the log file at `path` contains `needle`. Logs are files
+/// another process appends to: they are read again every 20 ms.
+async fn wait_file(path: &Path, needle: &str) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(needle) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("{} never said {needle:?}:\n{text}", path.display());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub fn prompt(sid: &str, text: &str) -> Value {
     json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]})
 }
@@ -266,6 +308,8 @@ pub struct Proxy {
     pub addr: SocketAddr,
     state: Arc<Mutex<ProxyState>>,
     stop: CancellationToken,
+    /// Bytes forwarded from the daemon towards the shim, over all connections.
+    down_bytes: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 #[derive(Default)]
@@ -284,6 +328,7 @@ impl Proxy {
             addr: listener.local_addr()?,
             state: Arc::default(),
             stop: CancellationToken::new(),
+            down_bytes: Arc::new(tokio::sync::watch::channel(0).0),
         };
         let q = p.clone();
         tokio::spawn(async move {
@@ -301,7 +346,7 @@ impl Proxy {
                     }
                     st.conns.push((cut.clone(), freeze.clone()));
                 }
-                tokio::spawn(pipe(down, upstream, cut, freeze));
+                tokio::spawn(pipe(down, upstream, cut, freeze, q.down_bytes.clone()));
             }
         });
         Ok(p)
@@ -329,6 +374,15 @@ impl Proxy {
         }
     }
 
+    /// Waits until `n` bytes in all have been forwarded from the daemon towards the shim.
+    pub async fn wait_down_bytes(&self, n: u64) -> Result<()> {
+        let mut rx = self.down_bytes.subscribe();
+        tokio::time::timeout(WAIT, rx.wait_for(|b| *b >= n))
+            .await
+            .with_context(|| format!("{n} bytes never went through the proxy"))??;
+        Ok(())
+    }
+
     /// New connections forward again (frozen ones stay frozen until cut).
     pub fn heal(&self) {
         self.state.lock().expect("proxy state").blackholed = false;
@@ -340,6 +394,7 @@ async fn pipe(
     upstream: SocketAddr,
     cut: CancellationToken,
     freeze: CancellationToken,
+    down_bytes: Arc<tokio::sync::watch::Sender<u64>>,
 ) {
     let Ok(up) = TcpStream::connect(upstream).await else {
         return;
@@ -347,8 +402,8 @@ async fn pipe(
     let _ = (down.set_nodelay(true), up.set_nodelay(true));
     let (dr, dw) = down.into_split();
     let (ur, uw) = up.into_split();
-    let a = tokio::spawn(one_way(dr, uw, cut.clone(), freeze.clone()));
-    let b = tokio::spawn(one_way(ur, dw, cut, freeze));
+    let a = tokio::spawn(one_way(dr, uw, cut.clone(), freeze.clone(), None));
+    let b = tokio::spawn(one_way(ur, dw, cut, freeze, Some(down_bytes)));
     // A reset, not a FIN: the shim must treat it as a broken network, not a goodbye.
     if let (Ok((dr, uw)), Ok((ur, dw))) = (a.await, b.await) {
         if let Ok(d) = dr.reunite(dw) {
@@ -365,6 +420,7 @@ async fn one_way(
     mut w: OwnedWriteHalf,
     cut: CancellationToken,
     freeze: CancellationToken,
+    counted: Option<Arc<tokio::sync::watch::Sender<u64>>>,
 ) -> (OwnedReadHalf, OwnedWriteHalf) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -381,6 +437,9 @@ async fn one_way(
         tokio::select! {
             _ = cut.cancelled() => break,
             r = w.write_all(&buf[..n]) => if r.is_err() { break },
+        }
+        if let Some(c) = &counted {
+            c.send_modify(|b| *b += n as u64);
         }
     }
     // Either direction ending takes the whole connection down.

@@ -88,6 +88,8 @@ pub enum FromDaemon {
     Forward(Option<String>),
     /// The answer to one of the shim's own requests; `ok` false for an error.
     Private { id: String, ok: bool },
+    /// Not one JSON value: the daemon broke the protocol.
+    NotJson,
 }
 
 /// What a restart asks of the shim.
@@ -181,9 +183,16 @@ impl Tracker {
     }
 
     /// Notes a daemon message and says what to do with it.
+    ///
+    /// This parse is the only one a daemon message gets in the shim (its frame is split without
+    /// reading it): it must also make sure the message is one JSON value.
     pub fn note_daemon(&mut self, text: &str) -> FromDaemon {
         let Some(p) = peek(text) else {
-            return FromDaemon::Forward(None);
+            // Not an object of the usual shape (rare): is it JSON at all?
+            return match serde_json::from_str::<&RawValue>(text) {
+                Ok(_) => FromDaemon::Forward(None),
+                Err(_) => FromDaemon::NotJson,
+            };
         };
         match (p.method.as_deref(), p.id) {
             (Some("session/update"), None) => {
@@ -470,6 +479,19 @@ mod tests {
             serde_json::from_str::<Value>(&back).unwrap()["id"],
             json!(3)
         );
+    }
+
+    #[test]
+    fn a_daemon_message_must_be_one_json_value() {
+        let mut t = Tracker::new();
+        // Cut out of a frame that had more after `m`: not one value.
+        assert_eq!(
+            t.note_daemon(r#"{"jsonrpc":"2.0"},"x":2"#),
+            FromDaemon::NotJson
+        );
+        assert_eq!(t.note_daemon(r#"{"jsonrpc":"2.0","#), FromDaemon::NotJson);
+        fwd(&mut t, r#"[{"jsonrpc":"2.0","method":"x"}]"#);
+        fwd(&mut t, r#"{"jsonrpc":"2.0","method":"x","params":[1]}"#);
     }
 
     #[test]

@@ -6,9 +6,13 @@
 //! recovered from its journal. Fatal errors end with one `acp-shim: ...` line on stderr and
 //! a distinct exit code (see `Exit`).
 
+mod backoff;
+mod bad_line;
 mod connect;
 mod editor;
+mod frame;
 mod relay;
+mod stdout;
 mod tls;
 
 use std::path::{Path, PathBuf};
@@ -93,6 +97,14 @@ struct Cli {
         default_value_t = 15_000
     )]
     keepalive_ms: u64,
+    /// Largest editor line relayed; longer ones are answered with a -32600 error.
+    #[arg(
+        long,
+        hide = true,
+        env = "ACP_SHIM_MAX_LINE_BYTES",
+        default_value_t = 256 << 20
+    )]
+    max_line_bytes: usize,
     /// The daemon: ws://HOST:PORT[/acp] or wss://HOST[:PORT][/acp].
     url: String,
 }
@@ -116,7 +128,8 @@ pub fn main() -> ExitCode {
         {
             Ok(rt) => {
                 let keepalive = Duration::from_millis(cli.keepalive_ms.max(50));
-                let exit = rt.block_on(relay::run(target, keepalive));
+                let max_line = cli.max_line_bytes.max(1024);
+                let exit = rt.block_on(relay::run(target, keepalive, max_line));
                 // stdin is read on a blocking thread that cannot be interrupted: don't wait.
                 rt.shutdown_background();
                 exit

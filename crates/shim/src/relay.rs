@@ -6,29 +6,30 @@
 //! the network or on the editor.
 
 use std::collections::{HashSet, VecDeque};
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::ExponentialBackoff;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
+use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::Exit;
+use super::backoff::reconnect_backoff;
+use super::bad_line;
 use super::connect::{self, ConnectError, Connected, Target, Ws};
 use super::editor::{FromDaemon, Tracker};
+use super::frame;
+use super::stdout::{OutLine, write_stdout};
+use acpd_wire::lines::{Line, LineDecoder};
 use acpd_wire::resume::window::{self, Frame, Window};
 
-const BACKOFF_START: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// Largest editor line; the daemon enforces its own (smaller) limit with a proper error.
-const MAX_LINE: usize = 256 << 20;
 /// Editor messages buffered for the daemon before stdin stops being read.
 const BUFFER_MAX: usize = 64 << 20;
 const HELD_MAX: usize = 1024;
@@ -42,7 +43,8 @@ enum WsOut {
 }
 
 enum SockEvent {
-    Text(u64, String),
+    /// A text frame, as the socket's own buffer.
+    Text(u64, Utf8Bytes),
     Closed(u64, Option<(u16, String)>),
 }
 
@@ -75,10 +77,13 @@ struct Relay {
     sock_no: u64,
     events: mpsc::Sender<SockEvent>,
     ever_connected: bool,
-    backoff: Duration,
+    backoff: ExponentialBackoff,
+    /// Largest editor line; longer ones are answered -32600 here. The daemon enforces its own
+    /// (smaller) limit with a proper error.
+    max_line: usize,
     retry_at: Option<Instant>,
     connecting: Option<oneshot::Receiver<Result<Connected, ConnectError>>>,
-    to_stdout: VecDeque<String>,
+    to_stdout: VecDeque<OutLine>,
     /// Editor messages waiting for a re-attach to finish.
     held: VecDeque<String>,
     /// The shim's own requests whose answers the re-attach waits for.
@@ -89,12 +94,12 @@ struct Relay {
 }
 
 /// Runs the shim until stdin closes (exit 0) or something fatal happens.
-pub async fn run(target: Target, keepalive: Duration) -> Exit {
+pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
     let tasks = TaskTracker::new();
     let cancel = CancellationToken::new();
-    let (stdin_tx, mut stdin_rx) = mpsc::channel::<String>(64);
-    tasks.spawn(read_stdin(stdin_tx, cancel.clone()));
-    let (stdout_tx, stdout_rx) = mpsc::channel::<String>(STDOUT_MAX);
+    let (stdin_tx, mut stdin_rx) = mpsc::channel::<Line>(64);
+    tasks.spawn(read_stdin(stdin_tx, max_line, cancel.clone()));
+    let (stdout_tx, stdout_rx) = mpsc::channel::<OutLine>(STDOUT_MAX);
     let stdout_task = tokio::spawn(write_stdout(stdout_rx));
     let (events_tx, mut events) = mpsc::channel::<SockEvent>(64);
     let mut r = Relay {
@@ -109,7 +114,8 @@ pub async fn run(target: Target, keepalive: Duration) -> Exit {
         sock_no: 0,
         events: events_tx,
         ever_connected: false,
-        backoff: BACKOFF_START,
+        backoff: reconnect_backoff(),
+        max_line,
         retry_at: None,
         connecting: None,
         to_stdout: VecDeque::new(),
@@ -196,14 +202,18 @@ pub async fn run(target: Target, keepalive: Duration) -> Exit {
 }
 
 impl Relay {
-    fn on_editor(&mut self, line: String) {
+    fn on_editor(&mut self, line: Line) {
+        // Never put what cannot be relayed inside a frame: answer the editor here, as a server
+        // would, and go on.
+        if let Some(answer) = bad_line::answer(&line, self.max_line) {
+            tracing::warn!("an editor line could not be relayed; answered with an error");
+            self.to_stdout.push_back(answer.into());
+            return;
+        }
+        let Line::Text(line) = line else { return };
         if let Err(e) = serde_json::from_str::<&RawValue>(&line) {
-            // Never put invalid JSON inside a frame: answer the editor here, as a server would.
-            let msg = serde_json::json!({
-                "jsonrpc": "2.0", "id": null,
-                "error": { "code": -32700, "message": format!("Parse error: {e}") },
-            });
-            self.to_stdout.push_back(msg.to_string());
+            self.to_stdout
+                .push_back(bad_line::parse_error(&line, &e).into());
             return;
         }
         let Some(line) = self.tracker.note_editor(line) else {
@@ -221,7 +231,7 @@ impl Relay {
         match ev {
             SockEvent::Text(no, text) if current(no) => {
                 self.last_heard = Instant::now();
-                self.on_frame(&text)
+                self.on_frame(text)
                     .map_err(|e| Exit::Protocol(e.to_string()))?;
                 if self.window.ack_urgent() {
                     self.send_ack();
@@ -248,14 +258,25 @@ impl Relay {
         }
     }
 
-    fn on_frame(&mut self, text: &str) -> Result<(), window::WindowError> {
-        match window::parse(text)? {
+    fn on_frame(&mut self, text: Utf8Bytes) -> Result<(), window::WindowError> {
+        // The hot path: `m` is tokenized once, by the tracker, and written as it came.
+        if let Some((seq, ack, m)) = frame::split_data(&text) {
+            self.window.on_ack(ack)?;
+            if self.window.on_data(seq)? {
+                self.deliver(OutLine::Slice(text, m))?;
+            }
+            return Ok(());
+        }
+        match window::parse(&text)? {
             Frame::Data { seq, ack, msg } => {
                 if let Some(a) = ack {
                     self.window.on_ack(a)?;
                 }
                 if self.window.on_data(seq)? {
-                    self.deliver(msg.get());
+                    // `msg` is a slice of `text`: where it starts is how far it is into `text`.
+                    let start = msg.get().as_ptr() as usize - text.as_ptr() as usize;
+                    let m = start..start + msg.get().len();
+                    self.deliver(OutLine::Slice(text.clone(), m))?;
                 }
             }
             Frame::Ack(a) => self.window.on_ack(a)?,
@@ -269,13 +290,17 @@ impl Relay {
         Ok(())
     }
 
-    fn deliver(&mut self, m: &str) {
-        match self.tracker.note_daemon(m) {
-            FromDaemon::Forward(None) => self.to_stdout.push_back(one_line(m)),
-            FromDaemon::Forward(Some(rewritten)) => self.to_stdout.push_back(rewritten),
+    fn deliver(&mut self, m: OutLine) -> Result<(), window::WindowError> {
+        match self.tracker.note_daemon(m.as_str()) {
+            FromDaemon::Forward(None) => self.to_stdout.push_back(m.one_line()),
+            FromDaemon::Forward(Some(rewritten)) => self.to_stdout.push_back(rewritten.into()),
+            FromDaemon::NotJson => {
+                let e = format!("a message that is not JSON: {:.200}", m.as_str());
+                return Err(window::WindowError::Malformed(e));
+            }
             FromDaemon::Private { id, ok } => {
                 if !ok {
-                    tracing::warn!(%id, "re-attach request failed: {m}");
+                    tracing::warn!(%id, "re-attach request failed: {}", m.as_str());
                 }
                 if self.recovering.remove(&id) && self.recovering.is_empty() {
                     tracing::info!("re-attached; resuming the editor's traffic");
@@ -285,6 +310,7 @@ impl Relay {
                 }
             }
         }
+        Ok(())
     }
 
     fn on_connect(&mut self, res: Result<Connected, ConnectError>) -> Result<(), Exit> {
@@ -299,7 +325,7 @@ impl Relay {
                 }
                 tracing::info!(link = %c.conn_id, resumed, "connected to acpd");
                 self.ever_connected = true;
-                self.backoff = BACKOFF_START;
+                self.backoff = reconnect_backoff();
                 self.start_socket(c.ws);
                 Ok(())
             }
@@ -339,7 +365,8 @@ impl Relay {
             answered = plan.answers.len(),
             "acpd restarted (or the link expired): re-attaching sessions"
         );
-        self.to_stdout.extend(plan.answers);
+        self.to_stdout
+            .extend(plan.answers.into_iter().map(OutLine::from));
         for m in plan.resend {
             self.window.push(m);
         }
@@ -360,7 +387,7 @@ impl Relay {
         if self.last_heard.elapsed() > self.keepalive * 3 && events.is_empty() {
             tracing::info!("acpd stopped answering (keepalive); reconnecting");
             self.socket = None;
-            self.backoff = BACKOFF_START;
+            self.backoff = reconnect_backoff();
             self.retry_at = Some(Instant::now());
             return;
         }
@@ -387,11 +414,9 @@ impl Relay {
     }
 
     fn schedule_reconnect(&mut self) {
-        let jitter = RandomState::new().hash_one(Instant::now()) % 1000;
-        let half = self.backoff / 2;
-        let wait = half + half.mul_f64(jitter as f64 / 1000.0);
+        // `without_max_times`: the schedule never runs out; the cap is only a fallback.
+        let wait = self.backoff.next().unwrap_or(Duration::from_secs(5));
         self.retry_at = Some(Instant::now() + wait);
-        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
     }
 
     fn start_connect(&mut self) {
@@ -455,7 +480,7 @@ impl Relay {
                 };
                 match msg {
                     Some(Ok(Message::Text(t))) => {
-                        let ev = SockEvent::Text(no, t.as_str().to_owned());
+                        let ev = SockEvent::Text(no, t);
                         tokio::select! {
                             _ = k.cancelled() => return,
                             r = events.send(ev) => if r.is_err() { return },
@@ -485,16 +510,6 @@ impl Relay {
     }
 }
 
-/// A daemon message as one stdout line (JSON whitespace may hold newlines; strings cannot).
-fn one_line(m: &str) -> String {
-    if m.bytes().any(|b| b == b'\n' || b == b'\r')
-        && let Ok(v) = serde_json::from_str::<serde_json::Value>(m)
-    {
-        return v.to_string();
-    }
-    m.to_owned()
-}
-
 async fn writer_permit(w: Option<mpsc::Sender<WsOut>>) -> Option<mpsc::OwnedPermit<WsOut>> {
     match w {
         Some(w) => w.reserve_owned().await.ok(),
@@ -518,53 +533,27 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Editor lines to the loop; ends (dropping `tx`) at end of input.
-async fn read_stdin(tx: mpsc::Sender<String>, cancel: CancellationToken) {
-    let mut lines = FramedRead::new(
-        tokio::io::stdin(),
-        LinesCodec::new_with_max_length(MAX_LINE),
-    );
+/// Editor lines to the loop, bad ones included (the loop answers them); ends (dropping `tx`)
+/// at end of input. The daemon's own decoder: an overlong or non-UTF-8 line is one item, and
+/// the stream goes on after it.
+async fn read_stdin(tx: mpsc::Sender<Line>, max_line: usize, cancel: CancellationToken) {
+    let mut lines = FramedRead::new(tokio::io::stdin(), LineDecoder::new(max_line));
     loop {
         let line = tokio::select! {
             _ = cancel.cancelled() => return,
             l = lines.next() => l,
         };
         match line {
-            Some(Ok(l)) if l.trim().is_empty() => {}
             Some(Ok(l)) => {
                 if tx.send(l).await.is_err() {
                     return;
                 }
             }
-            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
-                tracing::error!("an editor message over {MAX_LINE} bytes was dropped");
-            }
-            Some(Err(LinesCodecError::Io(e))) => {
+            Some(Err(e)) => {
                 tracing::warn!(error = %e, "stdin read failed");
                 return;
             }
             None => return,
         }
     }
-}
-
-/// Lines to stdout, flushed whenever the queue runs dry.
-async fn write_stdout(mut rx: mpsc::Receiver<String>) {
-    use tokio::io::AsyncWriteExt;
-    let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
-    while let Some(line) = rx.recv().await {
-        let r = async {
-            out.write_all(line.as_bytes()).await?;
-            out.write_all(b"\n").await?;
-            if rx.is_empty() {
-                out.flush().await?;
-            }
-            Ok::<(), std::io::Error>(())
-        };
-        if let Err(e) = r.await {
-            tracing::warn!(error = %e, "stdout write failed");
-            return;
-        }
-    }
-    let _ = out.flush().await;
 }

@@ -1,20 +1,44 @@
 //! Newline-delimited JSON-RPC over any byte stream: raw TCP, and stdio for `acpd stdio`.
 
+use std::time::Duration;
+
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::bytes::{Buf, BytesMut};
-use tokio_util::codec::{Decoder, FramedRead, FramedWrite, LinesCodec};
+use tokio_util::codec::{Decoder, FramedRead, FramedWrite, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
 use crate::{InFrame, Link};
 
-/// Runs the pump for one line stream; returns the link for the peer and the pump's future,
-/// which ends when either side closes or `cancel` fires.
+/// Runs the pump for one line stream without a write deadline (a hosted agent's pipes: an
+/// agent busy computing may leave its stdin unread for a long time); see `pump_with`.
 pub fn pump<R, W>(
     reader: R,
     writer: W,
     max_message_bytes: usize,
+    cancel: CancellationToken,
+) -> (Link, impl Future<Output = ()> + Send)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    pump_with(reader, writer, max_message_bytes, None, cancel)
+}
+
+/// Runs the pump for one line stream; returns the link for the peer and the pump's future,
+/// which ends when either side closes, `cancel` fires, or (with `write_deadline`) one write
+/// takes no bytes for that long.
+///
+/// Reading and writing never wait on each other: a line read is held until the link has room
+/// for it, and only then is the next one read, while writes go on. A peer that is slow to take
+/// what it is sent therefore pauses reading, never writing (a cycle of full queues through the
+/// connection could otherwise stop both).
+pub fn pump_with<R, W>(
+    reader: R,
+    writer: W,
+    max_message_bytes: usize,
+    write_deadline: Option<Duration>,
     cancel: CancellationToken,
 ) -> (Link, impl Future<Output = ()> + Send)
 where
@@ -32,33 +56,48 @@ where
         let mut sink = FramedWrite::new(writer, LinesCodec::new());
         // Dropped at end of input, which tells the peer; writing goes on until it is done.
         let mut in_tx = Some(in_tx);
+        // A line read but not yet taken by the link: while it waits, nothing more is read.
+        let mut held: Option<InFrame> = None;
+        let mut input_done = false;
         loop {
+            if input_done {
+                in_tx = None;
+            }
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                line = lines.next(), if in_tx.is_some() => {
-                    let frame = match line {
-                        Some(Ok(frame)) => frame,
-                        Some(Err(e)) => {
-                            tracing::debug!(error = %e, "line transport read failed");
-                            in_tx = None;
-                            continue;
-                        }
-                        None => {
-                            in_tx = None;
-                            continue;
-                        }
-                    };
-                    if let Some(tx) = &in_tx
-                        && tx.send(frame).await.is_err()
-                    {
-                        break;
+                permit = reserve(in_tx.as_ref()), if held.is_some() => match permit {
+                    Some(p) => { if let Some(f) = held.take() { p.send(f) } }
+                    // The peer stopped reading; what it still queued is written.
+                    None => {
+                        held = None;
+                        input_done = true;
                     }
-                }
+                },
+                line = lines.next(), if in_tx.is_some() && held.is_none() => match line {
+                    Some(Ok(line)) => held = Some(line.into()),
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "line transport read failed");
+                        input_done = true;
+                    }
+                    None => input_done = true,
+                },
                 out = out_rx.recv() => match out {
                     Some(text) => {
-                        if let Err(e) = sink.send(text).await {
-                            tracing::debug!(error = %e, "line transport write failed");
-                            break;
+                        let write = within(write_deadline, write_burst(&mut sink, text, &mut out_rx));
+                        let written = tokio::select! {
+                            _ = cancel.cancelled() => break,
+                            w = write => w,
+                        };
+                        match written {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => {
+                                tracing::debug!(error = %e, "line transport write failed");
+                                break;
+                            }
+                            Err(_) => {
+                                tracing::info!(deadline = ?write_deadline, "line transport: write deadline passed (peer takes no bytes); closing");
+                                return;
+                            }
                         }
                     }
                     // The peer is done: everything it wanted written has been written.
@@ -66,16 +105,86 @@ where
                 },
             }
         }
-        let _ = SinkExt::<String>::flush(&mut sink).await;
+        // Bounded: at shutdown a stuck peer must not hold the drain.
+        let last = write_deadline.unwrap_or(FINAL_FLUSH);
+        let _ = tokio::time::timeout(last, SinkExt::<String>::flush(&mut sink)).await;
     };
     (link, fut)
 }
 
+/// How long the last flush may take when no write deadline is set.
+const FINAL_FLUSH: Duration = Duration::from_secs(5);
+
+/// Most lines written before one flush.
+const BURST: usize = 64;
+
+/// Writes `first` and whatever else is already queued (up to `BURST` lines), flushing once.
+async fn write_burst<W: AsyncWrite + Unpin>(
+    sink: &mut FramedWrite<W, LinesCodec>,
+    first: String,
+    queue: &mut mpsc::Receiver<String>,
+) -> Result<(), LinesCodecError> {
+    sink.feed(first).await?;
+    for _ in 1..BURST {
+        match queue.try_recv() {
+            Ok(text) => sink.feed(text).await?,
+            Err(_) => break,
+        }
+    }
+    SinkExt::<String>::flush(sink).await
+}
+
+/// `fut` under an optional deadline.
+async fn within<F: Future>(
+    deadline: Option<Duration>,
+    fut: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    match deadline {
+        Some(d) => tokio::time::timeout(d, fut).await,
+        None => Ok(fut.await),
+    }
+}
+
+/// Room in `tx` for one frame; `None` when the receiver is gone. Never ready without a sender.
+async fn reserve(tx: Option<&mpsc::Sender<InFrame>>) -> Option<mpsc::Permit<'_, InFrame>> {
+    match tx {
+        Some(tx) => tx.reserve().await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// One line as the decoder reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    Text(String),
+    /// A line over the limit, skipped: its size (so far) and its first bytes (up to
+    /// `HEAD_BYTES`), enough to find a request id near the start.
+    TooLarge {
+        size: usize,
+        head: Vec<u8>,
+    },
+    /// A line whose bytes are not UTF-8.
+    NotUtf8,
+}
+
+impl From<Line> for InFrame {
+    fn from(l: Line) -> InFrame {
+        match l {
+            Line::Text(t) => InFrame::Text(t),
+            Line::TooLarge { size, .. } => InFrame::TooLarge(size),
+            Line::NotUtf8 => InFrame::NotUtf8,
+        }
+    }
+}
+
+/// How much of an overlong line `Line::TooLarge` keeps.
+pub const HEAD_BYTES: usize = 1024;
+
 /// Newline framing that survives bad input: an overlong line is reported once as `TooLarge`
 /// and skipped, a line that is not UTF-8 is reported as `NotUtf8`, blank lines are dropped.
 /// (`LinesCodec` reports both as errors, and an error ends a `FramedRead`: one bad line
-/// used to cost the whole connection.)
-struct LineDecoder {
+/// used to cost the whole connection.) The daemon's line transports and acp-shim's stdin use it.
+pub struct LineDecoder {
     max: usize,
     /// Where to resume the search for `\n` in the buffer.
     searched: usize,
@@ -84,7 +193,7 @@ struct LineDecoder {
 }
 
 impl LineDecoder {
-    fn new(max: usize) -> LineDecoder {
+    pub fn new(max: usize) -> LineDecoder {
         LineDecoder {
             max,
             searched: 0,
@@ -92,23 +201,30 @@ impl LineDecoder {
         }
     }
 
-    fn frame(line: &[u8]) -> Option<InFrame> {
+    fn frame(line: &[u8]) -> Option<Line> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.iter().all(u8::is_ascii_whitespace) {
             return None;
         }
         Some(match std::str::from_utf8(line) {
-            Ok(text) => InFrame::Text(text.to_owned()),
-            Err(_) => InFrame::NotUtf8,
+            Ok(text) => Line::Text(text.to_owned()),
+            Err(_) => Line::NotUtf8,
         })
+    }
+
+    fn too_large(size: usize, line: &[u8]) -> Line {
+        Line::TooLarge {
+            size,
+            head: line[..line.len().min(HEAD_BYTES)].to_vec(),
+        }
     }
 }
 
 impl Decoder for LineDecoder {
-    type Item = InFrame;
+    type Item = Line;
     type Error = std::io::Error;
 
-    fn decode(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<InFrame>> {
+    fn decode(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
         loop {
             let newline = buf[self.searched..]
                 .iter()
@@ -122,7 +238,7 @@ impl Decoder for LineDecoder {
                         continue;
                     }
                     if end > self.max {
-                        return Ok(Some(InFrame::TooLarge(end)));
+                        return Ok(Some(Self::too_large(end, &line[..end])));
                     }
                     if let Some(frame) = Self::frame(&line[..end]) {
                         return Ok(Some(frame));
@@ -135,10 +251,11 @@ impl Decoder for LineDecoder {
                 }
                 None if buf.len() > self.max => {
                     let seen = buf.len();
+                    let line = Self::too_large(seen, buf);
                     buf.advance(seen);
                     self.searched = 0;
                     self.discarding = true;
-                    return Ok(Some(InFrame::TooLarge(seen)));
+                    return Ok(Some(line));
                 }
                 None => {
                     self.searched = buf.len();
@@ -148,7 +265,7 @@ impl Decoder for LineDecoder {
         }
     }
 
-    fn decode_eof(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<InFrame>> {
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
         if let Some(frame) = self.decode(buf)? {
             return Ok(Some(frame));
         }
@@ -182,9 +299,11 @@ mod tests {
         }
         out.into_iter()
             .map(|f| match f {
-                InFrame::Text(t) => t,
-                InFrame::TooLarge(_) => "<too large>".into(),
-                InFrame::NotUtf8 => "<not utf-8>".into(),
+                Line::Text(t) => t,
+                Line::TooLarge { head, .. } => {
+                    format!("<too large: {}>", String::from_utf8_lossy(&head))
+                }
+                Line::NotUtf8 => "<not utf-8>".into(),
             })
             .collect()
     }
@@ -194,7 +313,13 @@ mod tests {
         let input = b"one\r\n\n  \n\xff\xfe\n0123456789abcdef0123\ntwo\nlast";
         assert_eq!(
             decode_all(16, input),
-            ["one", "<not utf-8>", "<too large>", "two", "last"]
+            [
+                "one",
+                "<not utf-8>",
+                "<too large: 0123456789abcdef0123>",
+                "two",
+                "last"
+            ]
         );
     }
 }

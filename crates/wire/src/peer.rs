@@ -13,8 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::msg::{Malformed, Message, Notification, Request, RequestId, Response, ResponseError};
+
+mod memory;
+pub use memory::memory_pair;
 
 /// What a transport hands the peer.
 #[derive(Debug)]
@@ -100,6 +104,8 @@ pub struct PeerHandle {
     closed: CancellationToken,
     /// Ends the peer task; not a channel message, so it works when the link is jammed.
     stop: CancellationToken,
+    /// The peer's helper tasks (a send a `Drop` could not finish); the peer task waits for them.
+    tasks: TaskTracker,
 }
 
 impl std::fmt::Debug for PeerHandle {
@@ -138,6 +144,7 @@ impl PeerHandle {
             id,
             rx,
             tx: self.tx.clone(),
+            tasks: self.tasks.clone(),
             done: false,
         })
     }
@@ -217,6 +224,7 @@ pub struct OutgoingRequest {
     id: u64,
     rx: oneshot::Receiver<Result<Value, PeerError>>,
     tx: mpsc::Sender<Command>,
+    tasks: TaskTracker,
     done: bool,
 }
 
@@ -246,6 +254,7 @@ impl Drop for OutgoingRequest {
         if !self.done {
             send_from_drop(
                 &self.tx,
+                &self.tasks,
                 Command::Forget {
                     id: self.id,
                     notify_peer: true,
@@ -261,6 +270,7 @@ impl Drop for OutgoingRequest {
 pub struct Responder {
     id: Option<RequestId>,
     tx: mpsc::Sender<Command>,
+    tasks: TaskTracker,
 }
 
 impl std::fmt::Debug for Command {
@@ -292,18 +302,21 @@ impl Drop for Responder {
             let result = Err(ResponseError::internal(
                 "the request was dropped without an answer",
             ));
-            send_from_drop(&self.tx, Command::Reply { id, result });
+            send_from_drop(&self.tx, &self.tasks, Command::Reply { id, result });
         }
     }
 }
 
-/// Drop cannot await: try the channel, and if it is full, finish the send on a task.
-fn send_from_drop(tx: &mpsc::Sender<Command>, cmd: Command) {
+/// Drop cannot await: try the channel, and if it is full, finish the send on a task of the
+/// peer's tracker (queued behind what is already sent, so a `Forget` never overtakes its
+/// request). The peer task waits for these before it ends; once it stops reading commands,
+/// their sends fail at once.
+fn send_from_drop(tx: &mpsc::Sender<Command>, tasks: &TaskTracker, cmd: Command) {
     if let Err(mpsc::error::TrySendError::Full(cmd)) = tx.try_send(cmd)
-        && let Ok(rt) = tokio::runtime::Handle::try_current()
+        && tokio::runtime::Handle::try_current().is_ok()
     {
         let tx = tx.clone();
-        rt.spawn(async move {
+        tasks.spawn(async move {
             let _ = tx.send(cmd).await;
         });
     }
@@ -315,8 +328,8 @@ const WRITE_QUEUE: usize = 256;
 const COMMANDS: usize = 256;
 
 /// Starts the peer task. Returns its handle, the stream of incoming requests and
-/// notifications, and the task's waiter. The task ends when the link closes or `shutdown`
-/// fires; pending outgoing requests then fail with `Disconnected`.
+/// notifications, and the task's waiter (which the caller owns). The task ends when the link
+/// closes or `shutdown` fires; pending outgoing requests then fail with `Disconnected`.
 pub fn spawn(
     link: Link,
     shutdown: CancellationToken,
@@ -329,21 +342,27 @@ pub fn spawn(
     let (in_tx, in_rx) = mpsc::channel(DELIVER_QUEUE);
     let closed = CancellationToken::new();
     let stop = shutdown.child_token();
+    let tasks = TaskTracker::new();
     let handle = PeerHandle {
         stop: stop.clone(),
         tx: tx.clone(),
         next_id: Arc::new(AtomicU64::new(1)),
         closed: closed.clone(),
+        tasks: tasks.clone(),
     };
     let task = PeerTask {
         self_tx: tx,
+        tasks: tasks.clone(),
         ours: HashMap::new(),
         theirs: HashMap::new(),
         to_deliver: VecDeque::new(),
         to_write: VecDeque::new(),
     };
     let join = tokio::spawn(async move {
+        // `run` drops the command queue when it ends, so the drop-senders finish at once.
         task.run(link, rx, in_tx, stop).await;
+        tasks.close();
+        tasks.wait().await;
         closed.cancel();
     });
     (handle, in_rx, join)
@@ -352,6 +371,7 @@ pub fn spawn(
 struct PeerTask {
     /// For responders handed to the owner.
     self_tx: mpsc::Sender<Command>,
+    tasks: TaskTracker,
     /// Requests we sent, by wire id.
     ours: HashMap<u64, Reply>,
     /// Requests they sent that are not answered yet.
@@ -526,6 +546,7 @@ impl PeerTask {
                 let responder = Responder {
                     id: Some(r.id),
                     tx: self.self_tx.clone(),
+                    tasks: self.tasks.clone(),
                 };
                 self.to_deliver
                     .push_back(Incoming::Request(IncomingRequest {
@@ -537,39 +558,4 @@ impl PeerTask {
             }
         }
     }
-}
-
-/// Two links joined back to back in memory, for an agent that runs inside acpd.
-pub fn memory_pair() -> (Link, Link, impl Future<Output = ()> + Send) {
-    let (a_out, mut a_out_rx) = mpsc::channel::<String>(crate::LINK_QUEUE);
-    let (b_out, mut b_out_rx) = mpsc::channel::<String>(crate::LINK_QUEUE);
-    let (a_in_tx, a_in) = mpsc::channel(crate::LINK_QUEUE);
-    let (b_in_tx, b_in) = mpsc::channel(crate::LINK_QUEUE);
-    // One task carries both directions; it ends when both sides have hung up.
-    let carry = async move {
-        let (mut a_open, mut b_open) = (true, true);
-        while a_open || b_open {
-            tokio::select! {
-                m = a_out_rx.recv(), if a_open => match m {
-                    Some(t) => { let _ = b_in_tx.send(InFrame::Text(t)).await; }
-                    None => a_open = false,
-                },
-                m = b_out_rx.recv(), if b_open => match m {
-                    Some(t) => { let _ = a_in_tx.send(InFrame::Text(t)).await; }
-                    None => b_open = false,
-                },
-            }
-        }
-    };
-    (
-        Link {
-            incoming: a_in,
-            outgoing: a_out,
-        },
-        Link {
-            incoming: b_in,
-            outgoing: b_out,
-        },
-        carry,
-    )
 }

@@ -3,8 +3,9 @@
 //! it outlives its sockets for the grace period.
 //!
 //! Each socket gets a reader and a writer task, so the owner never waits on the network: it
-//! keeps reading acks while a write is stuck, and a blackholed socket is noticed by the
-//! keepalive instead of hanging the link.
+//! keeps reading acks while a write is stuck, a blackholed socket is noticed by the keepalive
+//! instead of hanging the link, and a write the client takes no bytes of for the write deadline
+//! detaches the link (the client resumes it).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -287,6 +288,8 @@ impl Owner {
         let kill_writer = CancellationToken::new();
         let (tx, mut rx) = mpsc::channel::<WsOut>(WRITER_QUEUE);
         let k = kill_writer.clone();
+        let deadline = crate::transport::write_deadline(self.settings.keepalive);
+        let lost = events.clone();
         self.tasks.spawn(async move {
             // A message taken off the queue while gathering a burst, not yet handled.
             let mut taken: Option<WsOut> = None;
@@ -320,11 +323,19 @@ impl Owner {
                         };
                         let sent = tokio::select! {
                             _ = k.cancelled() => break,
-                            r = burst => r,
+                            r = tokio::time::timeout(deadline, burst) => r,
                         };
-                        if sent.is_err() {
-                            break;
+                        match sent {
+                            Ok(Ok(())) => continue,
+                            Ok(Err(e)) => tracing::debug!(error = %e, "resumable socket write failed"),
+                            Err(_) => tracing::info!(?deadline, "resumable socket: write deadline passed (the client takes no bytes); detaching"),
                         }
+                        // Tell the owner now rather than at the next keepalive check.
+                        tokio::select! {
+                            _ = k.cancelled() => {}
+                            _ = lost.send(SockEvent::Closed(sock_no, None)) => {}
+                        }
+                        break;
                     }
                     Some(WsOut::Close(code, reason)) => {
                         let frame = CloseFrame {
@@ -335,7 +346,7 @@ impl Owner {
                             let _ = sink.send(Message::Close(Some(frame))).await;
                             let _ = sink.close().await;
                         };
-                        let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
+                        let _ = tokio::time::timeout(deadline.min(Duration::from_secs(1)), close).await;
                         break;
                     }
                     None => break,

@@ -1,0 +1,80 @@
+//! acp-shim's stdin: lines it cannot relay (overlong, not UTF-8, not JSON) are answered by the
+//! shim itself with a JSON-RPC error, the request's id when it can be found, and the shim goes
+//! on. Real shim, real daemon (`shim_support`).
+
+use anyhow::Result;
+use serde_json::{Value, json};
+
+use crate::shim_support::{Daemon, Shim, prompt};
+
+/// The shim's line limit in these tests (a hidden flag; the default is 256 MiB).
+const MAX_LINE: usize = 64 * 1024;
+
+fn error_of(m: &Value) -> (Value, Value) {
+    (m["id"].clone(), m["error"]["code"].clone())
+}
+
+#[tokio::test]
+async fn bad_editor_lines_are_answered_locally_and_the_shim_goes_on() -> Result<()> {
+    let d = Daemon::start(false).await?;
+    let max = MAX_LINE.to_string();
+    let mut shim = Shim::spawn(&d.url(), &["--max-line-bytes", &max], d.dir.path())?;
+    let sid = shim.open_session().await?;
+    let r = checks(&mut shim, &sid).await;
+    if r.is_err() {
+        eprintln!("shim stderr:\n{}", shim.stderr());
+    }
+    r
+}
+
+async fn checks(shim: &mut Shim, sid: &str) -> Result<()> {
+    let sid = sid.to_owned();
+
+    // An overlong request: answered -32600 under its own id, never sent on.
+    let text = "x".repeat(MAX_LINE * 3);
+    let big = json!({"jsonrpc": "2.0", "id": 41, "method": "session/prompt", "params": prompt(&sid, &text)});
+    shim.send(&big).await?;
+    let m = shim.next_answer().await?;
+    assert_eq!(error_of(&m), (json!(41), json!(-32600)), "{m}");
+    let msg = m["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("acp-shim"),
+        "answered by the daemon, not the shim: {m}"
+    );
+    // Two in a row, the second with a string id and no newline until far past the limit.
+    let big = json!({"id": "big-2", "jsonrpc": "2.0", "method": "session/prompt", "params": prompt(&sid, &text)});
+    shim.send(&big).await?;
+    let m = shim.next_answer().await?;
+    assert_eq!(error_of(&m), (json!("big-2"), json!(-32600)), "{m}");
+
+    // Not UTF-8: -32700, id null (the bytes are not read any further).
+    shim.send_bytes(b"{\"jsonrpc\":\"2.0\",\"id\":42,\"method\":\"x\",\"params\":\"\xff\xfe\"}")
+        .await?;
+    let m = shim.next_answer().await?;
+    assert_eq!(error_of(&m), (json!(null), json!(-32700)), "{m}");
+
+    // Not JSON, but its id comes before the mistake: -32700 under that id.
+    shim.send_line(r#"{"jsonrpc":"2.0","id":43,"method":"session/list",}"#)
+        .await?;
+    let m = shim.next_answer().await?;
+    assert_eq!(error_of(&m), (json!(43), json!(-32700)), "{m}");
+    // No id to be found: null.
+    shim.send_line("{not json").await?;
+    let m = shim.next_answer().await?;
+    assert_eq!(error_of(&m), (json!(null), json!(-32700)), "{m}");
+
+    // The shim and its link lived through all of it.
+    let id = shim
+        .request("session/prompt", prompt(&sid, "echo still relaying"))
+        .await?;
+    let (done, msgs) = shim.until_response(id).await?;
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    let texts: Vec<&str> = msgs
+        .iter()
+        .filter_map(|m| m["params"]["update"]["content"]["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["still relaying"], "{msgs:?}");
+    shim.close_stdin();
+    assert_eq!(shim.wait_exit().await?, 0, "{}", shim.stderr());
+    Ok(())
+}
