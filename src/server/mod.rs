@@ -5,6 +5,7 @@ mod auth;
 pub mod cert;
 pub mod origin;
 mod registry;
+mod tcp;
 pub mod tls;
 
 use std::sync::Arc;
@@ -194,7 +195,7 @@ pub async fn serve(
     if let Some(tcp) = tcp {
         tracing::info!(addr = %tcp.local_addr()?, "newline-delimited TCP listener");
         core.tasks
-            .spawn(accept_tcp(tcp, state.clone(), shutdown.clone()));
+            .spawn(tcp::accept(tcp, state.clone(), shutdown.clone()));
     }
     let origins = origin::Origins::new(core.config.allowed_origins.clone());
     let app = Router::new()
@@ -344,54 +345,5 @@ async fn readyz(State(st): State<AppState>) -> Response {
             tracing::warn!(error = %e, "readiness: store unreachable");
             (StatusCode::SERVICE_UNAVAILABLE, "store unreachable\n").into_response()
         }
-    }
-}
-
-/// Raw TCP: loopback only (enforced by `Config`), so the local principal.
-async fn accept_tcp(listener: TcpListener, st: AppState, shutdown: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "tcp accept failed");
-                    continue;
-                }
-            },
-        };
-        tracing::debug!(%peer, "tcp connection");
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-        let ctx = ConnectionCtx {
-            conn_id: Arc::from(uuid::Uuid::new_v4().to_string().as_str()),
-            principal: st.auth.local_principal().to_owned(),
-            profile: st.config.default_agent.clone(),
-            hub: st.hub.clone(),
-            max_requests_per_second: st.config.limits.max_requests_per_second,
-        };
-        let cancel = st.shutdown.child_token();
-        let registration = match st
-            .registry
-            .open(&ctx.conn_id, &ctx.principal, None, cancel.clone())
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
-                tracing::warn!(%peer, reason = %e, "tcp connection refused");
-                continue;
-            }
-        };
-        let max = st.config.limits.max_message_bytes;
-        st.tasks.spawn(async move {
-            let _registration = registration;
-            let (r, w) = stream.into_split();
-            let (link, pump) = acpd_wire::lines::pump(r, w, max, cancel.clone());
-            let pump = tokio::spawn(pump);
-            connection::run(link, ctx, cancel).await;
-            let _ = pump.await;
-        });
     }
 }

@@ -170,6 +170,8 @@ pub struct BuiltinConfig {
     pub(crate) idle_unload: Duration,
     /// How long an MCP server may take to start and list its tools.
     pub(crate) mcp_connect_timeout: Duration,
+    /// Which stdio MCP servers start (the daemon's top-level `mcp_stdio`, `mcp_stdio_allow`).
+    pub(crate) mcp_policy: crate::McpPolicy,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -200,6 +202,9 @@ struct FileBuiltin {
     config_options: Vec<ExtraOption>,
     idle_unload_secs: Option<u64>,
     mcp_connect_timeout_secs: Option<u64>,
+    /// Written here by the daemon from its top-level keys of the same names.
+    mcp_stdio: Option<String>,
+    mcp_stdio_allow: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -318,6 +323,11 @@ impl BuiltinConfig {
                  a model request now ends when nothing arrives for read_timeout_secs"
             );
         }
+        let mcp_policy = crate::McpPolicy::new(
+            file.mcp_stdio.as_deref().unwrap_or("ask"),
+            file.mcp_stdio_allow.unwrap_or_default(),
+        )
+        .map_err(BuiltinConfigError::Invalid)?;
         Ok(BuiltinConfig {
             state_dir: data_dir.join("builtin"),
             models,
@@ -341,6 +351,7 @@ impl BuiltinConfig {
             extra_options,
             idle_unload: secs(file.idle_unload_secs, 1800),
             mcp_connect_timeout: secs(file.mcp_connect_timeout_secs, 30),
+            mcp_policy,
         })
     }
 
