@@ -5,6 +5,7 @@
 //! `data_dir` makes the data directory and the SQLite database private to the daemon's user.
 
 pub mod data_dir;
+pub mod roots;
 mod settings;
 
 use std::collections::BTreeMap;
@@ -134,6 +135,8 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// Which stdio MCP servers a client's `session/new|load|resume` may start.
     pub mcp_policy: acpd_builtin::McpPolicy,
+    /// The directories each principal's sessions may use (`roots`, `default_roots`).
+    pub fs_roots: roots::FsRoots,
 }
 
 impl Config {
@@ -214,6 +217,13 @@ impl Config {
                 message: "must be at least 1".into(),
             });
         }
+        let fs_roots =
+            roots::FsRoots::new(s.roots, s.default_roots, &data_dir).map_err(|message| {
+                ConfigError::Invalid {
+                    what: "roots",
+                    message,
+                }
+            })?;
         let mcp_policy = acpd_builtin::McpPolicy::new(&s.mcp_stdio, s.mcp_stdio_allow.clone())
             .map_err(|message| ConfigError::Invalid {
                 what: "mcp_stdio",
@@ -272,6 +282,7 @@ impl Config {
             allowed_origins,
             metrics_listen: s.metrics_listen,
             mcp_policy,
+            fs_roots,
         })
     }
 

@@ -54,6 +54,9 @@ pub struct Settings {
     pub metrics_listen: Option<SocketAddr>,
     pub mcp_stdio: String,
     pub mcp_stdio_allow: Vec<String>,
+    /// The directories each principal (by name) may use; see `roots::FsRoots`.
+    pub roots: BTreeMap<String, Vec<PathBuf>>,
+    pub default_roots: Vec<PathBuf>,
     pub agents: BTreeMap<String, FileAgent>,
     /// The built-in agent's own table, checked by `acpd_builtin::BuiltinConfig::parse`.
     pub builtin: toml::Table,
@@ -91,6 +94,8 @@ impl Default for Settings {
             metrics_listen: None,
             mcp_stdio: "ask".to_owned(),
             mcp_stdio_allow: Vec::new(),
+            roots: BTreeMap::new(),
+            default_roots: Vec::new(),
             agents: BTreeMap::new(),
             builtin: toml::Table::new(),
         }

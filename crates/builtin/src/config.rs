@@ -157,6 +157,10 @@ pub struct BuiltinConfig {
     /// Run shell commands on the daemon host when the client route is not used.
     pub(crate) host_shell: bool,
     pub(crate) shell_timeout: Duration,
+    /// The host shell runs confined with Landlock to the session's roots (plus these).
+    pub(crate) shell_sandbox: bool,
+    pub(crate) shell_sandbox_read: Vec<std::path::PathBuf>,
+    pub(crate) shell_sandbox_write: Vec<std::path::PathBuf>,
     pub(crate) output_limit: usize,
     pub(crate) permissions_off: bool,
     pub(crate) tool_policy: BTreeMap<String, ToolPolicy>,
@@ -192,6 +196,11 @@ struct FileBuiltin {
     host_fs: Option<bool>,
     host_shell: Option<bool>,
     shell_timeout_secs: Option<u64>,
+    shell_sandbox: Option<bool>,
+    #[serde(default)]
+    shell_sandbox_read: Vec<std::path::PathBuf>,
+    #[serde(default)]
+    shell_sandbox_write: Vec<std::path::PathBuf>,
     output_limit_bytes: Option<usize>,
     #[serde(default)]
     permissions: FilePermissions,
@@ -342,6 +351,9 @@ impl BuiltinConfig {
             host_fs: file.host_fs.unwrap_or(true),
             host_shell: file.host_shell.unwrap_or(true),
             shell_timeout: secs(file.shell_timeout_secs, 300),
+            shell_sandbox: file.shell_sandbox.unwrap_or(true),
+            shell_sandbox_read: file.shell_sandbox_read,
+            shell_sandbox_write: file.shell_sandbox_write,
             output_limit: file.output_limit_bytes.unwrap_or(64 * 1024).max(1024),
             permissions_off,
             tool_policy,
