@@ -78,13 +78,15 @@ impl FsRoots {
         default: Vec<PathBuf>,
         data_dir: &Path,
     ) -> Result<FsRoots, String> {
-        let data_dir = normalize(data_dir)
+        // Resolved like the session paths will be, so a symlink on the way does not hide
+        // an overlap.
+        let data_dir = resolve(data_dir)
             .ok_or_else(|| format!("data_dir {} is not absolute", data_dir.display()))?;
-        let mut checked = |roots: Vec<PathBuf>| -> Result<Vec<PathBuf>, String> {
+        let checked = |roots: Vec<PathBuf>| -> Result<Vec<PathBuf>, String> {
             roots
                 .into_iter()
                 .map(|r| {
-                    let n = normalize(&r)
+                    let n = resolve(&r)
                         .ok_or_else(|| format!("root {} is not an absolute path", r.display()))?;
                     if overlaps(&n, &data_dir) {
                         return Err(format!(
@@ -114,7 +116,23 @@ impl FsRoots {
         self.principals.get(principal).unwrap_or(&self.default)
     }
 
-    /// Whether `principal` may use `cwd` and `additional` (resolved paths, see `resolve`).
+    /// The call for `session/new|load|resume`: `cwd` and `additionalDirectories` as the
+    /// client gave them, symlinks resolved, then `check`ed.
+    pub fn check_session(
+        &self,
+        principal: &str,
+        cwd: &Path,
+        additional: &[PathBuf],
+    ) -> Result<(), OutsideRoots> {
+        let given = std::iter::once(cwd).chain(additional.iter().map(PathBuf::as_path));
+        let mut resolved = Vec::new();
+        for p in given {
+            resolved.push(resolve(p).ok_or_else(|| OutsideRoots::NotAbsolute(p.to_owned()))?);
+        }
+        self.check(principal, resolved.iter().map(PathBuf::as_path))
+    }
+
+    /// Whether `principal` may use `dirs` (resolved paths, see `resolve`).
     pub fn check<'a>(
         &self,
         principal: &str,
@@ -208,5 +226,20 @@ mod tests {
             Some(real.join("new/x"))
         );
         assert_eq!(resolve(Path::new("rel")), None);
+        // A link into the data directory is judged by where it leads.
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::os::unix::fs::symlink(&data, dir.path().join("innocent")).unwrap();
+        let r = FsRoots::new(
+            BTreeMap::new(),
+            vec![],
+            &std::fs::canonicalize(&data).unwrap(),
+        )
+        .unwrap();
+        assert!(matches!(
+            r.check_session("x", &dir.path().join("innocent"), &[]),
+            Err(OutsideRoots::DataDir(_))
+        ));
+        assert_eq!(r.check_session("x", &dir.path().join("real"), &[]), Ok(()));
     }
 }

@@ -90,7 +90,7 @@ impl Default for Settings {
             insecure: false,
             allowed_origins: Vec::new(),
             header_read_timeout_ms: 10_000,
-            max_pending_connections: 256,
+            max_pending_connections: 4096,
             metrics_listen: None,
             mcp_stdio: "ask".to_owned(),
             mcp_stdio_allow: Vec::new(),

@@ -3,6 +3,7 @@
 
 mod auth;
 pub mod cert;
+mod http;
 pub mod origin;
 mod registry;
 mod tcp;
@@ -16,7 +17,6 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::ListenerExt;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -205,10 +205,15 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .with_state(state);
+    let gate = http::Gate::new(
+        core.config.limits.header_read_timeout,
+        core.config.limits.max_pending_connections,
+    );
     if let Some(files) = core.config.tls.clone() {
         let tls = tls::TlsListener::new(listener, files)?;
         tracing::info!(addr = %tls.local_addr()?, "acpd listening: wss://{}/acp", tls.local_addr()?);
-        tls.serve(app, core.tasks.clone(), shutdown.clone()).await?;
+        tls.serve(app, gate, core.tasks.clone(), shutdown.clone())
+            .await?;
     } else {
         if core.config.insecure {
             tracing::warn!(
@@ -216,16 +221,7 @@ pub async fn serve(
             );
         }
         tracing::info!(addr = %listener.local_addr()?, "acpd listening: ws://{}/acp", listener.local_addr()?);
-        // Without TCP_NODELAY, a frame written right after another (a prompt's answer after
-        // its last update) waits for the peer's delayed ACK: up to 40 ms on Linux.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-            .await?;
+        http::serve_plain(listener, app, gate, core.tasks.clone(), shutdown.clone()).await?;
     }
     tracing::info!("listeners stopped; shutting down sessions");
     core.shutdown().await;

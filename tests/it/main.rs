@@ -33,6 +33,7 @@ mod security;
 mod session_list;
 mod shim;
 mod shim_support;
+mod slowloris;
 mod store;
 mod store_failures;
 mod tcp_gate;

@@ -332,6 +332,17 @@ impl BuiltinConfig {
                  a model request now ends when nothing arrives for read_timeout_secs"
             );
         }
+        if let Some(p) = file
+            .shell_sandbox_read
+            .iter()
+            .chain(&file.shell_sandbox_write)
+            .find(|p| !p.is_absolute())
+        {
+            return Err(BuiltinConfigError::Invalid(format!(
+                "shell_sandbox paths must be absolute: {}",
+                p.display()
+            )));
+        }
         let mcp_policy = crate::McpPolicy::new(
             file.mcp_stdio.as_deref().unwrap_or("ask"),
             file.mcp_stdio_allow.unwrap_or_default(),
