@@ -39,3 +39,4 @@ mod store_failures;
 mod tcp_gate;
 mod tidy;
 mod transports;
+mod wire_edges;
