@@ -198,17 +198,32 @@ pub async fn serve(
             .spawn(tcp::accept(tcp, state.clone(), shutdown.clone()));
     }
     let origins = origin::Origins::new(core.config.allowed_origins.clone());
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/acp", get(acp_upgrade))
         .route_layer(axum::middleware::from_fn_with_state(origins, origin::guard))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .with_state(state);
+        .route("/readyz", get(readyz));
     let gate = http::Gate::new(
         core.config.limits.header_read_timeout,
         core.config.limits.max_pending_connections,
     );
+    match core.config.metrics_listen {
+        None => app = app.route("/metrics", get(metrics_with_token)),
+        // A listener of its own for /metrics: no token there, and nothing else on it.
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await?;
+            tracing::info!(addr = %listener.local_addr()?, "metrics listener (no token): http://{}/metrics", listener.local_addr()?);
+            let metrics = Router::new().route("/metrics", get(metrics_text));
+            core.tasks.spawn(http::serve_plain(
+                listener,
+                metrics,
+                gate.clone(),
+                core.tasks.clone(),
+                shutdown.clone(),
+            ));
+        }
+    }
+    let app = app.with_state(state);
     if let Some(files) = core.config.tls.clone() {
         let tls = tls::TlsListener::new(listener, files)?;
         tracing::info!(addr = %tls.local_addr()?, "acpd listening: wss://{}/acp", tls.local_addr()?);
@@ -321,6 +336,15 @@ async fn acp_upgrade(
         resp.headers_mut().insert("acp-connection-id", v);
     }
     resp
+}
+
+/// `GET /metrics` on the main listener: a valid token first (none under `--no-auth`), since
+/// the figures tell who is busy and how much.
+async fn metrics_with_token(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    match st.auth.check(&headers).await {
+        Ok(_) => metrics_text().await,
+        Err(resp) => resp,
+    }
 }
 
 /// `GET /metrics`: Prometheus text format.

@@ -77,3 +77,51 @@ async fn integer_ids_beyond_2_pow_53_are_echoed_exactly_or_refused() {
         assert!(if within_64_bits { echoed } else { refused }, "{id}: {raw}");
     }
 }
+
+/// `GET PATH` with extra header lines; the status code and the body.
+async fn get(addr: std::net::SocketAddr, path: &str, headers: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(crate::support::DEFAULT_TIMEOUT, s.read_to_end(&mut out))
+        .await
+        .expect("no answer")
+        .expect("read");
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[tokio::test]
+async fn metrics_need_a_token_or_their_own_listener() {
+    let daemon = Daemon::start_with(DaemonOptions::default().auth()).await;
+    let token = local_token(&daemon).await;
+    assert_eq!(get(daemon.addr, "/metrics", "").await.0, 401);
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    let (status, body) = get(daemon.addr, "/metrics", &auth).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("acpd_"), "{body}");
+    // Health checks stay open.
+    assert_eq!(get(daemon.addr, "/healthz", "").await.0, 200);
+
+    let metrics = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let opts = DaemonOptions::default()
+        .auth()
+        .arg("--metrics-listen", metrics);
+    let daemon = Daemon::start_with(opts).await;
+    let token = local_token(&daemon).await;
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    assert_eq!(get(daemon.addr, "/metrics", &auth).await.0, 404);
+    let (status, body) = get(metrics, "/metrics", "").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(get(metrics, "/acp", "").await.0, 404);
+}
