@@ -20,4 +20,4 @@ for t in $targets; do
   cargo +nightly fuzz run "$t" "fuzz/corpus/$t" $seeds -- \
     -dict=fuzz/json-rpc.dict -max_total_time="$secs" -print_final_stats=1
 done
-echo "fuzz/run.sh: no finding in: $targets" >&2
+echo "fuzz/run.sh: no finding in:" $targets >&2
