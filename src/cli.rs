@@ -133,6 +133,36 @@ fn config_of(args: &Args) -> Result<Config, ExitCode> {
     Ok(config)
 }
 
+/// Raises the soft limit on open files to the hard one: each connection, agent pipe and MCP
+/// server is a descriptor, and 1024 (the usual soft default) runs out long before
+/// `max_connections`. Logged, so an operator sees the figure a slowloris would have to beat.
+fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a struct we own.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    if got != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot read the open-file limit");
+        return;
+    }
+    let before = lim.rlim_cur;
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), limit = before, "cannot raise the open-file limit");
+            return;
+        }
+    }
+    tracing::info!(
+        open_files = lim.rlim_cur,
+        before,
+        "open-file limit (RLIMIT_NOFILE)"
+    );
+}
+
 fn fail(msg: String) -> ExitCode {
     eprintln!("acpd: {msg}");
     ExitCode::FAILURE
@@ -145,6 +175,7 @@ async fn run(command: Command) -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            raise_nofile();
             let listener = match TcpListener::bind(config.listen).await {
                 Ok(l) => l,
                 Err(e) => return fail(format!("cannot listen on {}: {e}", config.listen)),

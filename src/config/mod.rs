@@ -5,6 +5,7 @@
 //! `data_dir` makes the data directory and the SQLite database private to the daemon's user.
 
 pub mod data_dir;
+pub mod roots;
 mod settings;
 
 use std::collections::BTreeMap;
@@ -42,7 +43,7 @@ pub enum ConfigError {
     TlsPair,
     #[error("refusing to serve {0} without TLS: give --tls-cert/--tls-key (or --insecure)")]
     NotLoopbackWithoutTls(SocketAddr),
-    #[error("--tcp-listen has no authentication and is loopback only, not {0}")]
+    #[error("--tcp-listen is loopback only, not {0}")]
     TcpNotLoopback(SocketAddr),
 }
 
@@ -74,6 +75,11 @@ pub struct Limits {
     /// Requests per second one connection may send, sustained (0: no limit); bursts of twice
     /// that are allowed.
     pub max_requests_per_second: u32,
+    /// How long a connection may take to send its HTTP request headers (raw TCP: its first
+    /// line) before it is closed.
+    pub header_read_timeout: Duration,
+    /// Connections accepted but not yet upgraded (0: no limit); over it, closed at accept.
+    pub max_pending_connections: usize,
 }
 
 /// Session behaviour knobs.
@@ -124,6 +130,13 @@ pub struct Config {
     pub insecure: bool,
     /// Origins a browser client may connect from; requests without `Origin` are unaffected.
     pub allowed_origins: Vec<String>,
+    /// A listener of its own for `/metrics` (no token there); `None`: `/metrics` is on
+    /// `listen`, behind a token unless `no_auth`.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Which stdio MCP servers a client's `session/new|load|resume` may start.
+    pub mcp_policy: acpd_builtin::McpPolicy,
+    /// The directories each principal's sessions may use (`roots`, `default_roots`).
+    pub fs_roots: roots::FsRoots,
 }
 
 impl Config {
@@ -198,6 +211,35 @@ impl Config {
                 message: "must be between 1 and 1000".into(),
             });
         }
+        if s.header_read_timeout_ms == 0 {
+            return Err(ConfigError::Invalid {
+                what: "header_read_timeout_ms",
+                message: "must be at least 1".into(),
+            });
+        }
+        let fs_roots =
+            roots::FsRoots::new(s.roots, s.default_roots, &data_dir).map_err(|message| {
+                ConfigError::Invalid {
+                    what: "roots",
+                    message,
+                }
+            })?;
+        let mcp_policy = acpd_builtin::McpPolicy::new(&s.mcp_stdio, s.mcp_stdio_allow.clone())
+            .map_err(|message| ConfigError::Invalid {
+                what: "mcp_stdio",
+                message,
+            })?;
+        let mut builtin = s.builtin;
+        // One policy for every agent: the built-in one reads it from its own table.
+        for key in acpd_builtin::McpPolicy::KEYS {
+            if builtin.contains_key(key) {
+                return Err(ConfigError::Invalid {
+                    what: "[builtin]",
+                    message: format!("{key} is a top-level key, not one of [builtin]"),
+                });
+            }
+        }
+        mcp_policy.insert_into(&mut builtin);
         let keepalive = Duration::from_millis(s.keepalive_ms);
         if keepalive < Duration::from_millis(50) {
             return Err(ConfigError::Invalid {
@@ -218,6 +260,8 @@ impl Config {
                 max_connections: s.max_connections,
                 max_connections_per_principal: s.max_connections_per_principal,
                 max_requests_per_second: s.max_requests_per_second,
+                header_read_timeout: Duration::from_millis(s.header_read_timeout_ms),
+                max_pending_connections: s.max_pending_connections,
             },
             sessions: SessionSettings {
                 pending_request_timeout: Duration::from_millis(s.pending_request_timeout_ms),
@@ -230,12 +274,15 @@ impl Config {
                 max_live_per_principal: s.max_sessions_per_principal,
             },
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
-            builtin: s.builtin,
+            builtin,
             resume_grace: Duration::from_secs(s.resume_grace_secs),
             keepalive,
             tls,
             insecure: s.insecure,
             allowed_origins,
+            metrics_listen: s.metrics_listen,
+            mcp_policy,
+            fs_roots,
         })
     }
 

@@ -48,6 +48,15 @@ pub struct Settings {
     pub tls_key: Option<PathBuf>,
     pub insecure: bool,
     pub allowed_origins: Vec<String>,
+    pub header_read_timeout_ms: u64,
+    pub max_pending_connections: usize,
+    /// Default: `/metrics` on the main listener, behind a token.
+    pub metrics_listen: Option<SocketAddr>,
+    pub mcp_stdio: String,
+    pub mcp_stdio_allow: Vec<String>,
+    /// The directories each principal (by name) may use; see `roots::FsRoots`.
+    pub roots: BTreeMap<String, Vec<PathBuf>>,
+    pub default_roots: Vec<PathBuf>,
     pub agents: BTreeMap<String, FileAgent>,
     /// The built-in agent's own table, checked by `acpd_builtin::BuiltinConfig::parse`.
     pub builtin: toml::Table,
@@ -80,6 +89,13 @@ impl Default for Settings {
             tls_key: None,
             insecure: false,
             allowed_origins: Vec::new(),
+            header_read_timeout_ms: 10_000,
+            max_pending_connections: 4096,
+            metrics_listen: None,
+            mcp_stdio: "ask".to_owned(),
+            mcp_stdio_allow: Vec::new(),
+            roots: BTreeMap::new(),
+            default_roots: Vec::new(),
             agents: BTreeMap::new(),
             builtin: toml::Table::new(),
         }
@@ -214,6 +230,25 @@ pub struct Args {
     )]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub allowed_origins: Vec<String>,
+    /// How long a connection may take to send its request headers (TCP: its first line),
+    /// in milliseconds.
+    #[arg(long, env = "ACPD_HEADER_READ_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header_read_timeout_ms: Option<u64>,
+    /// Most connections not yet upgraded (reading headers, TLS handshake, TCP first line);
+    /// over it new ones are closed at accept (0: no limit).
+    #[arg(long, env = "ACPD_MAX_PENDING_CONNECTIONS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_pending_connections: Option<usize>,
+    /// Serve `/metrics` on this address, without a token, instead of on --listen.
+    #[arg(long, env = "ACPD_METRICS_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Stdio MCP servers from clients: "ask" the client, "allow" all, or "deny" all
+    /// (commands in `mcp_stdio_allow` always start).
+    #[arg(long, env = "ACPD_MCP_STDIO")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_stdio: Option<String>,
 }
 
 /// A switch can only be turned on from the command line, as before the layering was generic.
@@ -356,12 +391,16 @@ mod tests {
             tls_key: path(),
             insecure: true,
             allowed_origins: vec!["https://o".into()],
+            header_read_timeout_ms: Some(14),
+            max_pending_connections: Some(15),
+            metrics_listen: Some(SocketAddr::from(([127, 0, 0, 4], 3))),
+            mcp_stdio: Some("deny".into()),
         };
         let given = toml::Table::try_from(&args).unwrap();
         let merged = Settings::default().overridden_by(&args).unwrap();
         let merged = toml::Table::try_from(&merged).unwrap();
         // All but `config` and `--agent`, which are not keys of their own.
-        assert_eq!(given.len(), 24);
+        assert_eq!(given.len(), 28);
         for (k, v) in given {
             assert_eq!(merged.get(&k), Some(&v), "{k}");
         }

@@ -27,6 +27,23 @@ pub struct Identity {
     pub token_id: Option<String>,
 }
 
+/// Why a token secret was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    /// Unknown or revoked.
+    Invalid,
+    /// The store could not be asked.
+    Unavailable,
+}
+
+/// The secret of an `Authorization` value: the scheme `Bearer` is case-insensitive
+/// (RFC 9110 11.1), blanks around the secret are dropped.
+fn bearer_secret(value: &str) -> Option<&str> {
+    let (scheme, secret) = value.trim_start().split_once([' ', '\t'])?;
+    let secret = secret.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !secret.is_empty()).then_some(secret)
+}
+
 #[derive(Clone)]
 pub struct Auth {
     required: bool,
@@ -79,13 +96,20 @@ impl Auth {
         else {
             return Err(unauthorized("missing bearer token"));
         };
-        let Some(secret) = value
-            .strip_prefix("Bearer ")
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-        else {
+        let Some(secret) = bearer_secret(value) else {
             return Err(unauthorized("expected Authorization: Bearer <token>"));
         };
+        match self.check_secret(secret).await {
+            Ok(identity) => Ok(identity),
+            Err(Denied::Invalid) => Err(unauthorized("invalid token")),
+            Err(Denied::Unavailable) => {
+                Err((StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n").into_response())
+            }
+        }
+    }
+
+    /// The principal a token secret speaks for (also the TCP listener's `_acpd/auth`).
+    pub async fn check_secret(&self, secret: &str) -> Result<Identity, Denied> {
         match self.store.token_by_hash(&hash(secret)).await {
             Ok(Some((token, principal))) => {
                 tracing::info!(target: "acpd::audit", token = %token.id, principal = %principal.name, "token used");
@@ -96,11 +120,11 @@ impl Auth {
             }
             Ok(None) => {
                 tracing::warn!(target: "acpd::audit", "rejected an unknown or revoked token");
-                Err(unauthorized("invalid token"))
+                Err(Denied::Invalid)
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot check a token");
-                Err((StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n").into_response())
+                Err(Denied::Unavailable)
             }
         }
     }
@@ -143,4 +167,19 @@ fn write_secret(path: &PathBuf, secret: &str) -> std::io::Result<()> {
     // `mode` applies only when the file is created; one left by an older acpd may be 0644.
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     writeln!(f, "{secret}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_secret;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for v in ["Bearer s", "bearer s", "BEARER  s ", "bEaReR\ts"] {
+            assert_eq!(bearer_secret(v), Some("s"), "{v:?}");
+        }
+        for v in ["Basic s", "Bearer", "Bearer  ", "Bearers s", "s"] {
+            assert_eq!(bearer_secret(v), None, "{v:?}");
+        }
+    }
 }

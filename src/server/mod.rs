@@ -3,8 +3,10 @@
 
 mod auth;
 pub mod cert;
+mod http;
 pub mod origin;
 mod registry;
+mod tcp;
 pub mod tls;
 
 use std::sync::Arc;
@@ -15,7 +17,6 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::ListenerExt;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -194,20 +195,40 @@ pub async fn serve(
     if let Some(tcp) = tcp {
         tracing::info!(addr = %tcp.local_addr()?, "newline-delimited TCP listener");
         core.tasks
-            .spawn(accept_tcp(tcp, state.clone(), shutdown.clone()));
+            .spawn(tcp::accept(tcp, state.clone(), shutdown.clone()));
     }
     let origins = origin::Origins::new(core.config.allowed_origins.clone());
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/acp", get(acp_upgrade))
         .route_layer(axum::middleware::from_fn_with_state(origins, origin::guard))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .with_state(state);
+        .route("/readyz", get(readyz));
+    let gate = http::Gate::new(
+        core.config.limits.header_read_timeout,
+        core.config.limits.max_pending_connections,
+    );
+    match core.config.metrics_listen {
+        None => app = app.route("/metrics", get(metrics_with_token)),
+        // A listener of its own for /metrics: no token there, and nothing else on it.
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await?;
+            tracing::info!(addr = %listener.local_addr()?, "metrics listener (no token): http://{}/metrics", listener.local_addr()?);
+            let metrics = Router::new().route("/metrics", get(metrics_text));
+            core.tasks.spawn(http::serve_plain(
+                listener,
+                metrics,
+                gate.clone(),
+                core.tasks.clone(),
+                shutdown.clone(),
+            ));
+        }
+    }
+    let app = app.with_state(state);
     if let Some(files) = core.config.tls.clone() {
         let tls = tls::TlsListener::new(listener, files)?;
         tracing::info!(addr = %tls.local_addr()?, "acpd listening: wss://{}/acp", tls.local_addr()?);
-        tls.serve(app, core.tasks.clone(), shutdown.clone()).await?;
+        tls.serve(app, gate, core.tasks.clone(), shutdown.clone())
+            .await?;
     } else {
         if core.config.insecure {
             tracing::warn!(
@@ -215,16 +236,7 @@ pub async fn serve(
             );
         }
         tracing::info!(addr = %listener.local_addr()?, "acpd listening: ws://{}/acp", listener.local_addr()?);
-        // Without TCP_NODELAY, a frame written right after another (a prompt's answer after
-        // its last update) waits for the peer's delayed ACK: up to 40 ms on Linux.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-            .await?;
+        http::serve_plain(listener, app, gate, core.tasks.clone(), shutdown.clone()).await?;
     }
     tracing::info!("listeners stopped; shutting down sessions");
     core.shutdown().await;
@@ -328,6 +340,15 @@ async fn acp_upgrade(
     resp
 }
 
+/// `GET /metrics` on the main listener: a valid token first (none under `--no-auth`), since
+/// the figures tell who is busy and how much.
+async fn metrics_with_token(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    match st.auth.check(&headers).await {
+        Ok(_) => metrics_text().await,
+        Err(resp) => resp,
+    }
+}
+
 /// `GET /metrics`: Prometheus text format.
 async fn metrics_text() -> Response {
     match crate::metrics::install() {
@@ -346,56 +367,5 @@ async fn readyz(State(st): State<AppState>) -> Response {
             tracing::warn!(error = %e, "readiness: store unreachable");
             (StatusCode::SERVICE_UNAVAILABLE, "store unreachable\n").into_response()
         }
-    }
-}
-
-/// Raw TCP: loopback only (enforced by `Config`), so the local principal.
-async fn accept_tcp(listener: TcpListener, st: AppState, shutdown: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "tcp accept failed");
-                    continue;
-                }
-            },
-        };
-        tracing::debug!(%peer, "tcp connection");
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-        let ctx = ConnectionCtx {
-            conn_id: Arc::from(uuid::Uuid::new_v4().to_string().as_str()),
-            principal: st.auth.local_principal().to_owned(),
-            profile: st.config.default_agent.clone(),
-            hub: st.hub.clone(),
-            max_requests_per_second: st.config.limits.max_requests_per_second,
-        };
-        let cancel = st.shutdown.child_token();
-        let registration = match st
-            .registry
-            .open(&ctx.conn_id, &ctx.principal, None, cancel.clone())
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
-                tracing::warn!(%peer, reason = %e, "tcp connection refused");
-                continue;
-            }
-        };
-        let max = st.config.limits.max_message_bytes;
-        let deadline = transport::write_deadline(st.config.keepalive);
-        st.tasks.spawn(async move {
-            let _registration = registration;
-            let (r, w) = stream.into_split();
-            let (link, pump) =
-                acpd_wire::lines::pump_with(r, w, max, Some(deadline), cancel.clone());
-            let pump = tokio::spawn(pump);
-            connection::run(link, ctx, cancel).await;
-            let _ = pump.await;
-        });
     }
 }

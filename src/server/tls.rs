@@ -6,16 +6,13 @@
 //! channel; each accept takes the latest one, so a reload changes what new handshakes present
 //! and leaves established connections alone.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::TokioIo;
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -27,13 +24,12 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::http::{ACCEPT_BACKOFF, Gate, Slot};
 use crate::config::TlsFiles;
 
 /// A client that has not finished its handshake by then is dropped, so half-open
 /// connections cannot pile up.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Pause after a failed `accept` (e.g. out of file descriptors) instead of spinning.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -124,6 +120,7 @@ impl TlsListener {
     pub async fn serve(
         self,
         app: Router,
+        gate: Gate,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> std::io::Result<()> {
@@ -147,6 +144,10 @@ impl TlsListener {
                     }
                 },
             };
+            let Some(slot) = gate.admit() else {
+                super::http::refused(peer);
+                continue;
+            };
             // Small frames back to back must not wait for delayed ACKs (see `serve`).
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
@@ -155,8 +156,10 @@ impl TlsListener {
             tasks.spawn(connection(
                 stream,
                 peer,
+                slot,
                 acceptor,
                 app.clone(),
+                gate.header_read_timeout,
                 tasks.clone(),
                 shutdown.clone(),
             ));
@@ -190,11 +193,14 @@ async fn reload_on_sighup(
 }
 
 /// One client: the TLS handshake, then HTTP (and its WebSocket upgrade) over it.
+#[allow(clippy::too_many_arguments)]
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
+    slot: Slot,
     acceptor: TlsAcceptor,
     app: Router,
+    header_read_timeout: Duration,
     tasks: TaskTracker,
     shutdown: CancellationToken,
 ) {
@@ -213,37 +219,16 @@ async fn connection(
             }
         },
     };
-    let mut builder = auto::Builder::new(Tracked(tasks));
-    // A timer enables hyper's header read timeout, so a slow client cannot hold a slot.
-    builder.http1().timer(TokioTimer::new());
-    let conn =
-        builder.serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(app));
-    let mut conn = std::pin::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = result {
-        tracing::debug!(%peer, error = %e, "TLS connection ended with an error");
-    }
-}
-
-/// hyper's executor (HTTP/2 streams) on the server's `TaskTracker`, so shutdown waits for
-/// them too.
-#[derive(Clone)]
-struct Tracked(TaskTracker);
-
-impl<F> hyper::rt::Executor<F> for Tracked
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    fn execute(&self, fut: F) {
-        self.0.spawn(fut);
-    }
+    super::http::serve_connection(
+        TokioIo::new(tls),
+        peer,
+        slot,
+        app,
+        header_read_timeout,
+        tasks,
+        shutdown,
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -219,7 +219,9 @@ async fn builtin_turn_limit_and_client_tools() {
 async fn builtin_uses_mcp_server_tools() {
     use crate::builtin_support::mcp::{McpHttpServer, stdio_server};
     let model = ModelServer::start().await;
-    let acpd = Acpd::start(&builtin_config(model.addr, "")).await;
+    // Stdio servers start without asking here (the policy itself: tests/it/mcp_policy.rs).
+    let config = format!("mcp_stdio = \"allow\"\n{}", builtin_config(model.addr, ""));
+    let acpd = Acpd::start(&config).await;
     let http = McpHttpServer::start().await;
     let script = stdio_server(acpd.dir());
     let mut ed = acpd.editor(no_caps()).await;

@@ -116,7 +116,11 @@ fn corpus(sid: &str, cwd: &str) -> Vec<Case> {
         case("id number", request(json!(17), "session/list", json!({})), Ok(json!(17))),
         case("id float", request(json!(1.5), "session/list", json!({})), Ok(json!(1.5))),
         case("id negative", request(json!(-3), "session/list", json!({})), Ok(json!(-3))),
-        case("id beyond u64", r#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"session/list"}"#, Ok(json!(1.2345678901234568e29))),
+        // Integers within 64 bits come back exactly; longer ones would come back rounded, as
+        // floats, so they are refused.
+        case("id beyond u64", r#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"session/list"}"#, Error(null.clone(), INVALID_REQUEST)),
+        case("id 2^64", r#"{"jsonrpc":"2.0","id":18446744073709551616,"method":"session/list"}"#, Error(null.clone(), INVALID_REQUEST)),
+        case("id u64 max", r#"{"jsonrpc":"2.0","id":18446744073709551615,"method":"session/list"}"#, Ok(json!(18446744073709551615u64))),
         case("id null", request(null.clone(), "session/list", json!({})), Error(null.clone(), INVALID_REQUEST)),
         case("id object", request(json!({ "a": 1 }), "session/list", json!({})), Error(null.clone(), INVALID_REQUEST)),
         case("id array", request(json!([1]), "session/list", json!({})), Error(null.clone(), INVALID_REQUEST)),

@@ -22,7 +22,11 @@ async fn initialize_new_prompt(client: &mut Client, cwd: &std::path::Path) {
 async fn tcp_transport_runs_a_session() {
     let daemon = Daemon::start_with(DaemonOptions::default().tcp()).await;
     let mut client = daemon.connect_tcp().await;
-    // Bad input first: the same connection must go on.
+    // A JSON-RPC first line opens the connection (anything else is refused: tcp_gate.rs);
+    // after it, bad input is answered and the same connection goes on.
+    client
+        .send_text(r#"{"jsonrpc":"2.0","method":"$/ping"}"#)
+        .await;
     client.send_text("{ not json").await;
     let reply = client.recv_json().await;
     assert_eq!(

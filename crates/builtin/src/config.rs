@@ -157,6 +157,10 @@ pub struct BuiltinConfig {
     /// Run shell commands on the daemon host when the client route is not used.
     pub(crate) host_shell: bool,
     pub(crate) shell_timeout: Duration,
+    /// The host shell runs confined with Landlock to the session's roots (plus these).
+    pub(crate) shell_sandbox: bool,
+    pub(crate) shell_sandbox_read: Vec<std::path::PathBuf>,
+    pub(crate) shell_sandbox_write: Vec<std::path::PathBuf>,
     pub(crate) output_limit: usize,
     pub(crate) permissions_off: bool,
     pub(crate) tool_policy: BTreeMap<String, ToolPolicy>,
@@ -170,6 +174,8 @@ pub struct BuiltinConfig {
     pub(crate) idle_unload: Duration,
     /// How long an MCP server may take to start and list its tools.
     pub(crate) mcp_connect_timeout: Duration,
+    /// Which stdio MCP servers start (the daemon's top-level `mcp_stdio`, `mcp_stdio_allow`).
+    pub(crate) mcp_policy: crate::McpPolicy,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -190,6 +196,11 @@ struct FileBuiltin {
     host_fs: Option<bool>,
     host_shell: Option<bool>,
     shell_timeout_secs: Option<u64>,
+    shell_sandbox: Option<bool>,
+    #[serde(default)]
+    shell_sandbox_read: Vec<std::path::PathBuf>,
+    #[serde(default)]
+    shell_sandbox_write: Vec<std::path::PathBuf>,
     output_limit_bytes: Option<usize>,
     #[serde(default)]
     permissions: FilePermissions,
@@ -200,6 +211,9 @@ struct FileBuiltin {
     config_options: Vec<ExtraOption>,
     idle_unload_secs: Option<u64>,
     mcp_connect_timeout_secs: Option<u64>,
+    /// Written here by the daemon from its top-level keys of the same names.
+    mcp_stdio: Option<String>,
+    mcp_stdio_allow: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -318,6 +332,22 @@ impl BuiltinConfig {
                  a model request now ends when nothing arrives for read_timeout_secs"
             );
         }
+        if let Some(p) = file
+            .shell_sandbox_read
+            .iter()
+            .chain(&file.shell_sandbox_write)
+            .find(|p| !p.is_absolute())
+        {
+            return Err(BuiltinConfigError::Invalid(format!(
+                "shell_sandbox paths must be absolute: {}",
+                p.display()
+            )));
+        }
+        let mcp_policy = crate::McpPolicy::new(
+            file.mcp_stdio.as_deref().unwrap_or("ask"),
+            file.mcp_stdio_allow.unwrap_or_default(),
+        )
+        .map_err(BuiltinConfigError::Invalid)?;
         Ok(BuiltinConfig {
             state_dir: data_dir.join("builtin"),
             models,
@@ -332,6 +362,9 @@ impl BuiltinConfig {
             host_fs: file.host_fs.unwrap_or(true),
             host_shell: file.host_shell.unwrap_or(true),
             shell_timeout: secs(file.shell_timeout_secs, 300),
+            shell_sandbox: file.shell_sandbox.unwrap_or(true),
+            shell_sandbox_read: file.shell_sandbox_read,
+            shell_sandbox_write: file.shell_sandbox_write,
             output_limit: file.output_limit_bytes.unwrap_or(64 * 1024).max(1024),
             permissions_off,
             tool_policy,
@@ -341,6 +374,7 @@ impl BuiltinConfig {
             extra_options,
             idle_unload: secs(file.idle_unload_secs, 1800),
             mcp_connect_timeout: secs(file.mcp_connect_timeout_secs, 30),
+            mcp_policy,
         })
     }
 

@@ -9,6 +9,8 @@
 mod client;
 mod config;
 mod content;
+mod mcp_consent;
+pub mod mcp_policy;
 mod options;
 mod provider;
 mod session;
@@ -29,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use acpd_wire::{Incoming, IncomingRequest, Link, Notification, PeerHandle, ResponseError, code};
 use client::ClientCaps;
 pub use config::{BuiltinConfig, BuiltinConfigError};
+pub use mcp_policy::McpPolicy;
 use session::{Ended, Session, SessionCmd};
 use state::StateError;
 

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::client::ClientLink;
 use super::content;
+use super::mcp_consent;
 use super::options;
 use super::state::{self, SavedSession, Settings};
 use super::tools::Roots;
@@ -184,7 +185,14 @@ impl Session {
                     if let Some(saved) = self.saved.as_mut() {
                         saved.mcp_servers = servers;
                     }
-                    self.connect_mcp().await;
+                    // A server the user must be asked about waits for the first prompt: asked
+                    // now, the question would hold up the answer the client waits for.
+                    if self.mcp_needs_asking() {
+                        std::mem::take(&mut self.mcp).shutdown().await;
+                        self.mcp_connected = false;
+                    } else {
+                        self.connect_mcp().await;
+                    }
                 }
                 let s = self.settings.borrow().clone();
                 result["modes"] = options::modes(&s);
@@ -255,10 +263,32 @@ impl Session {
         }
     }
 
-    /// (Re)connects the MCP servers of the saved state.
+    fn mcp_needs_asking(&self) -> bool {
+        self.saved.as_ref().is_some_and(|saved| {
+            let policy = &self.shared.config.mcp_policy;
+            !mcp_consent::plan(policy, &saved.mcp_servers, &saved.remembered)
+                .ask
+                .is_empty()
+        })
+    }
+
+    /// (Re)connects the MCP servers of the saved state that the stdio policy (or the user)
+    /// lets start.
     async fn connect_mcp(&mut self) {
-        let Some(saved) = &self.saved else { return };
-        let servers = Value::Array(saved.mcp_servers.clone());
+        let Some(saved) = self.saved.as_mut() else {
+            return;
+        };
+        let plan = mcp_consent::plan(
+            &self.shared.config.mcp_policy,
+            &saved.mcp_servers,
+            &saved.remembered,
+        );
+        let (allowed, refused) = mcp_consent::ask(&self.client, plan, &mut saved.remembered).await;
+        for w in &refused {
+            tracing::warn!(target: "acpd::audit", session = %self.id, "{w}");
+        }
+        self.warnings.extend(refused);
+        let servers = Value::Array(allowed);
         let cwd = saved.cwd.clone();
         std::mem::take(&mut self.mcp).shutdown().await;
         let (hub, warnings) = McpHub::connect(

@@ -193,6 +193,12 @@ impl Malformed {
     }
 }
 
+/// An f64 holding an integer too large to be exact (beyond 2^53); within 64 bits serde_json
+/// would have given an integer, so this came from a longer literal (or an exponent).
+fn unsafe_integer(f: f64) -> bool {
+    f.fract() == 0.0 && f.abs() >= 9_007_199_254_740_992.0
+}
+
 impl Message {
     /// Reads one frame. Unknown members are ignored; params are kept verbatim.
     pub fn parse(text: &str) -> Result<Message, Malformed> {
@@ -215,6 +221,14 @@ impl Message {
         let raw_id = obj.remove("id");
         let id = match &raw_id {
             None => None,
+            // serde_json keeps integers within 64 bits exact; a longer one arrives as an f64
+            // and would be echoed rounded, as a float: refused instead, plainly.
+            Some(Value::Number(n)) if n.is_f64() && n.as_f64().is_some_and(unsafe_integer) => {
+                return Err(Malformed::Invalid {
+                    id: RequestId::Null,
+                    reason: "id: integers beyond 64 bits are not supported".into(),
+                });
+            }
             Some(v) => match RequestId::from_value(v) {
                 Some(id) => Some(id),
                 None => {
@@ -318,6 +332,29 @@ impl From<Notification> for Message {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_exact_within_64_bits_and_refused_beyond() {
+        for id in [
+            "9007199254740993",
+            "18446744073709551615",
+            "-9223372036854775808",
+            "1.5",
+        ] {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"a"}}"#);
+            let Ok(Message::Request(r)) = Message::parse(&text) else {
+                panic!("{id}")
+            };
+            assert_eq!(r.id.to_string(), id);
+        }
+        for id in ["18446744073709551616", "-9223372036854775809", "1e300"] {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"a"}}"#);
+            assert!(
+                matches!(Message::parse(&text), Err(Malformed::Invalid { id: RequestId::Null, ref reason }) if reason.contains("64 bits")),
+                "{id}"
+            );
+        }
+    }
 
     #[test]
     fn classifies_messages_and_garbage() {

@@ -6,6 +6,7 @@ mod beneath;
 mod files;
 pub mod mcp;
 pub mod paths;
+mod sandbox;
 mod shell;
 
 use std::path::PathBuf;

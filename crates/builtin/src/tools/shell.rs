@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
-use super::{Outcome, ToolEnv, ToolError};
+use super::{Outcome, ToolEnv, ToolError, sandbox};
 
 /// How long cleanup requests (kill, release) may take after the turn was cancelled.
 const CLEANUP: Duration = Duration::from_secs(5);
@@ -179,17 +179,37 @@ fn summarize(
 }
 
 async fn host(env: &ToolEnv<'_>, command: &str, timeout: Duration) -> Result<Outcome, ToolError> {
-    let mut child = tokio::process::Command::new("sh")
-        .arg("-c")
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
         .arg(command)
         .current_dir(env.roots.cwd())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| ToolError::Io("sh".into(), e))?;
+        .kill_on_drop(true);
+    if env.config.shell_sandbox {
+        let confinement = sandbox::Confinement {
+            write: env
+                .roots
+                .lexical
+                .iter()
+                .cloned()
+                .chain(env.config.shell_sandbox_write.iter().cloned())
+                .collect(),
+            read: env.config.shell_sandbox_read.clone(),
+        };
+        match sandbox::ruleset(&confinement) {
+            Ok(Some(ruleset)) => sandbox::apply(&mut cmd, ruleset),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(ToolError::Failed(format!(
+                    "cannot confine the shell (Landlock): {e}"
+                )));
+            }
+        }
+    }
+    let mut child = cmd.spawn().map_err(|e| ToolError::Io("sh".into(), e))?;
     let pid = child.id();
     let limit = env.config.output_limit;
     let mut stdout = child.stdout.take();
