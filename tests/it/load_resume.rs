@@ -164,3 +164,18 @@ async fn load_and_resume_work_for_an_agent_without_them() {
     let (turn, _) = third.prompt(&sid, "echo resumed").await;
     assert_eq!(agent_texts(&turn), ["resumed"]);
 }
+
+#[tokio::test]
+async fn load_on_the_connection_that_prompted_replays_its_prompts_too() {
+    // The prompter's own prompt is not echoed to it live; a later load must still show it.
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let (sid, seen) = session_with_history(&mut client, &daemon).await;
+    let (replayed, result) = client.load(&sid, &daemon.work_dir()).await;
+    result.expect("load");
+    assert_replay(
+        &replayed,
+        &seen,
+        &["echo one; tool", "thought two\necho three"],
+    );
+}

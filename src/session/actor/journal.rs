@@ -174,8 +174,14 @@ impl Session {
         };
         let complete = (page.len() as i64) < CATCH_UP_PAGE;
         // The client's own prompt of the running turn was never echoed to it live; nor is it
-        // now.
-        let own = self.turn.conn.as_ref() == Some(&conn);
+        // now. Once the turn is over that filter is off: a load replays the whole history,
+        // the user's prompts included.
+        let running = self
+            .turn
+            .inflight
+            .values()
+            .any(|f| matches!(f, Inflight::Prompt { .. }));
+        let own = running && self.turn.conn.as_ref() == Some(&conn);
         let from = self.turn.own_from;
         let page = page
             .into_iter()
