@@ -203,8 +203,15 @@ async fn sigterm_mid_turn_tells_the_client_finishes_the_turn_and_exits_0() {
     let mut client = daemon.client().await;
     let sid = client.open_session(&daemon.work_dir()).await;
     client
-        .send_prompt(&sid, "sleep 600; stream 50 8; echo last")
+        .send_prompt(&sid, "echo started; sleep 600; stream 50 8; echo last")
         .await;
+    // The signal must come while the turn runs, not before acpd has taken the prompt.
+    loop {
+        let u = client.next_update().await;
+        if u["update"]["content"]["text"] == "started" {
+            break;
+        }
+    }
 
     // A second, raw socket: it sees the close frame the drain sends.
     let (mut raw, _) = tokio_tungstenite::connect_async(daemon.ws_url())
@@ -238,7 +245,7 @@ async fn sigterm_mid_turn_tells_the_client_finishes_the_turn_and_exits_0() {
         .collect();
     assert_eq!(
         texts.len(),
-        51,
+        52,
         "every update of the drained turn is journaled"
     );
     assert_eq!(texts.last().map(String::as_str), Some("last"));
