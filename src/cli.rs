@@ -250,6 +250,8 @@ async fn run_stdio(config: Config) -> Result<(), String> {
     let ctx = crate::acp::connection::ConnectionCtx {
         conn_id: "stdio".into(),
         principal: principal.id,
+        principal_name: LOCAL_PRINCIPAL.to_owned(),
+        config: core.config.clone(),
         profile,
         hub: core.hub.clone(),
         max_requests_per_second: 0,

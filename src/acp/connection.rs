@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::{AgentHandle, AgentKey};
+use crate::config::Config;
 use crate::error::AcpError;
 use crate::session::{AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub};
 use acpd_wire::{
@@ -31,6 +32,9 @@ pub struct ConnectionCtx {
     pub conn_id: ConnId,
     /// The authenticated principal; sessions of others are invisible.
     pub principal: String,
+    /// Its name, for the per-principal settings (`roots`).
+    pub principal_name: String,
+    pub config: Arc<Config>,
     /// The agent profile this connection picked.
     pub profile: String,
     pub hub: SessionHub,
@@ -162,6 +166,30 @@ struct Connection {
 }
 
 impl Connection {
+    /// `cwd` and `additionalDirectories` of a `session/new|load|resume` against the
+    /// principal's roots (and never acpd's data directory): the reason when refused.
+    fn check_roots(&self, params: &Value) -> Result<(), String> {
+        let Some(cwd) = params.get("cwd").and_then(Value::as_str) else {
+            return Ok(()); // `params::check` already refused a missing one where it matters.
+        };
+        let additional: Vec<std::path::PathBuf> = params
+            .get("additionalDirectories")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(Into::into)
+            .collect();
+        self.ctx
+            .config
+            .fs_roots
+            .check_session(&self.ctx.principal_name, cwd.as_ref(), &additional)
+            .map_err(|e| {
+                tracing::warn!(target: "acpd::audit", principal = %self.ctx.principal_name, reason = %e, "session directory refused");
+                e.to_string()
+            })
+    }
+
     fn client(&self, init: &Arc<Value>) -> Client {
         Client {
             conn: self.ctx.conn_id.clone(),
@@ -199,6 +227,16 @@ impl Connection {
                 .await;
         };
         if let Err(why) = super::params::check(&method, &params) {
+            return responder
+                .respond(Err(AcpError::InvalidParams(why).into()))
+                .await;
+        }
+        // The directories a session may use are checked before anything reaches the agent.
+        if matches!(
+            method.as_str(),
+            "session/new" | "session/load" | "session/resume"
+        ) && let Err(why) = self.check_roots(&params)
+        {
             return responder
                 .respond(Err(AcpError::InvalidParams(why).into()))
                 .await;

@@ -24,6 +24,8 @@ pub use acpd_wire::local::TOKEN_FILE;
 #[derive(Debug, Clone)]
 pub struct Identity {
     pub principal: String,
+    /// The principal's name: what `roots` in the config is keyed by.
+    pub name: String,
     pub token_id: Option<String>,
 }
 
@@ -87,6 +89,7 @@ impl Auth {
         if !self.required {
             return Ok(Identity {
                 principal: self.local_id.clone(),
+                name: LOCAL_PRINCIPAL.to_owned(),
                 token_id: None,
             });
         }
@@ -115,6 +118,7 @@ impl Auth {
                 tracing::info!(target: "acpd::audit", token = %token.id, principal = %principal.name, "token used");
                 Ok(Identity {
                     principal: principal.id,
+                    name: principal.name,
                     token_id: Some(token.id),
                 })
             }

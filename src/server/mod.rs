@@ -290,6 +290,8 @@ async fn acp_upgrade(
     let ctx = ConnectionCtx {
         conn_id: Arc::from(conn_id.as_str()),
         principal: identity.principal,
+        principal_name: identity.name,
+        config: st.config.clone(),
         profile,
         hub: st.hub.clone(),
         max_requests_per_second: st.config.limits.max_requests_per_second,

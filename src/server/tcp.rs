@@ -176,6 +176,7 @@ async fn serve_one(
     };
     let local = || Identity {
         principal: st.auth.local_principal().to_owned(),
+        name: super::auth::LOCAL_PRINCIPAL.to_owned(),
         token_id: None,
     };
     let (identity, answer, replay) = match gate(first, required) {
@@ -214,6 +215,8 @@ async fn serve_one(
     let ctx = ConnectionCtx {
         conn_id: Arc::from(uuid::Uuid::new_v4().to_string().as_str()),
         principal: identity.principal,
+        principal_name: identity.name,
+        config: st.config.clone(),
         profile: st.config.default_agent.clone(),
         hub: st.hub.clone(),
         max_requests_per_second: st.config.limits.max_requests_per_second,

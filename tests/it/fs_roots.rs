@@ -76,3 +76,72 @@ async fn a_permitted_shell_command_cannot_read_outside_the_roots() {
         "made\n"
     );
 }
+
+/// `session/new` in `cwd` with `extra` directories: the error code and message, if refused.
+async fn refused(
+    client: &mut crate::support::Client,
+    cwd: &std::path::Path,
+    extra: &[&std::path::Path],
+) -> Option<(i64, String)> {
+    let params = json!({ "cwd": cwd, "additionalDirectories": extra, "mcpServers": [] });
+    match client.request("session/new", params).await {
+        Ok(_) => None,
+        Err(e) => Some((e.code, e.message)),
+    }
+}
+
+#[tokio::test]
+async fn no_session_may_use_acpds_data_directory() {
+    // The first-start token and every transcript live there: a session in it (or reaching it
+    // through a symlink, or as an extra directory) would let its tools read them.
+    let daemon = crate::support::Daemon::start().await;
+    let mut client = daemon.client().await;
+    let work = daemon.work_dir();
+    let data = work.parent().unwrap().join("data");
+    std::os::unix::fs::symlink(&data, work.join("innocent")).expect("symlink");
+    for (cwd, extra) in [
+        (data.clone(), vec![]),
+        (data.join("builtin"), vec![]),
+        (work.join("innocent"), vec![]),
+        (work.clone(), vec![data.as_path()]),
+    ] {
+        let (code, message) = refused(&mut client, &cwd, &extra)
+            .await
+            .unwrap_or_else(|| panic!("a session in {} {extra:?} was allowed", cwd.display()));
+        assert_eq!(code, -32602, "{message}");
+        assert!(message.contains("data directory"), "{message}");
+    }
+    assert_eq!(
+        refused(&mut client, &work, &[]).await,
+        None,
+        "the work dir is fine"
+    );
+}
+
+#[tokio::test]
+async fn sessions_stay_within_the_configured_roots() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("projects");
+    std::fs::create_dir_all(root.join("app")).expect("root");
+    let config = dir.path().join("acpd.toml");
+    std::fs::write(
+        &config,
+        format!("default_roots = [{:?}]\n", root.display().to_string()),
+    )
+    .expect("config");
+    let daemon = crate::support::Daemon::start_with(
+        crate::support::DaemonOptions::default().arg("--config", config.display()),
+    )
+    .await;
+    let mut client = daemon.client().await;
+    let (code, message) = refused(&mut client, &daemon.work_dir(), &[])
+        .await
+        .expect("a cwd outside the roots is refused");
+    assert_eq!(code, -32602);
+    assert!(message.contains("outside"), "{message}");
+    assert_eq!(refused(&mut client, &root.join("app"), &[]).await, None);
+    let (code, _) = refused(&mut client, &root.join("app"), &[dir.path()])
+        .await
+        .expect("an extra directory outside the roots is refused");
+    assert_eq!(code, -32602);
+}
