@@ -141,7 +141,15 @@ impl FsRoots {
         let roots = self.of(principal);
         for dir in dirs {
             let n = normalize(dir).ok_or_else(|| OutsideRoots::NotAbsolute(dir.to_owned()))?;
-            if overlaps(&n, &self.data_dir) {
+            // Inside the data directory: never. Around it (`$HOME` holds `~/.local/share/acpd`):
+            // only when no roots are configured — configured roots cannot contain it (`new`),
+            // so a multi-user daemon with roots keeps every session away from it.
+            let reaches = if roots.is_empty() {
+                n.starts_with(&self.data_dir)
+            } else {
+                overlaps(&n, &self.data_dir)
+            };
+            if reaches {
                 return Err(OutsideRoots::DataDir(dir.to_owned()));
             }
             if !roots.is_empty() && !roots.iter().any(|r| n.starts_with(r)) {
@@ -188,12 +196,12 @@ mod tests {
     fn the_data_directory_is_never_reachable() {
         let open = FsRoots::new(BTreeMap::new(), vec![], &p("/var/lib/acpd")).unwrap();
         assert_eq!(open.check("x", [p("/home/x").as_path()]), Ok(()));
+        // With no roots, a directory around the data directory (a home directory) is allowed.
+        assert_eq!(open.check("x", [p("/var/lib").as_path()]), Ok(()));
         for bad in [
-            "/",
-            "/var/lib",
             "/var/lib/acpd",
             "/var/lib/acpd/builtin",
-            "/tmp/../var/lib",
+            "/tmp/../var/lib/acpd/x",
         ] {
             assert!(
                 matches!(
