@@ -13,13 +13,13 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Pause after a failed `accept` (e.g. out of file descriptors) instead of spinning.
-pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// The accept-time limits, shared by the plain and the TLS listener.
 #[derive(Clone)]
@@ -49,6 +49,34 @@ impl Gate {
     }
 }
 
+/// The next accepted socket, with TCP_NODELAY on; `None` once `shutdown` fires. Every
+/// listener (plain, TLS, raw TCP) accepts through this.
+pub async fn accept(
+    listener: &TcpListener,
+    shutdown: &CancellationToken,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    // Out of descriptors: retrying at once would spin.
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        // Without TCP_NODELAY, a frame written right after another (a prompt's answer after
+        // its last update) waits for the peer's delayed ACK: up to 40 ms on Linux.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+        return Some((stream, peer));
+    }
+}
+
 /// Serves `app` over plain TCP until `shutdown` fires.
 pub async fn serve_plain(
     listener: TcpListener,
@@ -57,27 +85,11 @@ pub async fn serve_plain(
     tasks: TaskTracker,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, peer)) = accept(&listener, &shutdown).await {
         let Some(slot) = gate.admit() else {
             refused(peer);
             continue;
         };
-        // Without TCP_NODELAY, a frame written right after another (a prompt's answer after
-        // its last update) waits for the peer's delayed ACK: up to 40 ms on Linux.
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
         tasks.spawn(serve_connection(
             TokioIo::new(stream),
             peer,

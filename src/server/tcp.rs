@@ -7,7 +7,6 @@
 //! token. Only then does the line stream become a `Link` (`acpd_wire::lines::pump_with`, with the write deadline).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -114,23 +113,8 @@ Content-Length: 55\r\nConnection: close\r\n\r\nthis port speaks newline-delimite
 /// Raw TCP accept loop. Each connection's gate runs in its own task, so a client that never
 /// sends its first line holds up nobody (and is closed after `header_read_timeout`).
 pub async fn accept(listener: TcpListener, st: AppState, shutdown: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "tcp accept failed");
-                    // Out of descriptors: retrying at once would spin.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, peer)) = super::http::accept(&listener, &shutdown).await {
         tracing::debug!(%peer, "tcp connection");
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
         let st = st.clone();
         let cancel = st.shutdown.child_token();
         st.tasks.clone().spawn(async move {

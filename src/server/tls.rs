@@ -24,7 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::http::{ACCEPT_BACKOFF, Gate, Slot};
+use super::http::{Gate, Slot};
 use crate::config::TlsFiles;
 
 /// A client that has not finished its handshake by then is dropped, so half-open
@@ -132,26 +132,11 @@ impl TlsListener {
         } = self;
         let configs = current.subscribe();
         tasks.spawn(reload_on_sighup(files, current, hangup, shutdown.clone()));
-        loop {
-            let (stream, peer) = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                r = listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(ACCEPT_BACKOFF).await;
-                        continue;
-                    }
-                },
-            };
+        while let Some((stream, peer)) = super::http::accept(&listener, &shutdown).await {
             let Some(slot) = gate.admit() else {
                 super::http::refused(peer);
                 continue;
             };
-            // Small frames back to back must not wait for delayed ACKs (see `serve`).
-            if let Err(e) = stream.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
             let acceptor = TlsAcceptor::from(configs.borrow().clone());
             tasks.spawn(connection(
                 stream,

@@ -55,6 +55,17 @@ impl Message {
             content,
         }
     }
+
+    /// The message's text blocks joined (tool calls and results left out).
+    pub fn text(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|b| match b {
+                Block::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// Appends a user message, merging with a trailing user message so roles keep alternating

@@ -23,14 +23,7 @@ pub(super) fn request(ep: &Endpoint, spec: &ModelSpec, req: &ModelRequest<'_>) -
     for m in req.messages {
         match m.role {
             Role::Assistant => {
-                let text: String = m
-                    .content
-                    .iter()
-                    .filter_map(|b| match b {
-                        Block::Text { text } => Some(text.as_str()),
-                        _ => None,
-                    })
-                    .collect();
+                let text = m.text();
                 let calls: Vec<Value> = m
                     .content
                     .iter()

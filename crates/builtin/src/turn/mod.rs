@@ -428,14 +428,7 @@ async fn compact(ctx: &TurnCtx, conv: &mut SavedSession) -> Result<StopReason, T
             fail_call(&ctx.client, id, "not run while compacting").await;
         }
     }
-    let summary: String = message
-        .content
-        .iter()
-        .filter_map(|b| match b {
-            Block::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
+    let summary = message.text();
     let before = conv.messages.len();
     conv.messages = vec![Message::user(vec![Block::Text {
         text: format!(
