@@ -29,23 +29,32 @@ fn chunk_texts(ups: &[(i64, &Value)]) -> Vec<String> {
         .collect()
 }
 
-/// `n` chunks of `stream` commands of `per` chunks each arrived once each, in order, with
-/// consecutive journal seqs.
+/// `n` chunks of `stream` commands of `per` chunks each arrived once each, in order, and the
+/// session's updates (chunks and whatever else the turn produced meanwhile, such as a mode
+/// change sent during an outage) carry consecutive journal seqs: nothing lost, nothing twice.
 fn assert_stream(ups: &[(i64, &Value)], n: usize, per: usize) -> Result<()> {
-    let chunks: Vec<(i64, String)> = ups
-        .iter()
-        .filter(|(_, u)| u["sessionUpdate"] == "agent_message_chunk")
-        .filter_map(|(s, u)| Some((*s, u["content"]["text"].as_str()?.to_owned())))
-        .collect();
+    // From the first chunk to the last: the user's own prompt entry, journaled before them,
+    // is not echoed to the client that sent it.
+    let is_chunk = |(_, u): &&(i64, &Value)| u["sessionUpdate"] == "agent_message_chunk";
+    let first = ups.iter().position(|u| is_chunk(&u)).unwrap_or(0);
+    let last = ups.iter().rposition(|u| is_chunk(&u)).map_or(0, |l| l + 1);
+    let turn = ups.get(first..last).unwrap_or_default();
+    for (i, w) in turn.windows(2).enumerate() {
+        if w[1].0 != w[0].0 + 1 {
+            bail!(
+                "seq {} follows {} at update {i} ({} after {})",
+                w[1].0,
+                w[0].0,
+                w[1].1["sessionUpdate"],
+                w[0].1["sessionUpdate"]
+            );
+        }
+    }
+    let chunks = chunk_texts(ups);
     if chunks.len() != n {
         bail!("expected {n} chunks, got {}", chunks.len());
     }
-    for (i, w) in chunks.windows(2).enumerate() {
-        if w[1].0 != w[0].0 + 1 {
-            bail!("seq {} follows {} at chunk {i}", w[1].0, w[0].0);
-        }
-    }
-    for (i, (_, text)) in chunks.iter().enumerate() {
+    for (i, text) in chunks.iter().enumerate() {
         if !text.starts_with(&format!("{}:", i % per)) {
             bail!("chunk {i} is {text:?}");
         }
