@@ -65,7 +65,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
         tokio::select! {
             msg = incoming.recv() => match msg {
                 Some(Incoming::Request(req)) => conn.on_request(req).await,
-                Some(Incoming::Notification(n)) => conn.on_notification(n).await,
+                Some(Incoming::Notification(n)) => conn.on_notification(n.into_notification()).await,
                 Some(Incoming::Response { .. }) => {}
                 None => break,
             },

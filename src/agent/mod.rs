@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{AgentProfile, BUILTIN_AGENT, Config};
-use acpd_wire::{IncomingRequest, PeerError, PeerHandle, ResponseError};
+use acpd_wire::{IncomingRequest, PeerError, PeerHandle, RawNotification, ResponseError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -33,10 +33,8 @@ pub enum AgentError {
 /// What the agent process sends about one of its sessions.
 #[derive(Debug)]
 pub enum AgentEvent {
-    Notification {
-        method: String,
-        params: Value,
-    },
+    /// Params as the agent sent them: a `session/update` is journaled without being parsed.
+    Notification(RawNotification),
     Request(IncomingRequest),
     /// The answer to a request sent with `AgentHandle::request_in_band`.
     Response {

@@ -10,6 +10,7 @@ mod events;
 mod journal;
 mod restore;
 mod rows;
+mod splice;
 
 use std::collections::VecDeque;
 use std::sync::Arc;

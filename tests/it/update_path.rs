@@ -2,7 +2,8 @@
 //! no other session of the agent; a connection's commands for a session still being opened
 //! keep their order (a cancel never overtakes its prompt); a re-attach while the client's
 //! queue is full delivers every update exactly once, in seq order; a prompt sent the moment
-//! `session/new` answers is never lost.
+//! `session/new` answers is never lost; an agent streaming faster than the journal commits is
+//! slowed down, never cut off.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -159,4 +160,25 @@ async fn a_prompt_sent_the_moment_session_new_answers_is_never_lost() {
         );
         assert!(agent_texts(&updates).contains(&format!("round {round}")));
     }
+}
+
+#[tokio::test]
+async fn an_agent_streaming_faster_than_the_journal_keeps_loses_nothing() {
+    // The scripted agent writes a burst far faster than any journal commits it: the router
+    // must slow the agent down rather than give up on the session.
+    const N: usize = 300_000;
+    let daemon = Daemon::start().await;
+    let mut c = daemon.client().await.with_timeout(Duration::from_secs(240));
+    let sid = c.open_session(&daemon.work_dir()).await;
+    let (turn, r) = c.prompt(&sid, &format!("stream {N} 16")).await;
+    assert_eq!(r.expect("the turn")["stopReason"], "end_turn");
+    let turn = chunks(&turn);
+    assert_eq!(turn.len(), N, "every update of the turn");
+    assert_consecutive(&turn);
+    let log = std::fs::read_to_string(daemon.log_path()).unwrap();
+    assert!(
+        log.contains("pausing the agent's output"),
+        "the agent never outran the journal: the test did not exercise the pause"
+    );
+    assert!(!log.contains("detaching it from the agent"), "{log}");
 }

@@ -1,12 +1,14 @@
 //! acpd's wire: JSON-RPC 2.0 messages, the `Peer` that runs one link, newline framing and the
 //! link-resumption window. Knows nothing of ACP, HTTP or SQL; the daemon and acp-shim share it.
 
+mod envelope;
 pub mod lines;
 pub mod local;
 mod msg;
 mod peer;
 pub mod resume;
 
+pub use envelope::RawNotification;
 pub use msg::{
     Malformed, Message, Notification, Request, RequestId, Response, ResponseError, code,
 };

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::envelope::{self, RawNotification};
 use super::msg::{Malformed, Message, Notification, Request, RequestId, Response, ResponseError};
 
 mod memory;
@@ -49,7 +50,8 @@ pub enum PeerError {
 #[derive(Debug)]
 pub enum Incoming {
     Request(IncomingRequest),
-    Notification(Notification),
+    /// Params as sent: an owner that streams them on never builds them into a tree.
+    Notification(RawNotification),
     /// The answer to a request sent with `PeerHandle::request_in_band`, delivered in wire
     /// order with everything else the other side sent before it.
     Response {
@@ -483,6 +485,11 @@ impl PeerTask {
 
     fn on_frame(&mut self, text: &str) {
         tracing::trace!(frame = %text, "in");
+        // The common case, a stream of notifications, is read by its envelope alone.
+        if let Some(n) = envelope::notification(text) {
+            self.to_deliver.push_back(Incoming::Notification(n));
+            return;
+        }
         let msg = match Message::parse(text) {
             Ok(m) => m,
             Err(bad) => {
@@ -524,7 +531,7 @@ impl PeerTask {
                     token.cancel();
                 }
             }
-            Message::Notification(n) => self.to_deliver.push_back(Incoming::Notification(n)),
+            Message::Notification(n) => self.to_deliver.push_back(Incoming::Notification(n.into())),
             Message::Request(r) => {
                 if r.id == RequestId::Null || self.theirs.contains_key(&r.id) {
                     let why = if r.id == RequestId::Null {

@@ -2,17 +2,23 @@
 //! actors and forwards what the agent sends, never waiting on one session.
 //!
 //! Each route has a bounded backlog for what its session has no room for yet, drained by a
-//! permit task as the session takes events, so the agent's stdout is read whatever one session
-//! does. (A session never waits on a client, so it keeps up unless the store stalls; one whose
-//! backlog overflows is told the agent is gone for it, and re-creates its agent side on its
-//! next command.)
+//! permit task as the session takes events. A session never waits on a client, so it falls
+//! behind only when the journal (the store, shared by every session) is slower than the agent
+//! streams: then the router stops reading the agent's stdout while a backlog is over
+//! `PAUSE_AT` — the agent is slowed to what the store can keep, nothing is dropped — and reads
+//! on below `RESUME_AT`. A session that takes nothing for `ROUTE_STALL` while its backlog is
+//! full is told the agent is gone for it (it re-creates its agent side on its next command),
+//! so one stuck session never holds the agent's other sessions for long.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
 
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::{SendError, TrySendError};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -20,8 +26,13 @@ use super::{EARLY_LIMIT, KILL_GRACE, Process, RouterCommand};
 use crate::agent::AgentEvent;
 use acpd_wire::{Incoming, ResponseError};
 
-/// Events held for one session that has no room for them yet (its own queue holds 1024).
-const ROUTE_BACKLOG: usize = 65_536;
+/// Events held for one session before the agent's stdout is no longer read (its own queue
+/// holds 1024 more).
+const PAUSE_AT: usize = 8192;
+/// Reading goes on once every backlog is below this.
+const RESUME_AT: usize = 4096;
+/// How long a session over `PAUSE_AT` may take nothing before it is detached from the agent.
+const ROUTE_STALL: Duration = Duration::from_secs(10);
 
 /// One session as the router sees it.
 struct Route {
@@ -30,6 +41,8 @@ struct Route {
     backlog: VecDeque<AgentEvent>,
     /// Which registration of the route this is (a permit is for one registration's channel).
     generation: u64,
+    /// When the session last took an event from its backlog (or the backlog started).
+    moved_at: Instant,
 }
 
 /// A permit task's result: room for one event on a route's channel.
@@ -55,6 +68,8 @@ pub(super) struct Router {
     last_route: Option<String>,
     /// Messages for session ids not registered yet (the agent spoke before its response).
     early: HashMap<String, Vec<AgentEvent>>,
+    /// Routes whose backlog is over `PAUSE_AT`: while any is, the agent's stdout is not read.
+    over: HashSet<String>,
 }
 
 impl Router {
@@ -68,6 +83,7 @@ impl Router {
             by_agent_sid: HashMap::new(),
             last_route: None,
             early: HashMap::new(),
+            over: HashSet::new(),
         }
     }
 
@@ -102,13 +118,14 @@ impl Router {
                     Some(RouterCommand::Register { route, agent_session_id, events }) => {
                         let kept = self.routes.remove(&route).map(|r| r.backlog);
                         // What was held for the route's earlier registration still goes first.
-                        let backlog = kept.filter(|b| !b.is_empty() && b.len() < ROUTE_BACKLOG);
+                        let backlog = kept.filter(|b| !b.is_empty());
                         let waiting = backlog.is_some();
                         self.registrations += 1;
                         self.routes.insert(route.clone(), Route {
                             tx: events,
                             backlog: backlog.unwrap_or_default(),
                             generation: self.registrations,
+                            moved_at: Instant::now(),
                         });
                         if waiting {
                             self.wait_for_room(&route);
@@ -124,6 +141,7 @@ impl Router {
                     Some(RouterCommand::Active { route }) => self.last_route = Some(route),
                     Some(RouterCommand::Unregister { route }) => {
                         self.routes.remove(&route);
+                        self.over.remove(&route);
                         self.by_agent_sid.retain(|_, r| *r != route);
                     }
                     // Every handle is gone: nobody can use this agent any more.
@@ -135,7 +153,8 @@ impl Router {
                 Some(Ok((route, generation, room))) = self.waits.join_next() => {
                     self.on_room(route, generation, room)
                 }
-                msg = incoming.recv() => match msg {
+                _ = tokio::time::sleep(ROUTE_STALL / 4), if !self.over.is_empty() => self.detach_stalled(),
+                msg = incoming.recv(), if self.over.is_empty() => match msg {
                     Some(m) => self.route(m),
                     // stdout closed: wait for the exit status on the next turn.
                     None => {
@@ -180,8 +199,8 @@ impl Router {
         };
         if !r.backlog.is_empty() {
             r.backlog.push_back(ev);
-            if r.backlog.len() > ROUTE_BACKLOG {
-                self.overflow(route);
+            if r.backlog.len() >= PAUSE_AT && self.over.insert(route.to_owned()) {
+                tracing::info!(agent = %self.agent, session = %route, "a session is behind its agent (the journal is slower than the agent streams); pausing the agent's output");
             }
             return;
         }
@@ -189,6 +208,7 @@ impl Router {
             Ok(()) => {}
             Err(TrySendError::Full(ev)) => {
                 r.backlog.push_back(ev);
+                r.moved_at = Instant::now();
                 self.wait_for_room(route);
             }
             // The session ended; its Unregister is on the way.
@@ -231,30 +251,56 @@ impl Router {
             return;
         };
         permit.send(ev);
+        r.moved_at = Instant::now();
+        let mut more = false;
         while let Some(ev) = r.backlog.pop_front() {
             match r.tx.try_send(ev) {
                 Ok(()) => {}
                 Err(TrySendError::Full(ev)) => {
                     r.backlog.push_front(ev);
-                    self.wait_for_room(&route);
-                    return;
+                    more = true;
+                    break;
                 }
                 Err(TrySendError::Closed(_)) => {
                     r.backlog.clear();
-                    return;
+                    break;
                 }
             }
         }
+        if r.backlog.len() < RESUME_AT {
+            self.over.remove(&route);
+        }
+        if more {
+            self.wait_for_room(&route);
+        }
     }
 
-    /// A session that takes nothing while its agent goes on: what is held for it is dropped
+    /// Detaches the sessions over `PAUSE_AT` that took nothing for `ROUTE_STALL`.
+    fn detach_stalled(&mut self) {
+        let stalled: Vec<String> = self
+            .over
+            .iter()
+            .filter(|r| {
+                self.routes
+                    .get(*r)
+                    .is_none_or(|r| r.moved_at.elapsed() >= ROUTE_STALL)
+            })
+            .cloned()
+            .collect();
+        for route in stalled {
+            self.overflow(&route);
+        }
+    }
+
+    /// A session that takes nothing while its agent waits: what is held for it is dropped
     /// and it is told the agent is gone for it (it re-creates its agent side on its next
-    /// command), rather than the agent's stdout no longer being read.
+    /// command), so the agent's other sessions go on.
     fn overflow(&mut self, route: &str) {
-        tracing::error!(agent = %self.agent, session = %route, "a session cannot keep up with its agent; detaching it from the agent");
+        tracing::error!(agent = %self.agent, session = %route, "a session took nothing from its agent for {ROUTE_STALL:?}; detaching it from the agent");
+        self.over.remove(route);
         if let Some(r) = self.routes.remove(route) {
             self.by_agent_sid.retain(|_, s| s != route);
-            let status = "the session could not keep up with its agent".to_owned();
+            let status = "the session stopped taking the agent's output".to_owned();
             self.tasks.spawn(async move {
                 let _ = r.tx.send(AgentEvent::Exited { status }).await;
             });
@@ -269,15 +315,8 @@ impl Router {
                 return;
             }
             Incoming::Notification(n) => {
-                let params = n.params.unwrap_or(Value::Null);
-                let sid = session_id_of(&params);
-                (
-                    sid,
-                    AgentEvent::Notification {
-                        method: n.method,
-                        params,
-                    },
-                )
+                let sid = n.params.as_deref().and_then(raw_session_id);
+                (sid, AgentEvent::Notification(n))
             }
             Incoming::Request(r) => {
                 let sid = r.params.as_ref().and_then(session_id_of);
@@ -325,6 +364,19 @@ impl Router {
             }
         }
     }
+}
+
+/// The `sessionId` member of raw params, read without parsing the rest into a tree.
+fn raw_session_id(params: &RawValue) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Sid<'a> {
+        #[serde(rename = "sessionId", borrow, default)]
+        session_id: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_str::<Sid>(params.get())
+        .ok()?
+        .session_id
+        .map(|s| s.into_owned())
 }
 
 fn session_id_of(params: &Value) -> Option<String> {

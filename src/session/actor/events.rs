@@ -14,17 +14,19 @@ use acpd_wire::ResponseError;
 impl Session {
     pub(super) async fn on_agent_event(&mut self, ev: AgentEvent) {
         match ev {
-            AgentEvent::Notification { method, params } => {
+            AgentEvent::Notification(n) => {
                 if matches!(self.agent, AgentState::Restoring { .. }) {
                     // The agent replaying its own history: acpd's journal already has it.
                     return;
                 }
-                if method == "session/update" {
-                    self.journal(params, None).await;
+                if n.method == "session/update" {
+                    if let Some(params) = &n.params {
+                        self.journal_raw(params, None).await;
+                    }
                 } else {
-                    let params = with_session_id(params, &self.id);
-                    let text =
-                        json!({ "jsonrpc": "2.0", "method": method, "params": params }).to_string();
+                    let params = with_session_id(n.params_value().unwrap_or(Value::Null), &self.id);
+                    let text = json!({ "jsonrpc": "2.0", "method": n.method, "params": params })
+                        .to_string();
                     self.outbox.push(Out::Raw(text.into()));
                 }
             }

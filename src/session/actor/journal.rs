@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
+use super::splice::splice;
 use super::{Inflight, Session, TaskDone};
 use crate::session::outbox::{CATCH_UP_PAGE, CatchUp, Out};
 use crate::session::{ConnId, now_ms};
@@ -12,39 +14,38 @@ use acpd_store::{JournalEntry, NewEntry, SessionPatch, StoreError};
 use acpd_wire::ResponseError;
 
 impl Session {
-    /// Journals one `session/update` and queues it for the attached clients.
+    /// Journals one `session/update` acpd itself makes (the user's prompt blocks).
     pub(super) async fn journal(&mut self, params: Value, exclude: Option<ConnId>) {
-        let Value::Object(mut params) = params else {
-            return;
-        };
+        match serde_json::value::to_raw_value(&params) {
+            Ok(raw) => self.journal_raw(&raw, exclude).await,
+            Err(e) => tracing::error!(session = %self.id, error = %e, "cannot serialize an update"),
+        }
+    }
+
+    /// Journals one `session/update` as the agent sent it and queues it for the attached
+    /// clients. The update body is never parsed into a tree: only the params' members are
+    /// split (`splice`), `sessionId` and `_meta.acpd.seq` are written in, and the same bytes
+    /// go to the journal and to every client.
+    pub(super) async fn journal_raw(&mut self, params: &RawValue, exclude: Option<ConnId>) {
         if self.durable_rx.borrow().rejected.is_some() {
             // The journal stopped at a rejected entry (`journal_stopped`): nothing after it is
             // journaled or sent, and the session is ending.
             return;
         }
         let seq = self.next_seq;
+        let Some(spliced) = splice(params, &self.id, seq) else {
+            tracing::warn!(session = %self.id, "agent sent a session/update whose params are not an object; dropped");
+            return;
+        };
         self.next_seq += 1;
-        params.insert("sessionId".into(), Value::String(self.id.to_string()));
-        let meta = params.entry("_meta").or_insert_with(|| json!({}));
-        if !meta.is_object() {
-            *meta = json!({});
+        if let Some(update) = spliced.update_value() {
+            self.observe(&spliced.kind, &update);
         }
-        meta["acpd"] = json!({ "seq": seq });
-        let kind = params
-            .get("update")
-            .and_then(|u| u.get("sessionUpdate"))
-            .and_then(Value::as_str)
-            .unwrap_or("unknown")
-            .to_owned();
-        self.observe(&kind, &params);
-        let text: Arc<str> =
-            json!({ "jsonrpc": "2.0", "method": "session/update", "params": params })
-                .to_string()
-                .into();
+        let text: Arc<str> = spliced.text.into();
         let entry = NewEntry {
             session_id: self.id.clone(),
             seq,
-            kind: kind.into(),
+            kind: spliced.kind.into(),
             body: text.clone(),
             at_ms: now_ms(),
         };
@@ -55,9 +56,8 @@ impl Session {
     }
 
     /// Keeps the session row in step with updates that change it.
-    pub(super) fn observe(&mut self, kind: &str, params: &serde_json::Map<String, Value>) {
-        let update = params.get("update");
-        let field = |k: &str| update.and_then(|u| u.get(k));
+    pub(super) fn observe(&mut self, kind: &str, update: &Value) {
+        let field = |k: &str| update.get(k);
         match kind {
             "session_info_update" => {
                 if let Some(t) = field("title") {

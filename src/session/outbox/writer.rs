@@ -15,7 +15,7 @@ use super::Client;
 use acpd_wire::{Responder, ResponseError};
 
 /// Messages queued for one client before it counts as too slow and is disconnected.
-pub(super) const CLIENT_QUEUE: usize = 4096;
+pub(super) const CLIENT_QUEUE: usize = 32_768;
 /// Bytes queued for one client before it counts as too slow.
 pub(super) const CLIENT_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 

@@ -1,0 +1,147 @@
+//! Notifications read by their envelope only: `method` parsed, `params` kept as the raw JSON
+//! the peer sent, so a stream of updates is never built into `serde_json::Value` trees.
+//!
+//! Anything that is not a plain notification (requests, responses, `$/cancel_request`,
+//! malformed input) takes the full parse in `msg.rs`, which also decides the error reply.
+
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::msg::Notification;
+
+/// A notification whose params are the peer's bytes, validated as JSON but not parsed.
+#[derive(Debug, Clone)]
+pub struct RawNotification {
+    pub method: String,
+    /// An object or an array, as sent (`null` and absent params are `None`).
+    pub params: Option<Box<RawValue>>,
+}
+
+impl RawNotification {
+    /// The params as a tree, for the rare notification that is interpreted member by member.
+    pub fn params_value(&self) -> Option<Value> {
+        let raw = self.params.as_ref()?;
+        match serde_json::from_str(raw.get()) {
+            Ok(v) => Some(v),
+            // Valid JSON serde_json cannot hold (a number beyond f64): read as absent.
+            Err(e) => {
+                tracing::debug!(error = %e, method = %self.method, "params cannot be read");
+                None
+            }
+        }
+    }
+
+    pub fn into_notification(self) -> Notification {
+        Notification {
+            params: self.params_value(),
+            method: self.method,
+        }
+    }
+}
+
+impl From<Notification> for RawNotification {
+    fn from(n: Notification) -> Self {
+        let params = n
+            .params
+            .and_then(|p| serde_json::value::to_raw_value(&p).ok());
+        RawNotification {
+            method: n.method,
+            params,
+        }
+    }
+}
+
+/// The members of a frame that decide what it is. Borrowed where the text has no escapes;
+/// unknown members are skipped (still validated as JSON).
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    jsonrpc: Option<&'a RawValue>,
+    /// Present even when `null`: `"id": null` makes a (refused) request, not a notification.
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+}
+
+/// A member that is there, whatever its value (`Option` alone reads `null` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// `text` as a plain notification, read by its envelope; `None` when it is anything else or
+/// not valid as one (the full parse then answers it as it deserves).
+pub(crate) fn notification(text: &str) -> Option<RawNotification> {
+    let env: Envelope = serde_json::from_str(text).ok()?;
+    if env.id.is_some() || env.jsonrpc.is_some_and(|v| v.get() != "\"2.0\"") {
+        return None;
+    }
+    let method = env.method?;
+    if method == "$/cancel_request" {
+        return None;
+    }
+    let params = match env.params {
+        None => None,
+        Some(p) if p.get() == "null" => None,
+        Some(p) if p.get().starts_with(['{', '[']) => Some(p.to_owned()),
+        Some(_) => return None,
+    };
+    Some(RawNotification {
+        method: method.into_owned(),
+        params,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::Message;
+
+    #[test]
+    fn plain_notifications_are_read_by_their_envelope() {
+        let n = notification(
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"a","update":{"x":[1,2]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(n.method, "session/update");
+        assert_eq!(
+            n.params.unwrap().get(),
+            r#"{"sessionId":"a","update":{"x":[1,2]}}"#
+        );
+        let n = notification(r#"{"method":"a\u002fb","params":null}"#).unwrap();
+        assert_eq!((n.method.as_str(), n.params.is_none()), ("a/b", true));
+    }
+
+    #[test]
+    fn everything_else_takes_the_full_parse() {
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"a"}"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"a"}"#,
+            r#"{"jsonrpc":null,"method":"a"}"#,
+            r#"{"jsonrpc":"1.0","method":"a"}"#,
+            r#"{"jsonrpc":"2.0","method":"a","params":3}"#,
+            r#"{"jsonrpc":"2.0","method":7}"#,
+            r#"{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":1}}"#,
+            r#"{"jsonrpc":"2.0","method":"a","method":"b"}"#,
+            r#"{"jsonrpc":"2.0","result":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"a","params":{"#,
+            "[]",
+            "nope",
+        ] {
+            assert!(notification(text).is_none(), "{text}");
+        }
+    }
+
+    #[test]
+    fn raw_and_full_parses_agree() {
+        let text = r#"{"jsonrpc":"2.0","method":"m","params":{"b":1,"a":[true,null,"\u00e9"]}}"#;
+        let raw = notification(text).unwrap().into_notification();
+        let Ok(Message::Notification(full)) = Message::parse(text) else {
+            panic!()
+        };
+        assert_eq!(raw, full);
+    }
+}
