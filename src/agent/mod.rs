@@ -1,11 +1,19 @@
 //! Agent backends behind sessions. `AgentPool` owns one agent process per (principal,
-//! profile), started on first use and restarted on the next use after it died.
-//! Each process is an ACP peer; `AgentHandle` is how sessions talk to it.
+//! profile), started on first use and restarted on the next use after it died — unless it
+//! is crash-looping (`backoff`). Each process is an ACP peer; `AgentHandle` is how sessions
+//! talk to it. `home` gives a profile its own HOME. `supervisor` is the per-agent process that owns an agent's whole tree;
+//! `login` is `acpd agent login NAME`.
 
+pub mod backoff;
+pub mod home;
 pub mod hosted;
+pub mod login;
+pub mod supervisor;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -28,6 +36,15 @@ pub enum AgentError {
     Initialize { profile: String, message: String },
     #[error("acpd is shutting down")]
     ShuttingDown,
+    /// Crash-loop backoff: no start before `next_start`.
+    #[error("agent {profile:?} failed {failures} times in a row; next start at {next_start}")]
+    BackingOff {
+        profile: String,
+        failures: u32,
+        /// RFC 3339, UTC.
+        next_start: String,
+        retry_in: Duration,
+    },
 }
 
 /// What the agent process sends about one of its sessions.
@@ -65,6 +82,8 @@ pub struct AgentHandle {
     router: mpsc::UnboundedSender<hosted::RouterCommand>,
     /// Fires when the process has exited.
     pub exited: CancellationToken,
+    /// The profile's name.
+    profile: Arc<str>,
 }
 
 impl AgentHandle {
@@ -107,7 +126,10 @@ impl AgentHandle {
     }
 
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, PeerError> {
-        self.peer.request(method, Some(params)).await
+        match self.peer.request(method, Some(params)).await {
+            Err(PeerError::Remote(e)) => Err(PeerError::Remote(login::auth_hint(e, &self.profile))),
+            other => other,
+        }
     }
 
     fn capability(&self, path: &[&str]) -> bool {
@@ -144,8 +166,11 @@ enum PoolCommand {
     },
     Started {
         key: AgentKey,
+        generation: u64,
         result: Result<AgentHandle, Arc<AgentError>>,
     },
+    /// The process of `key` started as `generation` has exited.
+    Exited { key: AgentKey, generation: u64 },
 }
 
 /// Hands out agent processes. Cheap to clone.
@@ -168,6 +193,8 @@ impl AgentPool {
             self_tx: tx.clone(),
             slots: HashMap::new(),
             generation: 0,
+            backoff: HashMap::new(),
+            policy: backoff::Policy::default(),
         };
         tasks.spawn(pool.run(rx));
         AgentPool { tx }
@@ -195,7 +222,7 @@ impl AgentPool {
 
 enum Slot {
     Starting(Vec<oneshot::Sender<Result<AgentHandle, Arc<AgentError>>>>),
-    Ready(AgentHandle),
+    Ready(AgentHandle, u64),
 }
 
 struct PoolTask {
@@ -205,10 +232,30 @@ struct PoolTask {
     self_tx: mpsc::Sender<PoolCommand>,
     slots: HashMap<AgentKey, Slot>,
     generation: u64,
+    backoff: HashMap<AgentKey, backoff::Backoff>,
+    policy: backoff::Policy,
+}
+
+/// Where supervisors keep the records of their trees.
+pub fn records_dir(config: &Config) -> PathBuf {
+    config.data_dir.join("agent-trees")
 }
 
 impl PoolTask {
     async fn run(mut self, mut rx: mpsc::Receiver<PoolCommand>) {
+        // What an earlier acpd on this data directory left running goes first.
+        let records = records_dir(&self.config);
+        let reaped = tokio::task::spawn_blocking(move || {
+            supervisor::record::reap_stale(&records, hosted::KILL_GRACE)
+        })
+        .await
+        .unwrap_or(0);
+        if reaped > 0 {
+            tracing::warn!(
+                processes = reaped,
+                "killed agent processes an earlier acpd left running"
+            );
+        }
         loop {
             let cmd = tokio::select! {
                 _ = self.shutdown.cancelled() => break,
@@ -220,19 +267,73 @@ impl PoolTask {
                     client_init,
                     reply,
                 } => self.get(key, client_init, reply),
-                PoolCommand::Started { key, result } => {
-                    let waiters = match self.slots.remove(&key) {
-                        Some(Slot::Starting(w)) => w,
-                        _ => vec![],
-                    };
-                    if let Ok(h) = &result {
-                        self.slots.insert(key, Slot::Ready(h.clone()));
-                    }
-                    for w in waiters {
-                        let _ = w.send(result.clone());
+                PoolCommand::Started {
+                    key,
+                    generation,
+                    result,
+                } => self.started(key, generation, result),
+                PoolCommand::Exited { key, generation } => {
+                    if matches!(self.slots.get(&key), Some(Slot::Ready(_, g)) if *g == generation) {
+                        self.exited(&key);
                     }
                 }
             }
+        }
+    }
+
+    /// The ready process of `key` is gone: its slot goes, and the backoff hears of it.
+    fn exited(&mut self, key: &AgentKey) {
+        self.slots.remove(key);
+        let now = Instant::now();
+        let until = self
+            .backoff
+            .entry(key.clone())
+            .or_default()
+            .exited(&self.policy, now);
+        if until > now {
+            metrics::counter!(crate::metrics::AGENT_CRASH_LOOPS_TOTAL).increment(1);
+            tracing::warn!(agent = %key.profile, retry_in_ms = (until - now).as_millis() as u64, "agent exited soon after its start; backing off");
+        }
+    }
+
+    fn started(
+        &mut self,
+        key: AgentKey,
+        generation: u64,
+        result: Result<AgentHandle, Arc<AgentError>>,
+    ) {
+        let waiters = match self.slots.remove(&key) {
+            Some(Slot::Starting(w)) => w,
+            _ => vec![],
+        };
+        let now = Instant::now();
+        match &result {
+            Ok(h) => {
+                self.backoff.entry(key.clone()).or_default().started(now);
+                self.slots
+                    .insert(key.clone(), Slot::Ready(h.clone(), generation));
+                let (exited, tx) = (h.exited.clone(), self.self_tx.clone());
+                let key = key.clone();
+                self.tasks.spawn(async move {
+                    exited.cancelled().await;
+                    let _ = tx.send(PoolCommand::Exited { key, generation }).await;
+                });
+            }
+            Err(e) => {
+                metrics::counter!(crate::metrics::AGENT_START_FAILURES_TOTAL).increment(1);
+                let until = self
+                    .backoff
+                    .entry(key.clone())
+                    .or_default()
+                    .start_failed(&self.policy, now);
+                if until > now {
+                    metrics::counter!(crate::metrics::AGENT_CRASH_LOOPS_TOTAL).increment(1);
+                }
+                tracing::warn!(agent = %key.profile, error = %e, retry_in_ms = (until - now).as_millis() as u64, "agent failed to start");
+            }
+        }
+        for w in waiters {
+            let _ = w.send(result.clone());
         }
     }
 
@@ -243,7 +344,7 @@ impl PoolTask {
         reply: oneshot::Sender<Result<AgentHandle, Arc<AgentError>>>,
     ) {
         match self.slots.get_mut(&key) {
-            Some(Slot::Ready(h)) if !h.exited.is_cancelled() => {
+            Some(Slot::Ready(h, _)) if !h.exited.is_cancelled() => {
                 let _ = reply.send(Ok(h.clone()));
                 return;
             }
@@ -251,7 +352,8 @@ impl PoolTask {
                 waiters.push(reply);
                 return;
             }
-            _ => {}
+            Some(Slot::Ready(..)) => self.exited(&key),
+            None => {}
         }
         let profile = if key.profile == BUILTIN_AGENT {
             None
@@ -266,6 +368,21 @@ impl PoolTask {
                 }
             }
         };
+        let now = Instant::now();
+        if let Some(backoff::Decision::Wait { until, failures }) =
+            self.backoff.get(&key).map(|b| b.decide(now))
+        {
+            metrics::counter!(crate::metrics::AGENT_BACKOFF_REFUSALS_TOTAL).increment(1);
+            let retry_in = until - now;
+            let at = SystemTime::now() + retry_in;
+            let _ = reply.send(Err(Arc::new(AgentError::BackingOff {
+                profile: key.profile.clone(),
+                failures,
+                next_start: rfc3339(at),
+                retry_in,
+            })));
+            return;
+        }
         self.generation += 1;
         self.slots.insert(key.clone(), Slot::Starting(vec![reply]));
         let start = start(
@@ -277,9 +394,16 @@ impl PoolTask {
             self.shutdown.clone(),
         );
         let tx = self.self_tx.clone();
+        let generation = self.generation;
         self.tasks.spawn(async move {
             let result = start.await.map_err(Arc::new);
-            let _ = tx.send(PoolCommand::Started { key, result }).await;
+            let _ = tx
+                .send(PoolCommand::Started {
+                    key,
+                    generation,
+                    result,
+                })
+                .await;
         });
     }
 }
@@ -293,7 +417,18 @@ async fn start(
     shutdown: CancellationToken,
 ) -> Result<AgentHandle, AgentError> {
     match profile {
-        Some(profile) => hosted::start(&profile, &client_init, generation, &tasks, shutdown).await,
+        Some(profile) => {
+            let records = records_dir(&config);
+            hosted::start(
+                &profile,
+                &client_init,
+                generation,
+                &records,
+                &tasks,
+                shutdown,
+            )
+            .await
+        }
         None => start_builtin(&config, &client_init, &tasks, shutdown).await,
     }
 }
@@ -329,4 +464,9 @@ async fn start_builtin(
         shutdown,
     )
     .await
+}
+
+/// `2026-12-01T14:00:03Z`: to the second, UTC.
+fn rfc3339(t: SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }

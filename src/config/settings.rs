@@ -112,6 +112,11 @@ pub struct FileAgent {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+    /// The agent's own HOME (relative: to the data directory).
+    pub home: Option<PathBuf>,
+    /// The command `acpd agent login NAME` runs (default: the agent's terminal auth method).
+    #[serde(default)]
+    pub login: Vec<String>,
 }
 
 /// Options shared by `serve`, `stdio` and the admin subcommands. Each field is named like
