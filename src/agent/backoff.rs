@@ -70,6 +70,11 @@ impl Backoff {
         self.fail(policy, now)
     }
 
+    /// The running process was stopped on purpose (idle): not a failure.
+    pub fn stopped(&mut self) {
+        self.running_since = None;
+    }
+
     /// The running process exited; returns when the next start may be.
     pub fn exited(&mut self, policy: &Policy, now: Instant) -> Instant {
         if let Some(since) = self.running_since.take()

@@ -128,6 +128,9 @@ pub struct Config {
     pub builtin: toml::Table,
     /// How long a resumable link (`acpd.resume.v1`) waits for its client to reconnect.
     pub resume_grace: Duration,
+    /// A hosted agent the pool was not asked for this long stops once its last live
+    /// session lets go of it (`None`: never).
+    pub agent_idle_stop: Option<Duration>,
     /// Ping interval on resumable links; about three silent intervals mean a dead socket.
     pub keepalive: Duration,
     /// TLS on the WebSocket listener (`wss://`), if configured.
@@ -282,6 +285,8 @@ impl Config {
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
             builtin,
             resume_grace: Duration::from_secs(s.resume_grace_secs),
+            agent_idle_stop: (s.agent_idle_stop_secs > 0)
+                .then(|| Duration::from_secs(s.agent_idle_stop_secs)),
             keepalive,
             tls,
             insecure: s.insecure,

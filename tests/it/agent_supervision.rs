@@ -196,3 +196,42 @@ async fn the_next_acpd_reaps_a_tree_left_behind() {
         "the next acpd did not reap the tree left behind: {alive:?}"
     );
 }
+
+#[tokio::test]
+async fn an_idle_agent_stops_with_its_tree_when_its_last_session_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let pids_dir = dir.path().join("pids");
+    let wrapper = tree_wrapper(dir.path(), &pids_dir);
+    let t = Tree {
+        daemon: Daemon::start_with(
+            DaemonOptions::default()
+                .arg("--agent", format!("tree=sh '{}'", wrapper.display()))
+                .arg("--agent-idle-stop-secs", 1),
+        )
+        .await,
+        pids: pids_dir,
+        _dir: dir,
+    };
+    let (mut client, sid, pids) = start_tree(&t).await;
+    // A session still holds the agent: idle or not, it keeps running.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let dead: Vec<i32> = pids
+        .iter()
+        .copied()
+        .filter(|p| !process_alive(*p))
+        .collect();
+    assert!(dead.is_empty(), "stopped under a live session: {dead:?}");
+    client
+        .request("session/close", serde_json::json!({ "sessionId": sid }))
+        .await
+        .expect("session/close");
+    let alive = wait_all_dead(&pids, GONE_WITHIN).await;
+    assert!(
+        alive.is_empty(),
+        "an idle agent without sessions kept (part of) its tree: {alive:?}"
+    );
+    // The next session starts it again.
+    let sid = client.open_session(&t.daemon.work_dir()).await;
+    let (_, result) = client.prompt(&sid, "echo back").await;
+    assert_eq!(result.unwrap()["stopReason"], "end_turn");
+}
