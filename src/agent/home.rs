@@ -34,3 +34,27 @@ pub fn env(profile: &AgentProfile) -> Vec<(String, String)> {
     .map(|(k, v)| (k.to_owned(), v))
     .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn home_points_home_and_xdg_beneath_it_and_the_profiles_env_wins() {
+        let mut p = AgentProfile {
+            name: "a".into(),
+            program: "x".into(),
+            args: vec![],
+            env: vec![("XDG_CACHE_HOME".into(), "/cache".into())],
+            cwd: None,
+            home: None,
+            login: vec![],
+        };
+        assert!(env(&p).is_empty());
+        p.home = Some("/data/homes/a".into());
+        let e = env(&p);
+        assert!(e.contains(&("HOME".into(), "/data/homes/a".into())));
+        assert!(e.contains(&("XDG_CONFIG_HOME".into(), "/data/homes/a/.config".into())));
+        assert!(!e.iter().any(|(k, _)| k == "XDG_CACHE_HOME"), "{e:?}");
+    }
+}
