@@ -50,10 +50,11 @@ pub fn login_hint(profile: &str) -> String {
     format!("acpd agent login {profile}")
 }
 
-/// An agent's "authentication required" answer, relayed with the command that logs it in on
-/// acpd's host (`data.acpd.login`, and in the message).
+/// A hosted agent's "authentication required" answer, relayed with the command that logs it
+/// in on acpd's host (`data.acpd.login`, and in the message). The built-in agent's is left
+/// as it is: its credentials are acpd's own configuration.
 pub fn auth_hint(mut e: ResponseError, profile: &str) -> ResponseError {
-    if e.code != code::AUTH_REQUIRED {
+    if e.code != code::AUTH_REQUIRED || profile == crate::config::BUILTIN_AGENT {
         return e;
     }
     let hint = login_hint(profile);
@@ -325,5 +326,7 @@ mod tests {
         assert_eq!(e.data.unwrap()["acpd"]["login"], "acpd agent login claude");
         let boom = ResponseError::internal("boom");
         assert_eq!(auth_hint(boom.clone(), "claude"), boom);
+        let builtin = ResponseError::new(-32000, "no key");
+        assert_eq!(auth_hint(builtin.clone(), "builtin"), builtin);
     }
 }
