@@ -182,6 +182,17 @@ pub(super) struct Supervised {
     records: PathBuf,
 }
 
+/// Dropped without `kill` (a task torn down at the end of a shutdown): the supervisor is
+/// asked to stop its tree, and stops it on its own time; tokio reaps it.
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        // `id()` is `None` once the supervisor has been waited for: no pid reuse here.
+        if let Some(pid) = self.child.id() {
+            supervisor::tree::signal(pid as i32, rustix::process::Signal::TERM);
+        }
+    }
+}
+
 impl Supervised {
     /// After the supervisor ended: if it left its record behind it died without cleaning up
     /// (SIGKILL, OOM), so what is left of its tree is killed here.
@@ -288,7 +299,8 @@ fn spawn_process(profile: &AgentProfile, records: &Path) -> std::io::Result<Chil
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        // Not SIGKILL on drop: that would leave the tree behind (`Supervised`'s `Drop`).
+        .kill_on_drop(false)
         .process_group(0);
     if let Some(cwd) = &profile.cwd {
         cmd.current_dir(cwd);
