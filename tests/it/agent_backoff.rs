@@ -84,6 +84,16 @@ async fn an_agent_that_fails_at_start_is_started_a_handful_of_times_and_told_whe
         log.contains("broken agent: no configuration"),
         "the agent's stderr is in acpd's log"
     );
+    let (_, metrics) = crate::operations::http_get(daemon.addr, "/metrics").await;
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{metrics}")) as u64
+    };
+    assert_eq!(value("acpd_agent_start_failures_total"), started as u64);
+    assert!(value("acpd_agent_backoff_refusals_total") >= errors.len() as u64 - started as u64 - 1);
+    assert!(value("acpd_agent_backoffs_total") >= 1);
 }
 
 #[tokio::test]
