@@ -144,10 +144,17 @@ fn run(opts: &Options) -> Result<Option<WaitStatus>, String> {
         .env(tree::MARKER_VAR, &marker)
         .process_group(0);
     let supervisor = me.pid;
-    // SAFETY: only async-signal-safe calls (prctl, getppid, kill, getpid) between fork and
-    // exec. std resets the signal mask and dispositions in the child.
+    // SAFETY: only async-signal-safe calls (sigprocmask, prctl, getppid, kill, getpid)
+    // between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
+            // The signals the supervisor blocked for `sigtimedwait` must reach the agent:
+            // a blocked mask is inherited across exec (and by everything the agent starts).
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            if libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             // The agent itself dies if the supervisor is SIGKILLed (its descendants are
             // what the record is for).
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {

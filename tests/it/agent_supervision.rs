@@ -100,6 +100,27 @@ async fn start_tree(t: &Tree) -> (Client, String, Vec<i32>) {
     (client, sid, pids)
 }
 
+/// The signals `pid` blocks, as `/proc/PID/status` shows them.
+fn blocked_signals(pid: i32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("SigBlk:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn the_agent_starts_with_no_signal_blocked() {
+    // The supervisor blocks the signals it takes with sigtimedwait; an agent run directly
+    // (no shell in between, which would reset its mask) must not inherit that mask, or it
+    // could never be stopped with SIGTERM.
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let sid = client.open_session(&daemon.work_dir()).await;
+    client.prompt(&sid, "echo hi").await.1.unwrap();
+    let pids = daemon.agent_pids();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    assert_eq!(blocked_signals(pids[0]), "0000000000000000");
+}
+
 fn ppid(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?
