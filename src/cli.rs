@@ -58,6 +58,23 @@ enum Command {
     },
     /// Write a self-signed TLS certificate and key; print its SHA-256 fingerprint.
     Cert(server::cert::CertArgs),
+    /// Hosted agents on this host.
+    Agent {
+        #[command(subcommand)]
+        action: AgentAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum AgentAction {
+    /// Log a hosted agent in on this host: runs the profile's `login` command, else the
+    /// agent's terminal auth method, with the profile's env, cwd and HOME, on this terminal.
+    Login {
+        /// The agent profile.
+        name: String,
+        #[command(flatten)]
+        args: Args,
+    },
 }
 
 #[derive(Subcommand)]
@@ -81,6 +98,14 @@ enum TokenAction {
 
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
+    // The per-agent supervisor acpd re-executes itself as: no runtime, no logging setup.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv
+        .get(1)
+        .is_some_and(|a| a == crate::agent::supervisor::SUBCOMMAND)
+    {
+        return crate::agent::supervisor::main(&argv[2..]);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -234,6 +259,21 @@ async fn run(command: Command) -> ExitCode {
         },
         Command::Token { action } => token(action).await,
         Command::Cert(args) => server::cert::run(args),
+        Command::Agent {
+            action: AgentAction::Login { name, args },
+        } => {
+            let config = match config_of(&args) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            match config.agents.get(&name) {
+                Some(profile) => crate::agent::login::run(profile).await,
+                None => {
+                    eprintln!("acpd: no agent profile named {name:?}");
+                    ExitCode::from(EXIT_USAGE)
+                }
+            }
+        }
     }
 }
 

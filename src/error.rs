@@ -8,6 +8,9 @@ use std::sync::Arc;
 use serde_json::json;
 
 use crate::agent::AgentError;
+
+/// The log target of hosted agents' stderr, which errors about failed agents point to.
+const STDERR_TARGET: &str = "acpd::agent_stderr";
 use acpd_store::StoreError;
 use acpd_wire::{PeerError, ResponseError, code};
 
@@ -64,8 +67,29 @@ impl From<AcpError> for ResponseError {
                 AgentError::Spawn { profile, .. } | AgentError::Initialize { profile, .. } => {
                     tracing::error!(error = %a, "agent unavailable");
                     ResponseError::internal(format!(
-                        "agent {profile:?} could not be started; see the acpd log"
+                        "agent {profile:?} could not be started; its stderr is in acpd's log \
+                         (target {STDERR_TARGET}, agent={profile})"
                     ))
+                }
+                AgentError::BackingOff {
+                    profile,
+                    failures,
+                    next_start,
+                    retry_in,
+                } => {
+                    let secs = retry_in.as_secs_f64().ceil() as u64;
+                    ResponseError::internal(format!(
+                        "agent {profile:?} failed {failures} times in a row; acpd starts it again \
+                         at {next_start} (in {secs} s). Its stderr is in acpd's log (target \
+                         {STDERR_TARGET}, agent={profile})"
+                    ))
+                    .with_data(json!({ "acpd": {
+                        "agent": profile,
+                        "failures": failures,
+                        "nextStart": next_start,
+                        "retryAfterMs": retry_in.as_millis() as u64,
+                        "stderrLog": STDERR_TARGET,
+                    }}))
                 }
             },
             e @ AcpError::AgentExited(_) => ResponseError::internal(e.to_string()),

@@ -21,6 +21,9 @@ use acpd_store::metrics::{
 pub const AGENT_PROCESSES: &str = "acpd_agent_processes";
 pub const AGENT_STARTS_TOTAL: &str = "acpd_agent_starts_total";
 pub const AGENT_EXITS_TOTAL: &str = "acpd_agent_exits_total";
+pub const AGENT_START_FAILURES_TOTAL: &str = "acpd_agent_start_failures_total";
+pub const AGENT_CRASH_LOOPS_TOTAL: &str = "acpd_agent_backoffs_total";
+pub const AGENT_BACKOFF_REFUSALS_TOTAL: &str = "acpd_agent_backoff_refusals_total";
 pub const BYTES_IN_TOTAL: &str = "acpd_bytes_in_total";
 pub const BYTES_OUT_TOTAL: &str = "acpd_bytes_out_total";
 
@@ -79,6 +82,18 @@ fn describe() {
         "Agent processes started (restarts included)"
     );
     describe_counter!(AGENT_EXITS_TOTAL, "Agent processes that ended");
+    describe_counter!(
+        AGENT_START_FAILURES_TOTAL,
+        "Agent starts that failed (spawn or initialize)"
+    );
+    describe_counter!(
+        AGENT_CRASH_LOOPS_TOTAL,
+        "Times an agent's next start was put off (crash-loop backoff)"
+    );
+    describe_counter!(
+        AGENT_BACKOFF_REFUSALS_TOTAL,
+        "Requests refused because their agent was backing off"
+    );
     describe_counter!(BYTES_IN_TOTAL, "Bytes received from clients");
     describe_counter!(BYTES_OUT_TOTAL, "Bytes sent to clients");
 }

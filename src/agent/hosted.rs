@@ -1,10 +1,11 @@
 //! Hosted agents: an ACP agent program run as a child process, spoken to over its stdio.
 //!
-//! The process runs in its own process group, dies with acpd (`PR_SET_PDEATHSIG`), and its
-//! stderr goes to acpd's log. One router task owns the map from the agent's session ids to
+//! The process runs under its supervisor (`acpd _supervise`, `supervisor.rs`), which owns its
+//! whole process tree and dies with acpd; its stderr goes to acpd's log. One router task owns the map from the agent's session ids to
 //! session actors and forwards what the agent sends.
 //! The router (`hosted/router.rs`) never waits on one session.
 
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +19,7 @@ use tokio_util::task::TaskTracker;
 
 mod router;
 
-use super::{AgentError, AgentEvent, AgentHandle};
+use super::{AgentError, AgentEvent, AgentHandle, home, supervisor};
 use crate::config::AgentProfile;
 use acpd_wire::{self, Link};
 use router::Router;
@@ -27,8 +28,10 @@ use router::Router;
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Messages kept for a session id the agent used before acpd knew it.
 pub(super) const EARLY_LIMIT: usize = 1024;
-/// Grace between SIGTERM and SIGKILL when acpd stops an agent.
-pub(super) const KILL_GRACE: Duration = Duration::from_secs(2);
+/// Grace between SIGTERM and SIGKILL when acpd stops an agent (the supervisor's).
+pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How long acpd waits for a supervisor to stop its tree before it SIGKILLs the supervisor.
+const SUPERVISOR_GRACE: Duration = Duration::from_secs(5);
 /// Agents may write long lines (a file's content); the line limit is generous.
 const MAX_AGENT_LINE: usize = 256 * 1024 * 1024;
 
@@ -49,18 +52,23 @@ pub(super) enum RouterCommand {
     },
 }
 
-/// Spawns the agent, initializes it, and starts its router.
+/// Spawns the agent under its supervisor, initializes it, and starts its router.
 pub(super) async fn start(
     profile: &AgentProfile,
     client_init: &Value,
     generation: u64,
+    records: &Path,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<AgentHandle, AgentError> {
-    let mut child = spawn_process(profile).map_err(|source| AgentError::Spawn {
+    let spawn_error = |source| AgentError::Spawn {
         profile: profile.name.clone(),
         source,
-    })?;
+    };
+    if let Some(home) = &profile.home {
+        home::prepare(home).map_err(spawn_error)?;
+    }
+    let mut child = spawn_process(profile, records).map_err(spawn_error)?;
     let pid = child.id();
     tracing::info!(agent = %profile.name, pid, generation, "agent process started");
     metrics::counter!(crate::metrics::AGENT_STARTS_TOTAL).increment(1);
@@ -79,10 +87,20 @@ pub(super) async fn start(
     let io_cancel = CancellationToken::new();
     let (link, pump) = acpd_wire::lines::pump(stdout, stdin, MAX_AGENT_LINE, io_cancel.clone());
     tasks.spawn(pump);
+    let supervisor = pid.and_then(|p| {
+        Some(supervisor::record::Proc {
+            pid: p as i32,
+            start: supervisor::tree::stat(p as i32)?.start,
+        })
+    });
     connect(
         &profile.name,
         link,
-        Process::Child(child),
+        Process::Child(Box::new(Supervised {
+            child,
+            supervisor,
+            records: records.to_owned(),
+        })),
         io_cancel,
         client_init,
         tasks,
@@ -143,26 +161,79 @@ pub(super) async fn connect(
         init: Arc::new(init),
         router: router_tx,
         exited,
+        profile: name.into(),
     })
 }
 
-/// What runs the agent: a child process, or a task inside acpd (the built-in agent).
+/// What runs the agent: a supervised child process, or a task inside acpd (the built-in
+/// agent).
 pub(super) enum Process {
-    Child(Child),
+    Child(Box<Supervised>),
     Task {
         join: tokio::task::JoinHandle<()>,
         cancel: CancellationToken,
     },
 }
 
+/// The supervisor acpd spawned (`acpd _supervise`), which owns the agent's tree.
+pub(super) struct Supervised {
+    child: Child,
+    supervisor: Option<supervisor::record::Proc>,
+    records: PathBuf,
+}
+
+/// Dropped without `kill` (a task torn down at the end of a shutdown): the supervisor is
+/// asked to stop its tree, and stops it on its own time; tokio reaps it.
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        // `id()` is `None` once the supervisor has been waited for: no pid reuse here.
+        if let Some(pid) = self.child.id() {
+            supervisor::tree::signal(pid as i32, rustix::process::Signal::TERM);
+        }
+    }
+}
+
+impl Supervised {
+    /// After the supervisor ended: if it left its record behind it died without cleaning up
+    /// (SIGKILL, OOM), so what is left of its tree is killed here.
+    async fn sweep_if_abandoned(&self) {
+        let Some(sup) = self.supervisor else { return };
+        let path = self.records.join(supervisor::record::file_name(sup));
+        let Ok(text) = tokio::fs::read_to_string(&path).await else {
+            return;
+        };
+        let Some(record) = supervisor::record::Record::parse(&text) else {
+            return;
+        };
+        let swept = tokio::task::spawn_blocking(move || {
+            let n = record.sweep(KILL_GRACE);
+            let _ = std::fs::remove_file(&path);
+            n
+        })
+        .await
+        .unwrap_or(0);
+        if swept > 0 {
+            tracing::warn!(
+                supervisor = sup.pid,
+                processes = swept,
+                "an agent's supervisor died without stopping its tree; killed what was left"
+            );
+        }
+    }
+}
+
 impl Process {
     /// Waits for the end; says how it ended.
     async fn wait(&mut self) -> String {
         match self {
-            Process::Child(c) => match c.wait().await {
-                Ok(s) => s.to_string(),
-                Err(e) => e.to_string(),
-            },
+            Process::Child(s) => {
+                let status = match s.child.wait().await {
+                    Ok(st) => st.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                s.sweep_if_abandoned().await;
+                status
+            }
             Process::Task { join, .. } => match join.await {
                 Ok(()) => "the built-in agent stopped".into(),
                 Err(e) => format!("the built-in agent failed: {e}"),
@@ -170,10 +241,14 @@ impl Process {
         }
     }
 
-    /// Stops it: SIGTERM to the process group then SIGKILL, or cancels the task.
+    /// Stops it: SIGTERM to the supervisor (which stops the tree), SIGKILL if it does not
+    /// end in time; or cancels the task.
     async fn kill(&mut self) {
         match self {
-            Process::Child(c) => kill_group(c).await,
+            Process::Child(s) => {
+                stop_supervisor(&mut s.child).await;
+                s.sweep_if_abandoned().await;
+            }
             Process::Task { join, cancel } => {
                 cancel.cancel();
                 if tokio::time::timeout(KILL_GRACE, &mut *join).await.is_err() {
@@ -204,27 +279,41 @@ fn initialize_params(client_init: &Value) -> Value {
     params
 }
 
-fn spawn_process(profile: &AgentProfile) -> std::io::Result<Child> {
-    let mut cmd = Command::new(&profile.program);
-    cmd.args(&profile.args)
+/// `acpd _supervise -- PROGRAM ARGS`: acpd itself (`/proc/self/exe`, so a binary replaced
+/// on disk since acpd started still runs as the same build) between acpd and the agent.
+fn spawn_process(profile: &AgentProfile, records: &Path) -> std::io::Result<Child> {
+    let owner = std::process::id() as i32;
+    let opts = supervisor::Options {
+        owner,
+        grace: KILL_GRACE,
+        records: Some(records.to_owned()),
+        program: profile.program.clone().into(),
+        args: profile.args.iter().map(Into::into).collect(),
+    };
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg0("acpd")
+        .arg(supervisor::SUBCOMMAND)
+        .args(opts.to_args())
+        .envs(home::env(profile))
         .envs(profile.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        // Not SIGKILL on drop: that would leave the tree behind (`Supervised`'s `Drop`).
+        .kill_on_drop(false)
         .process_group(0);
     if let Some(cwd) = &profile.cwd {
         cmd.current_dir(cwd);
     }
     // SAFETY: the closure only calls async-signal-safe functions (prctl, getppid, kill).
     unsafe {
-        cmd.pre_exec(|| {
-            // The agent dies with acpd even on SIGKILL, so no orphan keeps running.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+        cmd.pre_exec(move || {
+            // SIGTERM, not SIGKILL: the supervisor takes it and stops the agent's tree.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             // acpd may have died between fork and prctl.
-            if libc::getppid() == 1 {
+            if libc::getppid() != owner {
                 libc::kill(libc::getpid(), libc::SIGKILL);
             }
             Ok(())
@@ -233,13 +322,14 @@ fn spawn_process(profile: &AgentProfile) -> std::io::Result<Child> {
     cmd.spawn()
 }
 
-/// SIGTERM to the agent's process group, SIGKILL after a grace period.
-async fn kill_group(child: &mut Child) {
+/// SIGTERM to the supervisor; SIGKILL if it has not stopped the tree within its own grace
+/// twice over (it SIGKILLs what ignores SIGTERM after one grace).
+async fn stop_supervisor(child: &mut Child) {
     if let Some(pid) = child.id() {
         let pgid = pid as libc::pid_t;
         // SAFETY: plain syscall on a process group we created.
         unsafe { libc::kill(-pgid, libc::SIGTERM) };
-        if tokio::time::timeout(KILL_GRACE, child.wait())
+        if tokio::time::timeout(SUPERVISOR_GRACE, child.wait())
             .await
             .is_err()
         {

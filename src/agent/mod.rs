@@ -1,18 +1,26 @@
 //! Agent backends behind sessions. `AgentPool` owns one agent process per (principal,
-//! profile), started on first use and restarted on the next use after it died.
-//! Each process is an ACP peer; `AgentHandle` is how sessions talk to it.
+//! profile), started on first use and restarted on the next use after it died — unless it
+//! is crash-looping (`backoff`). Each process is an ACP peer; `AgentHandle` is how sessions
+//! talk to it. `pool` is the pool's actor; `home` gives a profile its own HOME;
+//! `supervisor` is the per-agent process that owns an agent's whole tree; `login` is
+//! `acpd agent login NAME`.
 
+pub mod backoff;
+pub mod home;
 pub mod hosted;
+pub mod login;
+mod pool;
+pub mod supervisor;
 
-use std::collections::HashMap;
+pub use pool::AgentPool;
+
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::config::{AgentProfile, BUILTIN_AGENT, Config};
 use acpd_wire::{IncomingRequest, PeerError, PeerHandle, RawNotification, ResponseError};
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +36,15 @@ pub enum AgentError {
     Initialize { profile: String, message: String },
     #[error("acpd is shutting down")]
     ShuttingDown,
+    /// Crash-loop backoff: no start before `next_start`.
+    #[error("agent {profile:?} failed {failures} times in a row; next start at {next_start}")]
+    BackingOff {
+        profile: String,
+        failures: u32,
+        /// RFC 3339, UTC.
+        next_start: String,
+        retry_in: Duration,
+    },
 }
 
 /// What the agent process sends about one of its sessions.
@@ -63,6 +80,8 @@ pub struct AgentHandle {
     router: mpsc::UnboundedSender<hosted::RouterCommand>,
     /// Fires when the process has exited.
     pub exited: CancellationToken,
+    /// The profile's name.
+    profile: Arc<str>,
 }
 
 impl AgentHandle {
@@ -105,7 +124,22 @@ impl AgentHandle {
     }
 
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, PeerError> {
-        self.peer.request(method, Some(params)).await
+        match self.peer.request(method, Some(params)).await {
+            Err(PeerError::Remote(e)) => Err(PeerError::Remote(login::auth_hint(e, &self.profile))),
+            other => other,
+        }
+    }
+
+    /// A handle that does not keep the agent running: once every `AgentHandle` is gone, the
+    /// agent stops ("no longer used").
+    fn downgrade(&self) -> WeakAgentHandle {
+        WeakAgentHandle {
+            peer: self.peer.clone(),
+            init: self.init.clone(),
+            router: self.router.downgrade(),
+            exited: self.exited.clone(),
+            profile: self.profile.clone(),
+        }
     }
 
     fn capability(&self, path: &[&str]) -> bool {
@@ -134,197 +168,24 @@ impl AgentHandle {
     }
 }
 
-enum PoolCommand {
-    Get {
-        key: AgentKey,
-        client_init: Arc<Value>,
-        reply: oneshot::Sender<Result<AgentHandle, Arc<AgentError>>>,
-    },
-    Started {
-        key: AgentKey,
-        result: Result<AgentHandle, Arc<AgentError>>,
-    },
+/// An `AgentHandle` that does not keep its agent running (`AgentHandle::downgrade`).
+struct WeakAgentHandle {
+    peer: PeerHandle,
+    init: Arc<Value>,
+    router: mpsc::WeakUnboundedSender<hosted::RouterCommand>,
+    exited: CancellationToken,
+    profile: Arc<str>,
 }
 
-/// Hands out agent processes. Cheap to clone.
-#[derive(Clone)]
-pub struct AgentPool {
-    tx: mpsc::Sender<PoolCommand>,
-}
-
-impl AgentPool {
-    pub fn spawn(
-        config: Arc<Config>,
-        tasks: TaskTracker,
-        shutdown: CancellationToken,
-    ) -> AgentPool {
-        let (tx, rx) = mpsc::channel(64);
-        let pool = PoolTask {
-            config,
-            tasks: tasks.clone(),
-            shutdown: shutdown.clone(),
-            self_tx: tx.clone(),
-            slots: HashMap::new(),
-            generation: 0,
-        };
-        tasks.spawn(pool.run(rx));
-        AgentPool { tx }
+impl WeakAgentHandle {
+    /// The handle again, if some session still holds the agent.
+    fn upgrade(&self) -> Option<AgentHandle> {
+        Some(AgentHandle {
+            peer: self.peer.clone(),
+            init: self.init.clone(),
+            router: self.router.upgrade()?,
+            exited: self.exited.clone(),
+            profile: self.profile.clone(),
+        })
     }
-
-    /// The live process for `key`, started (and initialized with `client_init`, the first
-    /// client's `initialize` params) if there is none.
-    pub async fn get(
-        &self,
-        key: AgentKey,
-        client_init: Arc<Value>,
-    ) -> Result<AgentHandle, Arc<AgentError>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(PoolCommand::Get {
-                key,
-                client_init,
-                reply,
-            })
-            .await
-            .map_err(|_| Arc::new(AgentError::ShuttingDown))?;
-        rx.await.map_err(|_| Arc::new(AgentError::ShuttingDown))?
-    }
-}
-
-enum Slot {
-    Starting(Vec<oneshot::Sender<Result<AgentHandle, Arc<AgentError>>>>),
-    Ready(AgentHandle),
-}
-
-struct PoolTask {
-    config: Arc<Config>,
-    tasks: TaskTracker,
-    shutdown: CancellationToken,
-    self_tx: mpsc::Sender<PoolCommand>,
-    slots: HashMap<AgentKey, Slot>,
-    generation: u64,
-}
-
-impl PoolTask {
-    async fn run(mut self, mut rx: mpsc::Receiver<PoolCommand>) {
-        loop {
-            let cmd = tokio::select! {
-                _ = self.shutdown.cancelled() => break,
-                cmd = rx.recv() => match cmd { Some(c) => c, None => break },
-            };
-            match cmd {
-                PoolCommand::Get {
-                    key,
-                    client_init,
-                    reply,
-                } => self.get(key, client_init, reply),
-                PoolCommand::Started { key, result } => {
-                    let waiters = match self.slots.remove(&key) {
-                        Some(Slot::Starting(w)) => w,
-                        _ => vec![],
-                    };
-                    if let Ok(h) = &result {
-                        self.slots.insert(key, Slot::Ready(h.clone()));
-                    }
-                    for w in waiters {
-                        let _ = w.send(result.clone());
-                    }
-                }
-            }
-        }
-    }
-
-    fn get(
-        &mut self,
-        key: AgentKey,
-        client_init: Arc<Value>,
-        reply: oneshot::Sender<Result<AgentHandle, Arc<AgentError>>>,
-    ) {
-        match self.slots.get_mut(&key) {
-            Some(Slot::Ready(h)) if !h.exited.is_cancelled() => {
-                let _ = reply.send(Ok(h.clone()));
-                return;
-            }
-            Some(Slot::Starting(waiters)) => {
-                waiters.push(reply);
-                return;
-            }
-            _ => {}
-        }
-        let profile = if key.profile == BUILTIN_AGENT {
-            None
-        } else {
-            match self.config.agents.get(&key.profile) {
-                Some(p) => Some(p.clone()),
-                None => {
-                    let _ = reply.send(Err(Arc::new(AgentError::UnknownProfile(
-                        key.profile.clone(),
-                    ))));
-                    return;
-                }
-            }
-        };
-        self.generation += 1;
-        self.slots.insert(key.clone(), Slot::Starting(vec![reply]));
-        let start = start(
-            profile,
-            self.config.clone(),
-            client_init,
-            self.generation,
-            self.tasks.clone(),
-            self.shutdown.clone(),
-        );
-        let tx = self.self_tx.clone();
-        self.tasks.spawn(async move {
-            let result = start.await.map_err(Arc::new);
-            let _ = tx.send(PoolCommand::Started { key, result }).await;
-        });
-    }
-}
-
-async fn start(
-    profile: Option<AgentProfile>,
-    config: Arc<Config>,
-    client_init: Arc<Value>,
-    generation: u64,
-    tasks: TaskTracker,
-    shutdown: CancellationToken,
-) -> Result<AgentHandle, AgentError> {
-    match profile {
-        Some(profile) => hosted::start(&profile, &client_init, generation, &tasks, shutdown).await,
-        None => start_builtin(&config, &client_init, &tasks, shutdown).await,
-    }
-}
-
-/// The built-in agent: a task on an in-memory link, hosted like any agent process.
-async fn start_builtin(
-    config: &Config,
-    client_init: &Value,
-    tasks: &TaskTracker,
-    shutdown: CancellationToken,
-) -> Result<AgentHandle, AgentError> {
-    let builtin_config = acpd_builtin::BuiltinConfig::parse(&config.builtin, &config.data_dir)
-        .map_err(|e| AgentError::Initialize {
-            profile: BUILTIN_AGENT.to_owned(),
-            message: e.to_string(),
-        })?;
-    let (acpd_side, agent_side, carry) = acpd_wire::memory_pair();
-    tasks.spawn(carry);
-    let cancel = CancellationToken::new();
-    let join = tasks.spawn(acpd_builtin::run(
-        agent_side,
-        Arc::new(builtin_config),
-        cancel.clone(),
-    ));
-    let io_cancel = CancellationToken::new();
-    hosted::connect(
-        BUILTIN_AGENT,
-        acpd_side,
-        hosted::Process::Task { join, cancel },
-        io_cancel,
-        client_init,
-        tasks,
-        shutdown,
-    )
-    .await
 }

@@ -62,6 +62,12 @@ pub struct AgentProfile {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: Option<PathBuf>,
+    /// The agent's own HOME directory (absolute; created 0700 at start), so that profiles
+    /// do not share credentials by accident.
+    pub home: Option<PathBuf>,
+    /// `login = [...]`: what `acpd agent login NAME` runs instead of the agent's advertised
+    /// terminal auth method.
+    pub login: Vec<String>,
 }
 
 /// Size limits on what a client may send.
@@ -122,6 +128,9 @@ pub struct Config {
     pub builtin: toml::Table,
     /// How long a resumable link (`acpd.resume.v1`) waits for its client to reconnect.
     pub resume_grace: Duration,
+    /// A hosted agent the pool was not asked for this long stops once its last live
+    /// session lets go of it (`None`: never).
+    pub agent_idle_stop: Option<Duration>,
     /// Ping interval on resumable links; about three silent intervals mean a dead socket.
     pub keepalive: Duration,
     /// TLS on the WebSocket listener (`wss://`), if configured.
@@ -160,7 +169,7 @@ impl Config {
                 message: format!("{store_url:?} is neither sqlite:// nor postgres://"),
             });
         }
-        let agents = agents(s.agents, agent_flags)?;
+        let agents = agents(s.agents, agent_flags, &data_dir)?;
         let default_agent = s.default_agent.unwrap_or_else(|| {
             // With exactly one hosted agent configured, it is the obvious default.
             if agents.len() == 1 {
@@ -276,6 +285,8 @@ impl Config {
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
             builtin,
             resume_grace: Duration::from_secs(s.resume_grace_secs),
+            agent_idle_stop: (s.agent_idle_stop_secs > 0)
+                .then(|| Duration::from_secs(s.agent_idle_stop_secs)),
             keepalive,
             tls,
             insecure: s.insecure,
@@ -305,6 +316,7 @@ impl Config {
 fn agents(
     file: BTreeMap<String, settings::FileAgent>,
     flags: &[String],
+    data_dir: &std::path::Path,
 ) -> Result<BTreeMap<String, AgentProfile>, ConfigError> {
     let mut agents = BTreeMap::new();
     for (name, a) in file {
@@ -317,6 +329,8 @@ fn agents(
             args: words,
             env: a.env.into_iter().collect(),
             cwd: a.cwd,
+            home: a.home.map(|h| data_dir.join(h)),
+            login: a.login,
         };
         agents.insert(name, profile);
     }
@@ -342,6 +356,8 @@ fn agents(
                 args: words,
                 env: vec![],
                 cwd: None,
+                home: None,
+                login: vec![],
             },
         );
     }

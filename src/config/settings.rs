@@ -43,6 +43,7 @@ pub struct Settings {
     pub max_sessions_per_principal: usize,
     pub max_requests_per_second: u32,
     pub resume_grace_secs: u64,
+    pub agent_idle_stop_secs: u64,
     pub keepalive_ms: u64,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -84,6 +85,7 @@ impl Default for Settings {
             max_sessions_per_principal: 256,
             max_requests_per_second: 200,
             resume_grace_secs: 120,
+            agent_idle_stop_secs: 1800,
             keepalive_ms: 15_000,
             tls_cert: None,
             tls_key: None,
@@ -112,6 +114,11 @@ pub struct FileAgent {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+    /// The agent's own HOME (relative: to the data directory).
+    pub home: Option<PathBuf>,
+    /// The command `acpd agent login NAME` runs (default: the agent's terminal auth method).
+    #[serde(default)]
+    pub login: Vec<String>,
 }
 
 /// Options shared by `serve`, `stdio` and the admin subcommands. Each field is named like
@@ -204,6 +211,11 @@ pub struct Args {
     #[arg(long, env = "ACPD_RESUME_GRACE_SECS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resume_grace_secs: Option<u64>,
+    /// A hosted agent nothing asked for this long is stopped once its last live session
+    /// ends, in seconds (0: never).
+    #[arg(long, env = "ACPD_AGENT_IDLE_STOP_SECS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_idle_stop_secs: Option<u64>,
     /// Keepalive ping interval on resumable links, in milliseconds.
     #[arg(long, env = "ACPD_KEEPALIVE_MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -386,6 +398,7 @@ mod tests {
             journal_max_bytes: Some(10),
             shutdown_grace_secs: Some(11),
             resume_grace_secs: Some(12),
+            agent_idle_stop_secs: Some(16),
             keepalive_ms: Some(13),
             tls_cert: path(),
             tls_key: path(),
@@ -400,7 +413,7 @@ mod tests {
         let merged = Settings::default().overridden_by(&args).unwrap();
         let merged = toml::Table::try_from(&merged).unwrap();
         // All but `config` and `--agent`, which are not keys of their own.
-        assert_eq!(given.len(), 28);
+        assert_eq!(given.len(), 29);
         for (k, v) in given {
             assert_eq!(merged.get(&k), Some(&v), "{k}");
         }

@@ -7,7 +7,9 @@
 mod pgtest;
 mod support;
 
+mod agent_backoff;
 mod agent_processes;
+mod agent_supervision;
 mod bad_input;
 mod builtin;
 mod builtin_provider;

@@ -11,7 +11,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::support::{Daemon, DaemonOptions, acpd_bin};
 
 /// A plain HTTP/1.1 GET; returns the status code and the body.
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");

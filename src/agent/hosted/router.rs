@@ -310,6 +310,7 @@ impl Router {
     fn route(&mut self, msg: Incoming) {
         let (sid, event) = match msg {
             Incoming::Response { route, tag, result } => {
+                let result = result.map_err(|e| crate::agent::login::auth_hint(e, &self.agent));
                 self.deliver(&route, AgentEvent::Response { tag, result });
                 self.last_route = Some(route);
                 return;

@@ -1,0 +1,60 @@
+//! A profile's own HOME (`home = "…"`): the directory, created private, and the environment
+//! that points the agent at it — `HOME` and the XDG base directories beneath it — so two
+//! profiles of one agent never share credentials or state by accident.
+
+use std::path::Path;
+
+use crate::config::AgentProfile;
+
+/// The agent's own HOME: created private if missing.
+pub fn prepare(home: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(home)
+}
+
+/// The environment a profile's `home` gives the agent: `HOME` and the XDG base directories
+/// beneath it (a profile's own `env` wins).
+pub fn env(profile: &AgentProfile) -> Vec<(String, String)> {
+    let Some(home) = &profile.home else {
+        return vec![];
+    };
+    let h = home.display().to_string();
+    [
+        ("HOME", h.clone()),
+        ("XDG_CONFIG_HOME", format!("{h}/.config")),
+        ("XDG_DATA_HOME", format!("{h}/.local/share")),
+        ("XDG_STATE_HOME", format!("{h}/.local/state")),
+        ("XDG_CACHE_HOME", format!("{h}/.cache")),
+    ]
+    .into_iter()
+    .filter(|(k, _)| !profile.env.iter().any(|(e, _)| e == k))
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn home_points_home_and_xdg_beneath_it_and_the_profiles_env_wins() {
+        let mut p = AgentProfile {
+            name: "a".into(),
+            program: "x".into(),
+            args: vec![],
+            env: vec![("XDG_CACHE_HOME".into(), "/cache".into())],
+            cwd: None,
+            home: None,
+            login: vec![],
+        };
+        assert!(env(&p).is_empty());
+        p.home = Some("/data/homes/a".into());
+        let e = env(&p);
+        assert!(e.contains(&("HOME".into(), "/data/homes/a".into())));
+        assert!(e.contains(&("XDG_CONFIG_HOME".into(), "/data/homes/a/.config".into())));
+        assert!(!e.iter().any(|(k, _)| k == "XDG_CACHE_HOME"), "{e:?}");
+    }
+}
