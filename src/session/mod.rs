@@ -162,10 +162,15 @@ pub(crate) enum HubCommand {
     },
     /// Cancel the running turn of every live session (the end of a drain).
     CancelAll,
-    /// Whether a principal may start one more live session.
+    /// Whether a principal may start one more live session; yes reserves the place (given
+    /// back by `Spawn` or `Release`).
     Admit {
         principal: String,
         reply: oneshot::Sender<bool>,
+    },
+    /// A reserved place that will not be used (`hub::Reservation` dropped).
+    Release {
+        principal: String,
     },
     Ended {
         id: Arc<str>,
@@ -201,6 +206,7 @@ impl SessionHub {
             shared: shared.clone(),
             live: HashMap::new(),
             opening: HashMap::new(),
+            reserved: HashMap::new(),
             serial: 0,
         };
         tasks.spawn(task.run(rx));
@@ -256,6 +262,8 @@ impl SessionHub {
         if self.shared.hub.send(admit).await.is_err() || !rx.await.unwrap_or(false) {
             return Err((AcpError::TooManySessions, responder));
         }
+        // Held until the session is started; every early return below gives it back.
+        let reservation = hub::Reservation::new(&self.shared, principal);
         let key = AgentKey {
             principal: principal.to_owned(),
             profile: profile.to_owned(),
@@ -327,6 +335,8 @@ impl SessionHub {
                 reply,
             })
             .await;
+        // Once `Spawn` is queued the hub gives the place back itself (nothing awaits between).
+        reservation.use_up();
         let Ok(handle) = rx.await else {
             return Err((AcpError::SessionGone, responder));
         };

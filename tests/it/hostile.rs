@@ -474,3 +474,37 @@ async fn a_100_mb_frame_costs_only_its_own_connection() {
     still_answers(&mut tcp, 2, "a 100 MB line").await;
     other_client_works(&mut other, &other_sid, "a 100 MB line").await;
 }
+
+#[tokio::test]
+async fn a_frame_far_over_the_limit_is_closed_with_1009() {
+    // 1 MiB messages: frames past 4 MiB are not read at all.
+    let daemon =
+        Daemon::start_with(DaemonOptions::default().arg("--max-message-bytes", 1024 * 1024)).await;
+    let mut other = daemon.client().await;
+    let other_sid = other.open_session(&daemon.work_dir()).await;
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"session/list","params":{{"x":"{}"}}}}"#,
+        "a".repeat(8 * 1024 * 1024)
+    );
+    let (ws, _) = tokio_tungstenite::connect_async(daemon.ws_url())
+        .await
+        .expect("connect");
+    let (mut sink, mut stream) = ws.split();
+    // Read while writing: the close frame comes while the frame is still being sent.
+    let reader = tokio::spawn(async move {
+        loop {
+            match stream.next().await {
+                None | Some(Err(_)) => return None,
+                Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
+                Some(Ok(_)) => continue,
+            }
+        }
+    });
+    let _ = tokio::time::timeout(Duration::from_secs(30), sink.send(Message::text(big))).await;
+    let code = tokio::time::timeout(DEFAULT_TIMEOUT, reader)
+        .await
+        .expect("the socket must be closed after an oversize frame")
+        .unwrap();
+    assert_eq!(code, Some(1009), "close code");
+    other_client_works(&mut other, &other_sid, "an oversize WebSocket frame").await;
+}
