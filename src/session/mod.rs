@@ -5,6 +5,7 @@
 mod actor;
 pub mod compaction;
 mod hub;
+mod mcp;
 mod outbox;
 mod pending;
 mod retention;
@@ -275,10 +276,25 @@ impl SessionHub {
         let Some(cwd) = params.get("cwd").and_then(Value::as_str).map(str::to_owned) else {
             return Err((AcpError::InvalidParams("cwd is required".into()), responder));
         };
+        // Stdio MCP servers the policy does not allow never reach a hosted agent.
+        let policy = &self.shared.settings.mcp_policy;
+        let (params, mcp_refused) = match mcp::for_agent(profile, &params, policy, "(new)") {
+            Ok(p) => p,
+            Err(why) => return Err((AcpError::InvalidParams(why), responder)),
+        };
         let mut result = match agent.request("session/new", params.clone()).await {
             Ok(r) => r,
             Err(e) => return Err((e.into(), responder)),
         };
+        if !mcp_refused.is_empty() {
+            if !result["_meta"].is_object() {
+                result["_meta"] = json!({});
+            }
+            if !result["_meta"]["acpd"].is_object() {
+                result["_meta"]["acpd"] = json!({});
+            }
+            result["_meta"]["acpd"]["mcpServersRefused"] = json!(mcp_refused);
+        }
         let Some(agent_sid) = result
             .get("sessionId")
             .and_then(Value::as_str)

@@ -25,6 +25,7 @@ mod journal_retention;
 mod layering;
 mod limits;
 mod load_resume;
+mod mcp_hosted;
 mod mcp_policy;
 mod new_session;
 mod notification_flood;

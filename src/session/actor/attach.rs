@@ -75,7 +75,9 @@ impl Session {
             patch.cwd = Some(cwd.to_owned());
         }
         if let Some(m) = params.get("mcpServers") {
-            self.meta["mcpServers"] = m.clone();
+            let policy = &self.shared.settings.mcp_policy;
+            self.meta["mcpServers"] =
+                crate::session::mcp::stored_for_agent(&self.row.agent, Some(m), policy, &self.id);
             patch.meta = Some(self.meta.to_string());
         }
         self.save(patch);
