@@ -8,6 +8,7 @@ mod pgtest;
 mod support;
 
 mod agent_processes;
+mod attach_after;
 mod bad_input;
 mod builtin;
 mod builtin_provider;

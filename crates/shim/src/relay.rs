@@ -298,9 +298,13 @@ impl Relay {
                 let e = format!("a message that is not JSON: {:.200}", m.as_str());
                 return Err(window::WindowError::Malformed(e));
             }
-            FromDaemon::Private { id, ok } => {
+            FromDaemon::Private { id, ok, again } => {
                 if !ok {
                     tracing::warn!(%id, "re-attach request failed: {}", m.as_str());
+                }
+                if let Some((pid, line)) = again {
+                    self.recovering.insert(pid);
+                    self.window.push(line);
                 }
                 if self.recovering.remove(&id) && self.recovering.is_empty() {
                     tracing::info!("re-attached; resuming the editor's traffic");

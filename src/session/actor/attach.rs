@@ -27,6 +27,20 @@ impl Session {
         let current = self.next_seq - 1;
         let bootstrap = self.shared.settings.bootstrap_delay;
         let resend = matches!(mode, AttachMode::Load { .. });
+        // A client that claims to have seen more than the journal holds would silently miss
+        // every update up to its number: it is told, with the journal's end.
+        if let AttachMode::After { after_seq } = mode
+            && after_seq > current
+        {
+            if let Some(r) = responder {
+                let e = acpd_wire::ResponseError::invalid_params(format!(
+                    "afterSeq {after_seq} is beyond the session's last seq {current}; attach again from what you have (afterSeq <= {current}) or session/load"
+                ))
+                .with_data(json!({ "lastSeq": current }));
+                self.reply(r, Err(e));
+            }
+            return;
+        }
         let (after, result, reply_after_replay, hold) = match mode {
             AttachMode::New { result } => (0, Some(result), false, bootstrap),
             AttachMode::Implicit => (current, None, false, Duration::ZERO),
