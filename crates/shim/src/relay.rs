@@ -81,6 +81,8 @@ struct Relay {
     /// Largest editor line; longer ones are answered -32600 here. The daemon enforces its own
     /// (smaller) limit with a proper error.
     max_line: usize,
+    /// The daemon's message limit (its upgrade says; its default until then).
+    daemon_max: usize,
     retry_at: Option<Instant>,
     connecting: Option<oneshot::Receiver<Result<Connected, ConnectError>>>,
     to_stdout: VecDeque<OutLine>,
@@ -116,6 +118,7 @@ pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
         ever_connected: false,
         backoff: reconnect_backoff(),
         max_line,
+        daemon_max: acpd_wire::resume::DEFAULT_MAX_MESSAGE,
         retry_at: None,
         connecting: None,
         to_stdout: VecDeque::new(),
@@ -205,7 +208,8 @@ impl Relay {
     fn on_editor(&mut self, line: Line) {
         // Never put what cannot be relayed inside a frame: answer the editor here, as a server
         // would, and go on.
-        if let Some(answer) = bad_line::answer(&line, self.max_line) {
+        let too_big = || bad_line::over_daemon_limit(&line, self.daemon_max);
+        if let Some(answer) = bad_line::answer(&line, self.max_line).or_else(too_big) {
             tracing::warn!("an editor line could not be relayed; answered with an error");
             self.to_stdout.push_back(answer.into());
             return;
@@ -327,6 +331,7 @@ impl Relay {
                 if !resumed {
                     self.conn_id = Some(c.conn_id.clone());
                 }
+                self.daemon_max = c.max_message.unwrap_or(self.daemon_max);
                 tracing::info!(link = %c.conn_id, resumed, "connected to acpd");
                 self.ever_connected = true;
                 self.backoff = reconnect_backoff();
