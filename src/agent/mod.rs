@@ -146,6 +146,8 @@ enum PoolCommand {
         key: AgentKey,
         result: Result<AgentHandle, Arc<AgentError>>,
     },
+    /// Stop every agent process of a principal (its last valid token was revoked).
+    StopPrincipal { principal: String },
 }
 
 /// Hands out agent processes. Cheap to clone.
@@ -167,6 +169,7 @@ impl AgentPool {
             shutdown: shutdown.clone(),
             self_tx: tx.clone(),
             slots: HashMap::new(),
+            stops: HashMap::new(),
             generation: 0,
         };
         tasks.spawn(pool.run(rx));
@@ -191,6 +194,12 @@ impl AgentPool {
             .map_err(|_| Arc::new(AgentError::ShuttingDown))?;
         rx.await.map_err(|_| Arc::new(AgentError::ShuttingDown))?
     }
+
+    /// Stops the agent processes of `principal`; the next use starts new ones.
+    pub async fn stop_principal(&self, principal: &str) {
+        let principal = principal.to_owned();
+        let _ = self.tx.send(PoolCommand::StopPrincipal { principal }).await;
+    }
 }
 
 enum Slot {
@@ -204,6 +213,8 @@ struct PoolTask {
     shutdown: CancellationToken,
     self_tx: mpsc::Sender<PoolCommand>,
     slots: HashMap<AgentKey, Slot>,
+    /// Each process's own stop (a child of `shutdown`), for `StopPrincipal`.
+    stops: HashMap<AgentKey, CancellationToken>,
     generation: u64,
 }
 
@@ -231,6 +242,17 @@ impl PoolTask {
                     for w in waiters {
                         let _ = w.send(result.clone());
                     }
+                }
+                PoolCommand::StopPrincipal { principal } => {
+                    self.slots.retain(|k, _| k.principal != principal);
+                    self.stops.retain(|k, stop| {
+                        let keep = k.principal != principal;
+                        if !keep {
+                            tracing::info!(target: "acpd::audit", %principal, profile = %k.profile, "agent process stopped: its principal's token was revoked");
+                            stop.cancel();
+                        }
+                        keep
+                    });
                 }
             }
         }
@@ -268,13 +290,15 @@ impl PoolTask {
         };
         self.generation += 1;
         self.slots.insert(key.clone(), Slot::Starting(vec![reply]));
+        let stop = self.shutdown.child_token();
+        self.stops.insert(key.clone(), stop.clone());
         let start = start(
             profile,
             self.config.clone(),
             client_init,
             self.generation,
             self.tasks.clone(),
-            self.shutdown.clone(),
+            stop,
         );
         let tx = self.self_tx.clone();
         self.tasks.spawn(async move {

@@ -106,6 +106,10 @@ impl HubTask {
                         }
                     });
                 }
+                HubCommand::Revoked {
+                    principal,
+                    stop_agents,
+                } => self.revoked(principal, stop_agents),
                 HubCommand::Ended { id, serial } => {
                     if self.live.get(&id).is_some_and(|(s, _)| *s == serial) {
                         self.live.remove(&id);
@@ -193,6 +197,28 @@ impl HubTask {
                 .count()
                 + reserved
                 < max
+    }
+
+    /// Cancels the running turns of `principal`'s live sessions on a task; then, if asked,
+    /// stops its agent processes (after a moment, so turns end as cancelled, not as a crash).
+    fn revoked(&mut self, principal: String, stop_agents: bool) {
+        let live: Vec<SessionHandle> = self
+            .live
+            .values()
+            .filter(|(_, h)| *h.principal == *principal)
+            .map(|(_, h)| h.clone())
+            .collect();
+        tracing::warn!(target: "acpd::audit", %principal, sessions = live.len(), stop_agents, "token revoked: cancelling the principal's turns");
+        let pool = self.shared.pool.clone();
+        self.shared.tasks.spawn(async move {
+            for h in live {
+                let _ = h.send(SessionCommand::Cancel).await;
+            }
+            if stop_agents {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                pool.stop_principal(&principal).await;
+            }
+        });
     }
 
     /// Gives back one reserved place of `principal` (started or abandoned).

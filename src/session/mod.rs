@@ -163,6 +163,12 @@ pub(crate) enum HubCommand {
     },
     /// Cancel the running turn of every live session (the end of a drain).
     CancelAll,
+    /// A principal's token was revoked: cancel its running turns; `stop_agents` also stops
+    /// its agent processes (no valid token of it is connected any more).
+    Revoked {
+        principal: String,
+        stop_agents: bool,
+    },
     /// Whether a principal may start one more live session; yes reserves the place (given
     /// back by `Spawn` or `Release`).
     Admit {
@@ -226,6 +232,17 @@ impl SessionHub {
     /// Asks every live session to cancel its running turn (`stopReason: cancelled`).
     pub async fn cancel_all(&self) {
         let _ = self.shared.hub.send(HubCommand::CancelAll).await;
+    }
+
+    /// A token of `principal` was revoked: its running turns are cancelled and, when
+    /// `stop_agents`, its agent processes stopped.
+    pub async fn revoked(&self, principal: &str, stop_agents: bool) {
+        let principal = principal.to_owned();
+        let cmd = HubCommand::Revoked {
+            principal,
+            stop_agents,
+        };
+        let _ = self.shared.hub.send(cmd).await;
     }
 
     /// The live actor of a session that `principal` owns, started from the store if needed.

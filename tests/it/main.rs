@@ -32,6 +32,7 @@ mod new_session;
 mod notification_flood;
 mod operations;
 mod prompt_turn;
+mod revocation;
 mod scripted_agent;
 mod security;
 mod session_limit;

@@ -248,7 +248,9 @@ impl Relay {
                     Some((1001 | 1012, reason)) => {
                         tracing::info!(%reason, "acpd is restarting; reconnecting")
                     }
-                    Some((code @ (1002 | 1003 | 1007 | 1008), reason)) => {
+                    // 1008 (cut off: too slow, token revoked) is a reconnect: a revoked
+                    // token is then refused (401, exit), a slow editor reloads.
+                    Some((code @ (1002 | 1003 | 1007), reason)) => {
                         return Err(Exit::Protocol(format!(
                             "acpd closed the link ({code} {reason})"
                         )));

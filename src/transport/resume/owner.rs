@@ -233,8 +233,15 @@ impl Owner {
                 }
             }
             if peer_done && (socket.is_none() || !window.has_unwritten()) {
+                // The connection ended on acpd's side (token revoked, client too slow or
+                // flooding; a client's own 1000 ended the loop above): 1008, as plain sockets.
                 if let Some(s) = socket.take() {
-                    s.close(close_code::NORMAL, "");
+                    let r = if self.shutdown.is_cancelled() {
+                        CloseReason::SHUTDOWN
+                    } else {
+                        CloseReason::CUT_OFF
+                    };
+                    s.close(r.code, r.reason);
                 }
                 break "connection ended";
             }
