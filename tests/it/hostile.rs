@@ -1,5 +1,6 @@
-//! The hostile-input corpus: malformed UTF-8, deep nesting, huge numbers, 100 MB frames,
-//! unknown methods, wrong param types for every session method and ids of every JSON type,
+//! The hostile-input corpus: malformed UTF-8, deep nesting, huge numbers, 100 MB frames
+//! (and 1009 for frames past what is read at all), `afterSeq` past the journal, MCP server
+//! shapes, unknown methods, wrong param types for every session method and ids of every JSON type,
 //! sent at one connection. Each input gets the right JSON-RPC error (or nothing, for what is
 //! not a request), and after each one the same connection still answers `session/list` and
 //! another client's session still runs a prompt turn.
@@ -102,6 +103,24 @@ fn corpus(sid: &str, cwd: &str) -> Vec<Case> {
             "afterSeq 2^64",
             format!(r#"{{"jsonrpc":"2.0","id":12,"method":"_acpd/session/attach","params":{{"sessionId":"{sid}","afterSeq":18446744073709551616}}}}"#),
             Error(json!(12), INVALID_PARAMS),
+        ),
+        case(
+            "afterSeq beyond the journal's end",
+            request(json!(18), "_acpd/session/attach", json!({ "sessionId": sid, "afterSeq": 1_000_000_000 })),
+            Error(json!(18), INVALID_PARAMS),
+        ),
+        // MCP servers: not objects → -32602; a stdio command is accepted and not started
+        // (`mcp_hosted.rs` checks that with a marker file).
+        case(
+            "mcpServers of numbers",
+            request(json!(19), "session/new", json!({ "cwd": cwd, "mcpServers": [5] })),
+            Error(json!(19), INVALID_PARAMS),
+        ),
+        case(
+            "stdio MCP server",
+            request(json!(20), "session/new", json!({ "cwd": cwd, "mcpServers": [
+                { "name": "x", "command": "sh", "args": ["-c", "exit 3"], "env": [] }] })),
+            Ok(json!(20)),
         ),
         // Unknown methods.
         case("unknown method", request(json!(13), "no/such/method", json!({})), Error(json!(13), NOT_FOUND)),

@@ -28,19 +28,22 @@ impl Session {
         let bootstrap = self.shared.settings.bootstrap_delay;
         let resend = matches!(mode, AttachMode::Load { .. });
         // A client that claims to have seen more than the journal holds would silently miss
-        // every update up to its number: it is told, with the journal's end.
-        if let AttachMode::After { after_seq } = mode
-            && after_seq > current
-        {
-            if let Some(r) = responder {
-                let e = acpd_wire::ResponseError::invalid_params(format!(
-                    "afterSeq {after_seq} is beyond the session's last seq {current}; attach again from what you have (afterSeq <= {current}) or session/load"
-                ))
-                .with_data(json!({ "lastSeq": current }));
-                self.reply(r, Err(e));
+        // every update up to its number: it is told, with the journal's end. It stays
+        // attached as an implicit attach would (live updates from now on; the connection
+        // counts it as attached), so attaching again from the end replays nothing twice.
+        let (mode, responder) = match mode {
+            AttachMode::After { after_seq } if after_seq > current => {
+                if let Some(r) = responder {
+                    let e = acpd_wire::ResponseError::invalid_params(format!(
+                        "afterSeq {after_seq} is beyond the session's last seq {current}; nothing replayed; attach again from what you have (afterSeq <= {current}) or session/load"
+                    ))
+                    .with_data(json!({ "lastSeq": current }));
+                    self.reply(r, Err(e));
+                }
+                (AttachMode::Implicit, None)
             }
-            return;
-        }
+            mode => (mode, responder),
+        };
         let (after, result, reply_after_replay, hold) = match mode {
             AttachMode::New { result } => (0, Some(result), false, bootstrap),
             AttachMode::Implicit => (current, None, false, Duration::ZERO),
