@@ -494,18 +494,16 @@ async fn a_100_mb_frame_costs_only_its_own_connection() {
     other_client_works(&mut other, &other_sid, "a 100 MB line").await;
 }
 
-#[tokio::test]
-async fn a_frame_far_over_the_limit_is_closed_with_1009() {
-    // 1 MiB messages: frames past 4 MiB are not read at all.
-    let daemon =
-        Daemon::start_with(DaemonOptions::default().arg("--max-message-bytes", 1024 * 1024)).await;
-    let mut other = daemon.client().await;
-    let other_sid = other.open_session(&daemon.work_dir()).await;
-    let big = format!(
-        r#"{{"jsonrpc":"2.0","id":1,"method":"session/list","params":{{"x":"{}"}}}}"#,
-        "a".repeat(8 * 1024 * 1024)
-    );
-    let (ws, _) = tokio_tungstenite::connect_async(daemon.ws_url())
+/// Sends `big` as one frame on a fresh WebSocket (resumable: offering `acpd.resume.v1`) while
+/// reading; the close code that comes back.
+async fn close_code_after(daemon: &Daemon, big: &str, resumable: bool) -> Option<u16> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = daemon.ws_url().into_client_request().unwrap();
+    if resumable {
+        let p = "acpd.resume.v1".parse().unwrap();
+        req.headers_mut().insert("sec-websocket-protocol", p);
+    }
+    let (ws, _) = tokio_tungstenite::connect_async(req)
         .await
         .expect("connect");
     let (mut sink, mut stream) = ws.split();
@@ -519,11 +517,36 @@ async fn a_frame_far_over_the_limit_is_closed_with_1009() {
             }
         }
     });
-    let _ = tokio::time::timeout(Duration::from_secs(30), sink.send(Message::text(big))).await;
-    let code = tokio::time::timeout(DEFAULT_TIMEOUT, reader)
+    let frame = Message::text(big.to_owned());
+    let _ = tokio::time::timeout(Duration::from_secs(30), sink.send(frame)).await;
+    tokio::time::timeout(DEFAULT_TIMEOUT, reader)
         .await
         .expect("the socket must be closed after an oversize frame")
-        .unwrap();
-    assert_eq!(code, Some(1009), "close code");
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_frame_far_over_the_limit_is_closed_with_1009() {
+    // 1 MiB messages: frames past 4 MiB are not read at all.
+    let daemon =
+        Daemon::start_with(DaemonOptions::default().arg("--max-message-bytes", 1024 * 1024)).await;
+    let mut other = daemon.client().await;
+    let other_sid = other.open_session(&daemon.work_dir()).await;
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"session/list","params":{{"x":"{}"}}}}"#,
+        "a".repeat(8 * 1024 * 1024)
+    );
+    assert_eq!(
+        close_code_after(&daemon, &big, false).await,
+        Some(1009),
+        "plain"
+    );
     other_client_works(&mut other, &other_sid, "an oversize WebSocket frame").await;
+    let framed = format!(r#"{{"s":1,"a":0,"m":{big}}}"#);
+    assert_eq!(
+        close_code_after(&daemon, &framed, true).await,
+        Some(1009),
+        "resumable"
+    );
+    other_client_works(&mut other, &other_sid, "an oversize resumable frame").await;
 }
