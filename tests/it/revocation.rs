@@ -182,7 +182,7 @@ async fn revocation_closes_every_link_cancels_turns_and_stops_agents() {
 }
 
 #[tokio::test]
-async fn another_valid_token_of_the_principal_keeps_its_link_and_agent() {
+async fn another_valid_token_keeps_its_link_and_agent_and_turns_are_cancelled() {
     let daemon = Daemon::start_with(DaemonOptions::default().auth()).await;
     let lost = sec::token_create(&daemon, "alice").await;
     let lost_id = token_ids(&daemon, "alice").await.remove(0);
@@ -200,12 +200,16 @@ async fn another_valid_token_of_the_principal_keeps_its_link_and_agent() {
     let mut laptop = sec::client(&daemon.ws_url(), &[(h, &v)], None).await;
     let sid = laptop.open_session(&daemon.work_dir()).await;
     let agents = daemon.agent_pids();
+    // A running turn of the principal (a turn is not tied to a token: it is cancelled).
+    let turn = laptop.send_prompt(&sid, "sleep 20000\necho too late").await;
 
     revoke(&daemon, &lost_id).await;
     assert_eq!(
         close_code(&mut stolen, Duration::from_secs(8)).await,
         Some(1008)
     );
+    let done = laptop.wait_response(&turn).await.expect("prompt answer");
+    assert_eq!(done["stopReason"], "cancelled", "{done}");
     // The principal still has a valid token connected: its agent and session go on.
     let (_, r) = laptop.prompt(&sid, "echo still here").await;
     assert_eq!(r.expect("prompt")["stopReason"], "end_turn");
