@@ -60,8 +60,9 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
         init: None,
         sessions: HashMap::new(),
         handlers: JoinSet::new(),
+        flooded: false,
     };
-    loop {
+    while !conn.flooded {
         tokio::select! {
             msg = incoming.recv() => match msg {
                 Some(Incoming::Request(req)) => conn.on_request(req).await,
@@ -78,6 +79,9 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
                 Ok(Done::Nothing) | Err(_) => {}
             }
         }
+    }
+    if conn.flooded {
+        conn.close_flooded().await;
     }
     // A closed socket detaches; it does not cancel. Turns go on and are journaled.
     for (_, slot) in conn.sessions.drain() {
@@ -132,6 +136,10 @@ impl RateLimit {
     }
 }
 
+/// Handler tasks (opening sessions, agent calls) one connection may have running; a request
+/// beyond them is answered `RATE_LIMITED`, a notification closes the connection.
+const MAX_HANDLERS: usize = 1024;
+
 /// Commands a connection holds for a session that is still being opened (beyond them the
 /// client is answered an error: it is flooding a session that does not answer).
 const OPENING_QUEUE: usize = 1024;
@@ -163,6 +171,9 @@ struct Connection {
     init: Option<Arc<Value>>,
     sessions: HashMap<String, Slot>,
     handlers: JoinSet<Done>,
+    /// Notifications came faster than the rate limit (they cannot be refused one by one):
+    /// the loop ends and the connection is closed.
+    flooded: bool,
 }
 
 impl Connection {
@@ -216,6 +227,10 @@ impl Connection {
         tracing::debug!(%method, "request");
         if !self.rate.admit() {
             let e = ResponseError::new(RATE_LIMITED, "Rate limit exceeded; slow down");
+            return responder.respond(Err(e)).await;
+        }
+        if self.handlers.len() >= MAX_HANDLERS {
+            let e = ResponseError::new(RATE_LIMITED, "Too many requests in flight; slow down");
             return responder.respond(Err(e)).await;
         }
         if method == "initialize" {
@@ -339,6 +354,12 @@ impl Connection {
     }
 
     async fn on_notification(&mut self, n: Notification) {
+        // Notifications count against the rate too; one over it cannot be answered, so the
+        // connection ends (dropping it silently could lose a `session/cancel`).
+        if !self.rate.admit() || self.handlers.len() >= MAX_HANDLERS {
+            self.flooded = true;
+            return;
+        }
         let params = n.params.unwrap_or_else(|| json!({}));
         let Some(init) = self.init.clone() else {
             return;
@@ -451,6 +472,20 @@ impl Connection {
             }
         }
         self.sessions.insert(sid, Slot::Attached(handle));
+    }
+
+    /// Tells a client whose notifications outran the rate limit why it is closed, then
+    /// closes it (a WebSocket with 1008).
+    async fn close_flooded(&self) {
+        tracing::warn!(target: "acpd::audit", principal = %self.ctx.principal_name, "notifications over the rate limit; connection closed");
+        let e = json!({ "jsonrpc": "2.0", "id": null, "error": {
+            "code": RATE_LIMITED,
+            "message": "Rate limit exceeded by notifications; connection closed",
+        }});
+        let _ = self.peer.send_raw(e.to_string()).await;
+        // The peer writes what it was given before it stops; a moment is enough for that.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        self.peer.close();
     }
 
     fn initialize(&mut self, params: Value, responder: Responder) {

@@ -32,6 +32,8 @@ enum PoolCommand {
     },
     /// The process of `key` started as `generation` has exited.
     Exited { key: AgentKey, generation: u64 },
+    /// Stop every agent process of a principal (its last valid token was revoked).
+    StopPrincipal { principal: String },
 }
 
 /// Hands out agent processes. Cheap to clone.
@@ -53,12 +55,19 @@ impl AgentPool {
             shutdown: shutdown.clone(),
             self_tx: tx.clone(),
             slots: HashMap::new(),
+            stops: HashMap::new(),
             generation: 0,
             backoff: HashMap::new(),
             policy: backoff::Policy::default(),
         };
         tasks.spawn(pool.run(rx));
         AgentPool { tx }
+    }
+
+    /// Stops the agent processes of `principal`; the next use starts new ones.
+    pub async fn stop_principal(&self, principal: &str) {
+        let principal = principal.to_owned();
+        let _ = self.tx.send(PoolCommand::StopPrincipal { principal }).await;
     }
 
     /// The live process for `key`, started (and initialized with `client_init`, the first
@@ -111,6 +120,8 @@ struct PoolTask {
     shutdown: CancellationToken,
     self_tx: mpsc::Sender<PoolCommand>,
     slots: HashMap<AgentKey, Slot>,
+    /// Each process's own stop (a child of `shutdown`), for `StopPrincipal`.
+    stops: HashMap<AgentKey, CancellationToken>,
     generation: u64,
     backoff: HashMap<AgentKey, backoff::Backoff>,
     policy: backoff::Policy,
@@ -166,8 +177,23 @@ impl PoolTask {
                         self.exited(&key);
                     }
                 }
+                PoolCommand::StopPrincipal { principal } => self.stop_principal(&principal),
             }
         }
+    }
+
+    /// The principal's last valid token was revoked: its processes stop (their exit is a
+    /// stop, not a failure: the slots go first), and the next use starts new ones.
+    fn stop_principal(&mut self, principal: &str) {
+        self.slots.retain(|k, _| k.principal != principal);
+        self.stops.retain(|k, stop| {
+            let keep = k.principal != principal;
+            if !keep {
+                tracing::info!(target: "acpd::audit", %principal, profile = %k.profile, "agent process stopped: its principal's token was revoked");
+                stop.cancel();
+            }
+            keep
+        });
     }
 
     /// Agents not asked for within `agent_idle_stop` are held weakly from now on.
@@ -298,13 +324,15 @@ impl PoolTask {
         }
         self.generation += 1;
         self.slots.insert(key.clone(), Slot::Starting(vec![reply]));
+        let stop = self.shutdown.child_token();
+        self.stops.insert(key.clone(), stop.clone());
         let start = start(
             profile,
             self.config.clone(),
             client_init,
             self.generation,
             self.tasks.clone(),
-            self.shutdown.clone(),
+            stop,
         );
         let tx = self.self_tx.clone();
         let generation = self.generation;

@@ -109,6 +109,9 @@ pub struct SessionSettings {
     /// Live sessions of one principal (0: no limit; `max_sessions_per_principal`). Here
     /// rather than in `Limits` because the session hub, which counts them, enforces it.
     pub max_live_per_principal: usize,
+    /// `mcp_stdio` / `mcp_stdio_allow`, applied to what hosted agents are sent
+    /// (`session::mcp`).
+    pub mcp_policy: acpd_builtin::McpPolicy,
 }
 
 #[derive(Debug, Clone)]
@@ -281,6 +284,7 @@ impl Config {
                 journal_max_entries: s.journal_max_entries,
                 journal_max_bytes: s.journal_max_bytes,
                 max_live_per_principal: s.max_sessions_per_principal,
+                mcp_policy: mcp_policy.clone(),
             },
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
             builtin,

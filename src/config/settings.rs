@@ -191,7 +191,7 @@ pub struct Args {
     #[arg(long, env = "ACPD_MAX_SESSIONS_PER_PRINCIPAL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_sessions_per_principal: Option<usize>,
-    /// Requests per second per connection (0: no limit).
+    /// Requests and notifications per second per connection (0: no limit).
     #[arg(long, env = "ACPD_MAX_REQUESTS_PER_SECOND")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_requests_per_second: Option<u32>,
@@ -257,7 +257,7 @@ pub struct Args {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<SocketAddr>,
     /// Stdio MCP servers from clients: "ask" the client, "allow" all, or "deny" all
-    /// (commands in `mcp_stdio_allow` always start).
+    /// (commands in `mcp_stdio_allow` always start); for hosted agents "ask" drops them.
     #[arg(long, env = "ACPD_MCP_STDIO")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mcp_stdio: Option<String>,

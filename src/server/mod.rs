@@ -176,6 +176,7 @@ pub async fn serve(
         store: core.store.clone(),
         registry: registry::Registry::spawn(
             core.store.clone(),
+            core.hub.clone(),
             core.config.limits.max_connections,
             core.config.limits.max_connections_per_principal,
             &core.tasks,

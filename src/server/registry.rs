@@ -4,6 +4,10 @@
 //!
 //! The registry task never waits on the store: each check is a task of its own that reports
 //! the revoked token ids back as a message (like `AgentPool`'s `Started`), at most one at a time.
+//!
+//! A revocation closes every connection of the token (plain WebSocket and resumable links
+//! with 1008, TCP), cancels its principal's running turns, and, when no connection of that
+//! principal with a valid token is left, stops its agent processes (`SessionHub::revoked`).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -12,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::session::SessionHub;
 use acpd_store::Store;
 
 /// How often the tokens in use are checked for revocation.
@@ -83,6 +88,7 @@ impl Registry {
     /// Starts the registry task; it ends with `shutdown`.
     pub fn spawn(
         store: Store,
+        hub: SessionHub,
         max_total: usize,
         max_per_principal: usize,
         tasks: &TaskTracker,
@@ -91,6 +97,7 @@ impl Registry {
         let (tx, rx) = mpsc::channel(256);
         let task = Task {
             store,
+            hub,
             max_total,
             max_per_principal,
             live: HashMap::new(),
@@ -135,6 +142,8 @@ impl Registry {
 
 struct Task {
     store: Store,
+    /// Told about revoked principals (turns cancelled, agents stopped).
+    hub: SessionHub,
     max_total: usize,
     max_per_principal: usize,
     live: HashMap<String, Entry>,
@@ -220,8 +229,10 @@ impl Task {
         });
     }
 
-    /// Cuts off the live connections whose token is in `revoked`.
+    /// Cuts off the live connections whose token is in `revoked`, then tells the hub about
+    /// their principals.
     fn cut_off(&self, revoked: &HashSet<String>) {
+        let mut principals = HashSet::new();
         for (conn_id, e) in &self.live {
             if let Some(t) = &e.token_id
                 && revoked.contains(t)
@@ -229,7 +240,18 @@ impl Task {
             {
                 tracing::warn!(target: "acpd::audit", token = %t, conn = %conn_id, "token revoked: connection cut off");
                 e.kick.cancel();
+                principals.insert(e.principal.clone());
             }
+        }
+        for principal in principals {
+            let still_valid = self.live.values().any(|e| {
+                e.principal == principal
+                    && !e.kick.is_cancelled()
+                    && e.token_id.as_ref().is_none_or(|t| !revoked.contains(t))
+            });
+            let hub = self.hub.clone();
+            self.tasks
+                .spawn(async move { hub.revoked(&principal, !still_valid).await });
         }
     }
 }

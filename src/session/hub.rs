@@ -1,6 +1,7 @@
 //! The hub's task: owns the map of live sessions, opens them from the store (a task reads
 //! the row; the answer comes back as `Loaded`), checks the owning principal and the
-//! live-session limit.
+//! live-session limit. A `session/new` reserves its place under that limit before it asks
+//! the agent (`Reservation`), so concurrent ones cannot all pass the check.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,7 +23,52 @@ pub(super) struct HubTask {
     pub live: HashMap<Arc<str>, (u64, SessionHandle)>,
     /// Sessions whose row is being read, with who waits for them.
     pub opening: HashMap<String, Vec<OpenWaiter>>,
+    /// Places under the live-session limit held by `session/new`s still under way.
+    pub reserved: HashMap<String, usize>,
     pub serial: u64,
+}
+
+/// A place under a principal's live-session limit, held from the admission of a
+/// `session/new` until its session is started; given back when dropped unused.
+pub(crate) struct Reservation {
+    principal: String,
+    hub: mpsc::Sender<HubCommand>,
+    tasks: tokio_util::task::TaskTracker,
+    used: bool,
+}
+
+impl Reservation {
+    pub(super) fn new(shared: &Shared, principal: &str) -> Reservation {
+        Reservation {
+            principal: principal.to_owned(),
+            hub: shared.hub.clone(),
+            tasks: shared.tasks.clone(),
+            used: false,
+        }
+    }
+
+    /// The session is being started: the hub counts it as live from now on.
+    pub(super) fn use_up(mut self) {
+        self.used = true;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.used {
+            return;
+        }
+        let cmd = HubCommand::Release {
+            principal: std::mem::take(&mut self.principal),
+        };
+        // Drop cannot await: a full queue is finished on a tracked task.
+        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.hub.try_send(cmd) {
+            let hub = self.hub.clone();
+            self.tasks.spawn(async move {
+                let _ = hub.send(cmd).await;
+            });
+        }
+    }
 }
 
 impl HubTask {
@@ -40,11 +86,17 @@ impl HubTask {
                 } => self.open(id, principal, reply),
                 HubCommand::Loaded { id, row } => self.loaded(id, *row),
                 HubCommand::Spawn { row, agent, reply } => {
+                    self.release(&row.principal_id);
                     let _ = reply.send(self.start(*row, agent));
                 }
                 HubCommand::Admit { principal, reply } => {
-                    let _ = reply.send(self.admits(&principal));
+                    let admitted = self.admits(&principal);
+                    if admitted {
+                        *self.reserved.entry(principal).or_default() += 1;
+                    }
+                    let _ = reply.send(admitted);
                 }
+                HubCommand::Release { principal } => self.release(&principal),
                 HubCommand::CancelAll => {
                     let live: Vec<SessionHandle> =
                         self.live.values().map(|(_, h)| h.clone()).collect();
@@ -54,6 +106,10 @@ impl HubTask {
                         }
                     });
                 }
+                HubCommand::Revoked {
+                    principal,
+                    stop_agents,
+                } => self.revoked(principal, stop_agents),
                 HubCommand::Ended { id, serial } => {
                     if self.live.get(&id).is_some_and(|(s, _)| *s == serial) {
                         self.live.remove(&id);
@@ -129,16 +185,50 @@ impl HubTask {
         }
     }
 
-    /// Whether `principal` may have one more live session.
+    /// Whether `principal` may have one more live session (counting the reserved ones).
     fn admits(&self, principal: &str) -> bool {
         let max = self.shared.settings.max_live_per_principal;
+        let reserved = self.reserved.get(principal).copied().unwrap_or(0);
         max == 0
             || self
                 .live
                 .values()
                 .filter(|(_, h)| !h.is_closed() && &*h.principal == principal)
                 .count()
+                + reserved
                 < max
+    }
+
+    /// Cancels the running turns of `principal`'s live sessions on a task; then, if asked,
+    /// stops its agent processes (after a moment, so turns end as cancelled, not as a crash).
+    fn revoked(&mut self, principal: String, stop_agents: bool) {
+        let live: Vec<SessionHandle> = self
+            .live
+            .values()
+            .filter(|(_, h)| *h.principal == *principal)
+            .map(|(_, h)| h.clone())
+            .collect();
+        tracing::warn!(target: "acpd::audit", %principal, sessions = live.len(), stop_agents, "token revoked: cancelling the principal's turns");
+        let pool = self.shared.pool.clone();
+        self.shared.tasks.spawn(async move {
+            for h in live {
+                let _ = h.send(SessionCommand::Cancel).await;
+            }
+            if stop_agents {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                pool.stop_principal(&principal).await;
+            }
+        });
+    }
+
+    /// Gives back one reserved place of `principal` (started or abandoned).
+    fn release(&mut self, principal: &str) {
+        if let Some(n) = self.reserved.get_mut(principal) {
+            *n -= 1;
+            if *n == 0 {
+                self.reserved.remove(principal);
+            }
+        }
     }
 
     fn start(&mut self, row: SessionRow, agent: Option<(AgentHandle, String)>) -> SessionHandle {

@@ -5,6 +5,7 @@
 mod actor;
 pub mod compaction;
 mod hub;
+mod mcp;
 mod outbox;
 mod pending;
 mod retention;
@@ -162,10 +163,21 @@ pub(crate) enum HubCommand {
     },
     /// Cancel the running turn of every live session (the end of a drain).
     CancelAll,
-    /// Whether a principal may start one more live session.
+    /// A principal's token was revoked: cancel its running turns; `stop_agents` also stops
+    /// its agent processes (no valid token of it is connected any more).
+    Revoked {
+        principal: String,
+        stop_agents: bool,
+    },
+    /// Whether a principal may start one more live session; yes reserves the place (given
+    /// back by `Spawn` or `Release`).
     Admit {
         principal: String,
         reply: oneshot::Sender<bool>,
+    },
+    /// A reserved place that will not be used (`hub::Reservation` dropped).
+    Release {
+        principal: String,
     },
     Ended {
         id: Arc<str>,
@@ -201,6 +213,7 @@ impl SessionHub {
             shared: shared.clone(),
             live: HashMap::new(),
             opening: HashMap::new(),
+            reserved: HashMap::new(),
             serial: 0,
         };
         tasks.spawn(task.run(rx));
@@ -219,6 +232,17 @@ impl SessionHub {
     /// Asks every live session to cancel its running turn (`stopReason: cancelled`).
     pub async fn cancel_all(&self) {
         let _ = self.shared.hub.send(HubCommand::CancelAll).await;
+    }
+
+    /// A token of `principal` was revoked: its running turns are cancelled and, when
+    /// `stop_agents`, its agent processes stopped.
+    pub async fn revoked(&self, principal: &str, stop_agents: bool) {
+        let principal = principal.to_owned();
+        let cmd = HubCommand::Revoked {
+            principal,
+            stop_agents,
+        };
+        let _ = self.shared.hub.send(cmd).await;
     }
 
     /// The live actor of a session that `principal` owns, started from the store if needed.
@@ -256,6 +280,8 @@ impl SessionHub {
         if self.shared.hub.send(admit).await.is_err() || !rx.await.unwrap_or(false) {
             return Err((AcpError::TooManySessions, responder));
         }
+        // Held until the session is started; every early return below gives it back.
+        let reservation = hub::Reservation::new(&self.shared, principal);
         let key = AgentKey {
             principal: principal.to_owned(),
             profile: profile.to_owned(),
@@ -267,10 +293,25 @@ impl SessionHub {
         let Some(cwd) = params.get("cwd").and_then(Value::as_str).map(str::to_owned) else {
             return Err((AcpError::InvalidParams("cwd is required".into()), responder));
         };
+        // Stdio MCP servers the policy does not allow never reach a hosted agent.
+        let policy = &self.shared.settings.mcp_policy;
+        let (params, mcp_refused) = match mcp::for_agent(profile, &params, policy, "(new)") {
+            Ok(p) => p,
+            Err(why) => return Err((AcpError::InvalidParams(why), responder)),
+        };
         let mut result = match agent.request("session/new", params.clone()).await {
             Ok(r) => r,
             Err(e) => return Err((e.into(), responder)),
         };
+        if !mcp_refused.is_empty() {
+            if !result["_meta"].is_object() {
+                result["_meta"] = json!({});
+            }
+            if !result["_meta"]["acpd"].is_object() {
+                result["_meta"]["acpd"] = json!({});
+            }
+            result["_meta"]["acpd"]["mcpServersRefused"] = json!(mcp_refused);
+        }
         let Some(agent_sid) = result
             .get("sessionId")
             .and_then(Value::as_str)
@@ -327,6 +368,8 @@ impl SessionHub {
                 reply,
             })
             .await;
+        // Once `Spawn` is queued the hub gives the place back itself (nothing awaits between).
+        reservation.use_up();
         let Ok(handle) = rx.await else {
             return Err((AcpError::SessionGone, responder));
         };

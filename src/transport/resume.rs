@@ -24,7 +24,7 @@ use acpd_wire::Link;
 use owner::{Control, Owner};
 
 pub use acpd_wire::resume::{
-    CONNECTION_ID_HEADER, LAST_SEQ_HEADER, RESUME_HEADER, SUBPROTOCOL, window,
+    CONNECTION_ID_HEADER, LAST_SEQ_HEADER, MAX_MESSAGE_HEADER, RESUME_HEADER, SUBPROTOCOL, window,
 };
 
 /// Tunables, from `Config`.
@@ -185,6 +185,10 @@ impl Resumer {
             h.insert(CONNECTION_ID_HEADER, v);
         }
         h.insert(LAST_SEQ_HEADER, HeaderValue::from(ours));
+        h.insert(
+            MAX_MESSAGE_HEADER,
+            HeaderValue::from(self.settings.max_message_bytes),
+        );
         resp
     }
 
@@ -243,6 +247,8 @@ impl Resumer {
         if let Ok(v) = HeaderValue::from_str(&id) {
             resp.headers_mut().insert(CONNECTION_ID_HEADER, v);
         }
+        let max = HeaderValue::from(self.settings.max_message_bytes);
+        resp.headers_mut().insert(MAX_MESSAGE_HEADER, max);
         resp
     }
 

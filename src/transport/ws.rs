@@ -26,6 +26,17 @@ impl CloseReason {
         code: close_code::AWAY,
         reason: "acpd is shutting down; reconnect later",
     };
+    /// A frame far over `max_message_bytes` (tungstenite refused to read it).
+    pub const TOO_BIG: CloseReason = CloseReason {
+        code: close_code::SIZE,
+        reason: "message too big for acpd's max_message_bytes",
+    };
+}
+
+/// Whether a read error is tungstenite's size limit (`Error::Capacity`, which axum wraps
+/// without exposing the type: its text is the only handle, "Space limit exceeded: …").
+pub(crate) fn is_too_big(e: &axum::Error) -> bool {
+    e.to_string().contains("Space limit exceeded")
 }
 
 /// Runs the pump for one upgraded socket. Returns the link for the peer and the pump's future.
@@ -89,6 +100,10 @@ pub fn pump(
                     Some(Ok(Message::Close(_))) | None => {
                         input_done = true;
                         client_left = true;
+                    }
+                    Some(Err(e)) if is_too_big(&e) => {
+                        tracing::info!(error = %e, "websocket frame over the size limit; closing");
+                        break Some(CloseReason::TOO_BIG);
                     }
                     Some(Err(e)) => {
                         tracing::debug!(error = %e, "websocket read failed");

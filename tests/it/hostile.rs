@@ -1,5 +1,6 @@
-//! The hostile-input corpus: malformed UTF-8, deep nesting, huge numbers, 100 MB frames,
-//! unknown methods, wrong param types for every session method and ids of every JSON type,
+//! The hostile-input corpus: malformed UTF-8, deep nesting, huge numbers, 100 MB frames
+//! (and 1009 for frames past what is read at all), `afterSeq` past the journal, MCP server
+//! shapes, unknown methods, wrong param types for every session method and ids of every JSON type,
 //! sent at one connection. Each input gets the right JSON-RPC error (or nothing, for what is
 //! not a request), and after each one the same connection still answers `session/list` and
 //! another client's session still runs a prompt turn.
@@ -102,6 +103,24 @@ fn corpus(sid: &str, cwd: &str) -> Vec<Case> {
             "afterSeq 2^64",
             format!(r#"{{"jsonrpc":"2.0","id":12,"method":"_acpd/session/attach","params":{{"sessionId":"{sid}","afterSeq":18446744073709551616}}}}"#),
             Error(json!(12), INVALID_PARAMS),
+        ),
+        case(
+            "afterSeq beyond the journal's end",
+            request(json!(18), "_acpd/session/attach", json!({ "sessionId": sid, "afterSeq": 1_000_000_000 })),
+            Error(json!(18), INVALID_PARAMS),
+        ),
+        // MCP servers: not objects → -32602; a stdio command is accepted and not started
+        // (`mcp_hosted.rs` checks that with a marker file).
+        case(
+            "mcpServers of numbers",
+            request(json!(19), "session/new", json!({ "cwd": cwd, "mcpServers": [5] })),
+            Error(json!(19), INVALID_PARAMS),
+        ),
+        case(
+            "stdio MCP server",
+            request(json!(20), "session/new", json!({ "cwd": cwd, "mcpServers": [
+                { "name": "x", "command": "sh", "args": ["-c", "exit 3"], "env": [] }] })),
+            Ok(json!(20)),
         ),
         // Unknown methods.
         case("unknown method", request(json!(13), "no/such/method", json!({})), Error(json!(13), NOT_FOUND)),
@@ -473,4 +492,61 @@ async fn a_100_mb_frame_costs_only_its_own_connection() {
     assert_eq!(reply["error"]["code"], INVALID_REQUEST, "{reply}");
     still_answers(&mut tcp, 2, "a 100 MB line").await;
     other_client_works(&mut other, &other_sid, "a 100 MB line").await;
+}
+
+/// Sends `big` as one frame on a fresh WebSocket (resumable: offering `acpd.resume.v1`) while
+/// reading; the close code that comes back.
+async fn close_code_after(daemon: &Daemon, big: &str, resumable: bool) -> Option<u16> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = daemon.ws_url().into_client_request().unwrap();
+    if resumable {
+        let p = "acpd.resume.v1".parse().unwrap();
+        req.headers_mut().insert("sec-websocket-protocol", p);
+    }
+    let (ws, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("connect");
+    let (mut sink, mut stream) = ws.split();
+    // Read while writing: the close frame comes while the frame is still being sent.
+    let reader = tokio::spawn(async move {
+        loop {
+            match stream.next().await {
+                None | Some(Err(_)) => return None,
+                Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
+                Some(Ok(_)) => continue,
+            }
+        }
+    });
+    let frame = Message::text(big.to_owned());
+    let _ = tokio::time::timeout(Duration::from_secs(30), sink.send(frame)).await;
+    tokio::time::timeout(DEFAULT_TIMEOUT, reader)
+        .await
+        .expect("the socket must be closed after an oversize frame")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_frame_far_over_the_limit_is_closed_with_1009() {
+    // 1 MiB messages: frames past 4 MiB are not read at all.
+    let daemon =
+        Daemon::start_with(DaemonOptions::default().arg("--max-message-bytes", 1024 * 1024)).await;
+    let mut other = daemon.client().await;
+    let other_sid = other.open_session(&daemon.work_dir()).await;
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"session/list","params":{{"x":"{}"}}}}"#,
+        "a".repeat(8 * 1024 * 1024)
+    );
+    assert_eq!(
+        close_code_after(&daemon, &big, false).await,
+        Some(1009),
+        "plain"
+    );
+    other_client_works(&mut other, &other_sid, "an oversize WebSocket frame").await;
+    let framed = format!(r#"{{"s":1,"a":0,"m":{big}}}"#);
+    assert_eq!(
+        close_code_after(&daemon, &framed, true).await,
+        Some(1009),
+        "resumable"
+    );
+    other_client_works(&mut other, &other_sid, "an oversize resumable frame").await;
 }

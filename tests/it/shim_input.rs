@@ -78,3 +78,41 @@ async fn checks(shim: &mut Shim, sid: &str) -> Result<()> {
     assert_eq!(shim.wait_exit().await?, 0, "{}", shim.stderr());
     Ok(())
 }
+
+#[tokio::test]
+async fn a_line_over_the_daemons_limit_is_answered_not_resent_forever() -> Result<()> {
+    // The daemon takes 1 MiB messages and closes a socket whose frame passes 4 MiB; the
+    // shim's own limit (256 MiB) would let a 6 MiB line through.
+    let d = Daemon::start_with(
+        std::sync::Arc::new(tempfile::tempdir()?),
+        crate::shim_support::free_port(),
+        false,
+        &["--max-message-bytes", "1048576"],
+    )
+    .await?;
+    let mut shim = Shim::spawn(&d.url(), &[], d.dir.path())?;
+    let sid = shim.open_session().await?;
+    for (id, size) in [(61, 6 << 20), (62, (1 << 20) + 100)] {
+        let text = "y".repeat(size);
+        let big = json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt", "params": prompt(&sid, &text)});
+        shim.send(&big).await?;
+        let m = shim.next_answer().await?;
+        assert_eq!(error_of(&m), (json!(id), json!(-32600)), "{m}");
+        let msg = m["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("acpd's limit"), "{m}");
+    }
+    // The link was never lost, and the shim goes on.
+    let id = shim
+        .request("session/prompt", prompt(&sid, "echo after the big one"))
+        .await?;
+    let (done, _) = shim.until_response(id).await?;
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    assert!(
+        !shim.stderr().contains("reconnect"),
+        "the shim reconnected: {}",
+        shim.stderr()
+    );
+    shim.close_stdin();
+    assert_eq!(shim.wait_exit().await?, 0, "{}", shim.stderr());
+    Ok(())
+}

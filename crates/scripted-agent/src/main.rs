@@ -6,6 +6,9 @@
 //! stdin/stdout, logs on stderr. Standalone on purpose: it must not share code with the
 //! daemon it tests.
 //!
+//! Like a real agent, it starts the stdio MCP servers named in `session/new|load|resume`
+//! (and does nothing else with them): tests see by a marker file whether acpd let one through.
+//!
 //! Flags: `--no-load` (no `loadSession`), `--no-resume` (no `sessionCapabilities.resume`),
 //! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes).
 
@@ -131,6 +134,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
         }
         "authenticate" | "logout" => Ok(json!({})),
         "session/new" => {
+            start_mcp_servers(&params);
             let sid = agent.create_session();
             // Sent before the response on purpose: the daemon must hold it until the client
             // knows the session (Zed drops updates for sessions it has not registered yet).
@@ -146,6 +150,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             Ok(result)
         }
         "session/load" if !agent.flags.no_load => {
+            start_mcp_servers(&params);
             let sid = session_id(&params)?;
             let (history, result) =
                 agent.with_session(&sid, |s| (s.history.clone(), s.setup_result()))?;
@@ -178,6 +183,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             Ok(result)
         }
         "session/resume" if !agent.flags.no_resume => {
+            start_mcp_servers(&params);
             let sid = session_id(&params)?;
             agent.ensure_session(&sid);
             agent.with_session(&sid, |s| s.setup_result())
@@ -221,6 +227,30 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
         }
         "_scripted/echo" => Ok(params),
         _ => Err(RpcError::method_not_found(method)),
+    }
+}
+
+/// Runs the command of every stdio server in `params.mcpServers`, as an agent would (its
+/// output is ignored; it is reaped on a thread).
+fn start_mcp_servers(params: &Value) {
+    let servers = params["mcpServers"].as_array().into_iter().flatten();
+    for s in servers.filter(|s| matches!(s["type"].as_str(), None | Some("stdio"))) {
+        let Some(command) = s["command"].as_str() else {
+            continue;
+        };
+        let args = s["args"].as_array().into_iter().flatten();
+        let child = std::process::Command::new(command)
+            .args(args.filter_map(Value::as_str))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn();
+        match child {
+            Ok(mut c) => {
+                eprintln!("scripted-agent: started MCP server {command}");
+                std::thread::spawn(move || c.wait());
+            }
+            Err(e) => eprintln!("scripted-agent: cannot start MCP server {command}: {e}"),
+        }
     }
 }
 

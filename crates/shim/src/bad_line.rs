@@ -23,6 +23,21 @@ pub fn answer(line: &Line, max_line: usize) -> Option<String> {
     Some(error(id.as_deref(), code, &message))
 }
 
+/// The -32600 answer for a line the daemon would refuse (over its `max_message_bytes`): sent,
+/// it would cost the link (far over, the daemon closes the socket, and a resend after the
+/// reconnect would do the same again, forever). `None` when it fits.
+pub fn over_daemon_limit(line: &Line, daemon_max: usize) -> Option<String> {
+    let Line::Text(text) = line else { return None };
+    if text.len() <= daemon_max {
+        return None;
+    }
+    let message = format!(
+        "message of {} bytes is over acpd's limit of {daemon_max} (max_message_bytes); acp-shim did not send it",
+        text.len()
+    );
+    Some(error(find_id(text.as_bytes()).as_deref(), -32600, &message))
+}
+
 /// The -32700 answer for a line that is not JSON.
 pub fn parse_error(line: &str, e: &serde_json::Error) -> String {
     let id = find_id(line.as_bytes());

@@ -13,7 +13,9 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode, Uri};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use acpd_wire::resume::{CONNECTION_ID_HEADER, LAST_SEQ_HEADER, RESUME_HEADER, SUBPROTOCOL};
+use acpd_wire::resume::{
+    CONNECTION_ID_HEADER, LAST_SEQ_HEADER, MAX_MESSAGE_HEADER, RESUME_HEADER, SUBPROTOCOL,
+};
 
 /// Any byte stream a WebSocket can run on (plain TCP or TLS over it).
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -37,6 +39,8 @@ pub struct Connected {
     pub conn_id: String,
     /// On a resume: the last SEQ the daemon received.
     pub peer_received: u64,
+    /// The daemon's message limit, when it says (`Acpd-Max-Message-Bytes`).
+    pub max_message: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -152,10 +156,12 @@ async fn connect_inner(t: &Target, resume: Option<(&str, u64)>) -> Result<Connec
                 ConnectError::Protocol("resume answered without Acpd-Last-Seq".into())
             })?,
     };
+    let max_message = header(MAX_MESSAGE_HEADER).and_then(|v| v.parse().ok());
     Ok(Connected {
         ws,
         conn_id,
         peer_received,
+        max_message,
     })
 }
 

@@ -86,8 +86,14 @@ enum Kind {
 pub enum FromDaemon {
     /// Relay it; `Some` when its id had to be rewritten.
     Forward(Option<String>),
-    /// The answer to one of the shim's own requests; `ok` false for an error.
-    Private { id: String, ok: bool },
+    /// The answer to one of the shim's own requests; `ok` false for an error. `again`: a
+    /// re-attach to send instead (id, line), when the daemon's journal ends before the seq
+    /// the editor was given.
+    Private {
+        id: String,
+        ok: bool,
+        again: Option<(String, String)>,
+    },
     /// Not one JSON value: the daemon broke the protocol.
     NotJson,
 }
@@ -120,6 +126,8 @@ pub struct Tracker {
     /// The daemon's requests to the editor: id the editor sees -> (epoch, id the daemon used).
     daemon_reqs: HashMap<String, (u64, String)>,
     next_private: u64,
+    /// The shim's re-attaches in flight: private id -> (session, afterSeq).
+    attaching: HashMap<String, (String, i64)>,
 }
 
 impl Tracker {
@@ -229,9 +237,14 @@ impl Tracker {
                     && s.starts_with(PRIVATE_PREFIX)
                 {
                     let ok = p.result.is_some();
+                    let sent = self.attaching.remove(raw);
+                    let again = sent
+                        .filter(|_| !ok)
+                        .and_then(|s| self.attach_again(s, text));
                     return FromDaemon::Private {
                         id: raw.to_owned(),
                         ok,
+                        again,
                     };
                 }
                 match self.pending.remove(raw) {
@@ -254,6 +267,7 @@ impl Tracker {
     /// messages that never left the shim.
     pub fn on_restart(&mut self, unsent: Vec<String>) -> Restart {
         self.epoch += 1;
+        self.attaching.clear();
         let mut r = Restart::default();
         let mut requeued_ids = HashSet::new();
         for m in unsent {
@@ -293,6 +307,7 @@ impl Tracker {
             let params = json!({ "sessionId": sid, "afterSeq": after }).to_string();
             r.resend
                 .push(request(&pid, "_acpd/session/attach", &params));
+            self.attaching.insert(pid.clone(), (sid, after));
             r.private.insert(pid);
         }
         let mut dead: Vec<(String, Kind)> = self
@@ -312,6 +327,27 @@ impl Tracker {
             });
         }
         r
+    }
+
+    /// A re-attach the daemon refused because its journal ends at `error.data.lastSeq`, before
+    /// the `afterSeq` sent: attach again from that end (the editor keeps what it has; what
+    /// comes next is new), once.
+    fn attach_again(
+        &mut self,
+        (sid, after): (String, i64),
+        text: &str,
+    ) -> Option<(String, String)> {
+        let v: Value = serde_json::from_str(text).ok()?;
+        let last = v.pointer("/error/data/lastSeq")?.as_i64()?;
+        if last >= after || self.closed.contains(&sid) {
+            return None;
+        }
+        tracing::warn!(session = %sid, after, last, "acpd's journal ends before what the editor was given; attaching from its end");
+        self.sessions.insert(sid.clone(), last);
+        let pid = self.private_id();
+        let params = json!({ "sessionId": sid, "afterSeq": last }).to_string();
+        self.attaching.insert(pid.clone(), (sid, last));
+        Some((pid.clone(), request(&pid, "_acpd/session/attach", &params)))
     }
 
     /// How many sessions a restart would re-attach.
@@ -448,6 +484,40 @@ mod tests {
             t.note_daemon(r#"{"jsonrpc":"2.0","id":"acp-shim:2","result":{"lastSeq":7}}"#)
         else {
             panic!("not private")
+        };
+    }
+
+    #[test]
+    fn a_journal_that_ends_early_is_attached_from_its_end_once() {
+        let mut t = Tracker::new();
+        t.note_editor(r#"{"jsonrpc":"2.0","id":1,"method":"session/new","params":{}}"#.into());
+        fwd(
+            &mut t,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"s1"}}"#,
+        );
+        fwd(
+            &mut t,
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{},"_meta":{"acpd":{"seq":9}}}}"#,
+        );
+        let r = t.on_restart(vec![]);
+        assert!(r.resend[0].contains(r#""afterSeq":9"#), "{:?}", r.resend);
+        let err = r#"{"jsonrpc":"2.0","id":"acp-shim:1","error":{"code":-32602,"message":"beyond","data":{"lastSeq":4}}}"#;
+        let FromDaemon::Private {
+            ok: false,
+            again: Some((pid, line)),
+            ..
+        } = t.note_daemon(err)
+        else {
+            panic!("no second attach")
+        };
+        assert!(
+            line.contains(r#""afterSeq":4"#) && line.contains(&pid),
+            "{line}"
+        );
+        // Refused again (the daemon's end moved on, say): not retried without end.
+        let err = err.replace("acp-shim:1", "acp-shim:2");
+        let FromDaemon::Private { again: None, .. } = t.note_daemon(&err) else {
+            panic!("retried twice")
         };
     }
 

@@ -81,6 +81,8 @@ struct Relay {
     /// Largest editor line; longer ones are answered -32600 here. The daemon enforces its own
     /// (smaller) limit with a proper error.
     max_line: usize,
+    /// The daemon's message limit (its upgrade says; its default until then).
+    daemon_max: usize,
     retry_at: Option<Instant>,
     connecting: Option<oneshot::Receiver<Result<Connected, ConnectError>>>,
     to_stdout: VecDeque<OutLine>,
@@ -116,6 +118,7 @@ pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
         ever_connected: false,
         backoff: reconnect_backoff(),
         max_line,
+        daemon_max: acpd_wire::resume::DEFAULT_MAX_MESSAGE,
         retry_at: None,
         connecting: None,
         to_stdout: VecDeque::new(),
@@ -205,7 +208,8 @@ impl Relay {
     fn on_editor(&mut self, line: Line) {
         // Never put what cannot be relayed inside a frame: answer the editor here, as a server
         // would, and go on.
-        if let Some(answer) = bad_line::answer(&line, self.max_line) {
+        let too_big = || bad_line::over_daemon_limit(&line, self.daemon_max);
+        if let Some(answer) = bad_line::answer(&line, self.max_line).or_else(too_big) {
             tracing::warn!("an editor line could not be relayed; answered with an error");
             self.to_stdout.push_back(answer.into());
             return;
@@ -244,7 +248,9 @@ impl Relay {
                     Some((1001 | 1012, reason)) => {
                         tracing::info!(%reason, "acpd is restarting; reconnecting")
                     }
-                    Some((code @ (1002 | 1003 | 1007 | 1008), reason)) => {
+                    // 1008 (cut off: too slow, token revoked) is a reconnect: a revoked
+                    // token is then refused (401, exit), a slow editor reloads.
+                    Some((code @ (1002 | 1003 | 1007), reason)) => {
                         return Err(Exit::Protocol(format!(
                             "acpd closed the link ({code} {reason})"
                         )));
@@ -298,9 +304,13 @@ impl Relay {
                 let e = format!("a message that is not JSON: {:.200}", m.as_str());
                 return Err(window::WindowError::Malformed(e));
             }
-            FromDaemon::Private { id, ok } => {
+            FromDaemon::Private { id, ok, again } => {
                 if !ok {
                     tracing::warn!(%id, "re-attach request failed: {}", m.as_str());
+                }
+                if let Some((pid, line)) = again {
+                    self.recovering.insert(pid);
+                    self.window.push(line);
                 }
                 if self.recovering.remove(&id) && self.recovering.is_empty() {
                     tracing::info!("re-attached; resuming the editor's traffic");
@@ -323,6 +333,7 @@ impl Relay {
                 if !resumed {
                     self.conn_id = Some(c.conn_id.clone());
                 }
+                self.daemon_max = c.max_message.unwrap_or(self.daemon_max);
                 tracing::info!(link = %c.conn_id, resumed, "connected to acpd");
                 self.ever_connected = true;
                 self.backoff = reconnect_backoff();

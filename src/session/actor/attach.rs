@@ -27,6 +27,23 @@ impl Session {
         let current = self.next_seq - 1;
         let bootstrap = self.shared.settings.bootstrap_delay;
         let resend = matches!(mode, AttachMode::Load { .. });
+        // A client that claims to have seen more than the journal holds would silently miss
+        // every update up to its number: it is told, with the journal's end. It stays
+        // attached as an implicit attach would (live updates from now on; the connection
+        // counts it as attached), so attaching again from the end replays nothing twice.
+        let (mode, responder) = match mode {
+            AttachMode::After { after_seq } if after_seq > current => {
+                if let Some(r) = responder {
+                    let e = acpd_wire::ResponseError::invalid_params(format!(
+                        "afterSeq {after_seq} is beyond the session's last seq {current}; nothing replayed; attach again from what you have (afterSeq <= {current}) or session/load"
+                    ))
+                    .with_data(json!({ "lastSeq": current }));
+                    self.reply(r, Err(e));
+                }
+                (AttachMode::Implicit, None)
+            }
+            mode => (mode, responder),
+        };
         let (after, result, reply_after_replay, hold) = match mode {
             AttachMode::New { result } => (0, Some(result), false, bootstrap),
             AttachMode::Implicit => (current, None, false, Duration::ZERO),
@@ -75,7 +92,9 @@ impl Session {
             patch.cwd = Some(cwd.to_owned());
         }
         if let Some(m) = params.get("mcpServers") {
-            self.meta["mcpServers"] = m.clone();
+            let policy = &self.shared.settings.mcp_policy;
+            self.meta["mcpServers"] =
+                crate::session::mcp::stored_for_agent(&self.row.agent, Some(m), policy, &self.id);
             patch.meta = Some(self.meta.to_string());
         }
         self.save(patch);

@@ -51,7 +51,12 @@ impl Session {
         agent.register(&self.id, old.as_deref(), self.events.clone());
         let mut params = json!({
             "cwd": self.row.cwd,
-            "mcpServers": self.meta.get("mcpServers").cloned().unwrap_or_else(|| json!([])),
+            "mcpServers": crate::session::mcp::stored_for_agent(
+                &self.row.agent,
+                self.meta.get("mcpServers"),
+                &self.shared.settings.mcp_policy,
+                &self.id,
+            ),
         });
         if let Ok(Value::Array(dirs)) = serde_json::from_str::<Value>(&self.row.additional_dirs)
             && !dirs.is_empty()

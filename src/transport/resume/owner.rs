@@ -173,7 +173,10 @@ impl Owner {
                         }
                     }
                     SockEvent::Closed(g, code) if socket.as_ref().is_some_and(|s| s.sock_no == g) => {
-                        socket = None;
+                        // Our reader's own verdict on a frame too big to read: say so (1009).
+                        if let Some(s) = socket.take() && code == Some(close_code::SIZE) {
+                            s.close(CloseReason::TOO_BIG.code, CloseReason::TOO_BIG.reason);
+                        }
                         if code == Some(close_code::NORMAL) {
                             break "client closed the link";
                         }
@@ -233,8 +236,15 @@ impl Owner {
                 }
             }
             if peer_done && (socket.is_none() || !window.has_unwritten()) {
+                // The connection ended on acpd's side (token revoked, client too slow or
+                // flooding; a client's own 1000 ended the loop above): 1008, as plain sockets.
                 if let Some(s) = socket.take() {
-                    s.close(close_code::NORMAL, "");
+                    let r = if self.shutdown.is_cancelled() {
+                        CloseReason::SHUTDOWN
+                    } else {
+                        CloseReason::CUT_OFF
+                    };
+                    s.close(r.code, r.reason);
                 }
                 break "connection ended";
             }
@@ -366,6 +376,9 @@ impl Owner {
                     Some(Ok(Message::Text(t))) => t.to_string(),
                     Some(Ok(Message::Close(f))) => break f.map(|f| f.code),
                     Some(Ok(_)) => continue,
+                    Some(Err(e)) if crate::transport::ws::is_too_big(&e) => {
+                        break Some(close_code::SIZE);
+                    }
                     Some(Err(_)) | None => break None,
                 };
                 tokio::select! {
