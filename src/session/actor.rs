@@ -6,6 +6,7 @@
 //! `outbox.rs`), so nothing reaches a client that a later `session/load` could not replay.
 
 mod attach;
+mod cancel;
 mod events;
 mod journal;
 mod restore;
@@ -60,6 +61,11 @@ pub(super) fn spawn(
             cancel_requested: false,
             conn: None,
             own_from: 0,
+            guard: cancel::CancelGuard::new(
+                shared.settings.cancel_grace,
+                shared.settings.cancel_abandon,
+            ),
+            held: Vec::new(),
         },
         pending: PendingRequests::default(),
         deferred: VecDeque::new(),
@@ -134,6 +140,10 @@ struct Turn {
     conn: Option<ConnId>,
     /// The first seq of that prompt's turn (its own prompt is not echoed to it).
     own_from: i64,
+    /// What `session/cancel` guarantees (`cancel.rs`).
+    guard: cancel::CancelGuard,
+    /// Prompts waiting for an abandoned turn's late answer before they go to the agent.
+    held: Vec<cancel::HeldPrompt>,
 }
 
 /// Journal retention passes (`retention.rs`).
@@ -196,6 +206,7 @@ impl Session {
             let hold = self.outbox.hold_until();
             let deadline = self.pending.next_deadline();
             let lag_check = self.outbox.lag_check_at();
+            let cancel_at = self.turn.guard.next_deadline();
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 cmd = commands.recv() => match cmd {
@@ -215,6 +226,7 @@ impl Session {
                 }
                 _ = sleep_until(hold) => self.outbox.release_hold(),
                 _ = sleep_until(deadline) => self.expire_pending().await,
+                _ = sleep_until(cancel_at) => self.cancel_deadline().await,
                 // `flush` below looks at lagging clients.
                 _ = sleep_until(lag_check) => {}
                 _ = tokio::time::sleep_until(idle_since + idle), if self.is_idle() => break,
@@ -277,6 +289,7 @@ impl Session {
     fn is_idle(&self) -> bool {
         self.outbox.clients_len() == 0
             && self.turn.inflight.is_empty()
+            && self.turn.held.is_empty()
             && self.pending.is_empty()
             && self.outbox.is_empty()
             && self.rows.is_idle()
@@ -364,13 +377,21 @@ impl Session {
                 self.journal(update, Some(conn.clone())).await;
             }
         }
+        if self.turn.guard.holds_prompts() {
+            // An abandoned turn may still stream: this one starts once it is over.
+            let held = cancel::HeldPrompt {
+                conn,
+                params,
+                responder,
+            };
+            return self.turn.held.push(held);
+        }
         self.turn.conn = Some(conn);
-        if self
-            .turn
-            .inflight
-            .values()
-            .all(|f| !matches!(f, Inflight::Prompt { .. }))
-        {
+        self.send_prompt(params, responder).await;
+    }
+
+    async fn send_prompt(&mut self, params: Value, responder: Responder) {
+        if self.running_prompts().is_empty() {
             self.turn.cancel_requested = false;
         }
         match self.send_in_band("session/prompt", params).await {

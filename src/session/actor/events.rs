@@ -9,7 +9,7 @@ use crate::agent::AgentEvent;
 use crate::error::AcpError;
 use crate::session::outbox::Out;
 use crate::session::pending::Pending;
-use acpd_wire::ResponseError;
+use acpd_wire::{Responder, ResponseError};
 
 impl Session {
     pub(super) async fn on_agent_event(&mut self, ev: AgentEvent) {
@@ -20,6 +20,10 @@ impl Session {
                     return;
                 }
                 if method == "session/update" {
+                    if self.turn.guard.late_update() {
+                        // Late output of a turn acpd ended (`cancel.rs`).
+                        return;
+                    }
                     self.journal(params, None).await;
                 } else {
                     let params = with_session_id(params, &self.id);
@@ -53,32 +57,41 @@ impl Session {
             }
             AgentEvent::Response { tag, result } => match self.turn.inflight.remove(&tag) {
                 Some(Inflight::Prompt { responder }) => {
-                    let result = match result {
-                        Err(_) if self.turn.cancel_requested => {
+                    let result = match self.judge_answer(tag, result).await {
+                        Some(Err(_)) if self.turn.cancel_requested => {
                             Ok(json!({ "stopReason": "cancelled" }))
                         }
-                        r => r,
+                        Some(r) => r,
+                        None => return,
                     };
-                    let reason = crate::metrics::stop_reason_label(&result);
-                    metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason)
-                        .increment(1);
-                    self.save(self.patch());
-                    // After the turn's row updates (its title, say) are written.
-                    self.after_rows(Out::Reply { responder, result });
-                    self.retention();
+                    self.end_turn(responder, result);
                 }
                 Some(Inflight::Relay { responder }) => {
                     self.outbox.push(Out::Reply { responder, result })
                 }
                 Some(Inflight::Restore(step)) => self.restore_done(step, result).await,
-                None => {}
+                // The late answer of a turn acpd answered itself.
+                None => {
+                    let _ = self.judge_answer(tag, result).await;
+                }
             },
             AgentEvent::Exited { status } => self.agent_exited(status).await,
         }
     }
 
+    /// The end of a prompt turn: counted, the row saved, the client answered once the turn's
+    /// row updates (its title, say) are written.
+    pub(super) fn end_turn(&mut self, responder: Responder, result: Result<Value, ResponseError>) {
+        let reason = crate::metrics::stop_reason_label(&result);
+        metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason).increment(1);
+        self.save(self.patch());
+        self.after_rows(Out::Reply { responder, result });
+        self.retention();
+    }
+
     pub(super) async fn agent_exited(&mut self, status: String) {
         tracing::warn!(session = %self.id, %status, "agent exited under the session");
+        self.guard_reset(Err(AcpError::AgentExited(status.clone()).into()));
         let was_restoring = matches!(self.agent, AgentState::Restoring { .. });
         self.agent = AgentState::Unbound;
         let cancelled = self.turn.cancel_requested;
