@@ -266,10 +266,10 @@ impl Connection {
                     .get("cursor")
                     .and_then(Value::as_str)
                     .map(str::to_owned);
+                let profile = (!all_profiles(&params)).then(|| self.ctx.profile.clone());
                 self.handlers.spawn(async move {
-                    responder
-                        .respond(hub.list(&principal, cwd, cursor).await.map_err(Into::into))
-                        .await;
+                    let list = hub.list(&principal, profile.as_deref(), cwd, cursor).await;
+                    responder.respond(list.map_err(Into::into)).await;
                     Done::Nothing
                 });
             }
@@ -401,11 +401,20 @@ impl Connection {
             });
         }
         queue.push_back(cmd);
+        // Sessions of this connection's profile only, unless a load/resume asks for all.
+        let all = match queue.back() {
+            Some(SessionCommand::Attach {
+                mode: AttachMode::Load { params } | AttachMode::Resume { params },
+                ..
+            }) => all_profiles(params),
+            _ => false,
+        };
         self.sessions.insert(sid.clone(), Slot::Opening(queue));
         let hub = self.ctx.hub.clone();
         let principal = self.ctx.principal.clone();
+        let profile = (!all).then(|| self.ctx.profile.clone());
         self.handlers.spawn(async move {
-            let result = hub.open(&sid, &principal).await;
+            let result = hub.open(&sid, &principal, profile.as_deref()).await;
             Done::Opened { sid, result }
         });
     }
@@ -481,6 +490,12 @@ impl Connection {
 /// Answers a command that never reached its session.
 async fn reject(cmd: SessionCommand, e: AcpError) {
     cmd.reject(e.into()).await
+}
+
+/// The acpd extension `_meta.acpd.allProfiles: true`: sessions of every profile, not only of
+/// the connection's.
+fn all_profiles(params: &Value) -> bool {
+    params.pointer("/_meta/acpd/allProfiles") == Some(&Value::Bool(true))
 }
 
 fn session_id(params: &Value) -> Option<String> {

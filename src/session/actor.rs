@@ -40,6 +40,7 @@ pub(super) fn spawn(
     let handle = SessionHandle {
         id: id.clone(),
         principal: Arc::from(row.principal_id.as_str()),
+        profile: Arc::from(row.agent.as_str()),
         tx,
     };
     let journaled = row.last_seq;

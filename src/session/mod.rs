@@ -116,6 +116,8 @@ pub struct SessionHandle {
     pub id: Arc<str>,
     /// The principal that owns the session.
     pub principal: Arc<str>,
+    /// The agent profile the session runs on.
+    pub profile: Arc<str>,
     tx: mpsc::Sender<SessionCommand>,
 }
 
@@ -148,6 +150,8 @@ pub(crate) enum HubCommand {
     Open {
         id: String,
         principal: String,
+        /// Only a session of this profile (`None`: of any).
+        profile: Option<String>,
         reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
     },
     /// The store's answer for a session being opened.
@@ -221,13 +225,20 @@ impl SessionHub {
         let _ = self.shared.hub.send(HubCommand::CancelAll).await;
     }
 
-    /// The live actor of a session that `principal` owns, started from the store if needed.
-    /// Another principal's session is reported exactly like a missing one.
-    pub async fn open(&self, id: &str, principal: &str) -> Result<SessionHandle, AcpError> {
+    /// The live actor of a session that `principal` owns on `profile` (`None`: on any),
+    /// started from the store if needed. Another principal's or profile's session is reported
+    /// exactly like a missing one.
+    pub async fn open(
+        &self,
+        id: &str,
+        principal: &str,
+        profile: Option<&str>,
+    ) -> Result<SessionHandle, AcpError> {
         let (reply, rx) = oneshot::channel();
         let cmd = HubCommand::Open {
             id: id.to_owned(),
             principal: principal.to_owned(),
+            profile: profile.map(str::to_owned),
             reply,
         };
         self.shared
@@ -344,16 +355,19 @@ impl SessionHub {
         }
     }
 
-    /// `session/list` for one principal, straight from the store.
+    /// `session/list` for one principal (of one profile, or of all with `None`), straight
+    /// from the store.
     pub async fn list(
         &self,
         principal: &str,
+        profile: Option<&str>,
         cwd: Option<String>,
         cursor: Option<String>,
     ) -> Result<Value, AcpError> {
         let q = ListQuery {
             principal_id: principal.to_owned(),
             cwd,
+            agent: profile.map(str::to_owned),
             cursor,
             limit: self.shared.settings.list_page_size,
         };
@@ -362,7 +376,12 @@ impl SessionHub {
             .sessions
             .iter()
             .map(|s| {
-                let mut v = json!({ "sessionId": s.id, "cwd": s.cwd, "updatedAt": rfc3339(s.updated_at_ms) });
+                let mut v = json!({
+                    "sessionId": s.id,
+                    "cwd": s.cwd,
+                    "updatedAt": rfc3339(s.updated_at_ms),
+                    "_meta": { "acpd": { "agent": s.agent } },
+                });
                 if let Some(t) = &s.title {
                     v["title"] = json!(t);
                 }

@@ -28,6 +28,7 @@ mod load_resume;
 mod mcp_policy;
 mod new_session;
 mod operations;
+mod profiles;
 mod prompt_turn;
 mod scripted_agent;
 mod security;
