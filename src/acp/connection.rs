@@ -234,7 +234,7 @@ impl Connection {
         // The directories a session may use are checked before anything reaches the agent.
         if matches!(
             method.as_str(),
-            "session/new" | "session/load" | "session/resume"
+            "session/new" | "session/load" | "session/resume" | "session/fork"
         ) && let Err(why) = self.check_roots(&params)
         {
             return responder
@@ -322,6 +322,11 @@ impl Connection {
                 let cmd = match method.as_str() {
                     "session/prompt" => SessionCommand::Prompt {
                         conn: self.ctx.conn_id.clone(),
+                        params,
+                        responder,
+                    },
+                    "session/fork" => SessionCommand::Fork {
+                        client: self.client(&init),
                         params,
                         responder,
                     },
@@ -526,6 +531,10 @@ fn initialize_result(agent: &AgentHandle, conn_id: &str) -> Value {
         {
             session_caps[key] = v.clone();
         }
+    }
+    // Forks are acpd sessions of their own (`actor/fork.rs`); only where the agent forks.
+    if crate::session::agent_forks(agent) {
+        session_caps["fork"] = json!({});
     }
     caps["sessionCapabilities"] = session_caps;
     let auth_methods: Vec<Value> = agent

@@ -8,6 +8,8 @@
 mod attach;
 mod cancel;
 mod events;
+mod fork;
+pub(crate) use fork::agent_forks;
 mod journal;
 mod restore;
 mod rows;
@@ -109,8 +111,17 @@ enum Restore {
 
 /// An in-band request to the agent, by tag.
 enum Inflight {
-    Prompt { responder: Responder },
-    Relay { responder: Responder },
+    Prompt {
+        responder: Responder,
+    },
+    Relay {
+        responder: Responder,
+    },
+    Fork {
+        responder: Responder,
+        client: super::Client,
+        params: Value,
+    },
     Restore(Restore),
 }
 
@@ -365,6 +376,11 @@ impl Session {
                         .await;
                 }
             }
+            SessionCommand::Fork {
+                client,
+                params,
+                responder,
+            } => self.fork(client, params, responder).await,
             SessionCommand::Close { responder } => self.close(responder, false).await,
             SessionCommand::Delete { responder } => self.close(responder, true).await,
         }
@@ -544,7 +560,9 @@ impl Session {
 
 fn needs_agent(cmd: &SessionCommand) -> bool {
     match cmd {
-        SessionCommand::Prompt { .. } | SessionCommand::Relay { .. } => true,
+        SessionCommand::Prompt { .. }
+        | SessionCommand::Relay { .. }
+        | SessionCommand::Fork { .. } => true,
         SessionCommand::Attach { mode, .. } => {
             matches!(mode, AttachMode::Load { .. } | AttachMode::Resume { .. })
         }

@@ -3,6 +3,7 @@
 //! reads or writes the store.
 
 mod actor;
+pub(crate) use actor::agent_forks;
 pub mod compaction;
 mod hub;
 mod outbox;
@@ -79,6 +80,12 @@ pub enum SessionCommand {
         method: String,
         params: Value,
     },
+    /// `session/fork` (`actor/fork.rs`).
+    Fork {
+        client: Client,
+        params: Value,
+        responder: Responder,
+    },
     Close {
         responder: Responder,
     },
@@ -103,6 +110,7 @@ impl SessionCommand {
             }
             | SessionCommand::Prompt { responder: r, .. }
             | SessionCommand::Relay { responder: r, .. }
+            | SessionCommand::Fork { responder: r, .. }
             | SessionCommand::Close { responder: r }
             | SessionCommand::Delete { responder: r } => Some(r),
             _ => None,

@@ -17,6 +17,7 @@ mod cancel;
 mod client_requests;
 mod config;
 mod durability;
+mod fork;
 mod fs_roots;
 mod handshake;
 mod hostile;

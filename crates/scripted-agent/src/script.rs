@@ -270,6 +270,10 @@ async fn run_one(
                 "_meta": { "scripted": { "kept": true } },
             }),
         ),
+        Command::Title(title) if agent.flags.list => {
+            // Like claude-agent-acp and opencode: the title is in its own list only.
+            let _ = agent.with_session(sid, |s| s.title = Some(title));
+        }
         Command::Title(title) => {
             agent.emit(sid, json!({ "sessionUpdate": "session_info_update", "title": title }))
         }

@@ -69,6 +69,11 @@ impl Session {
                 Some(Inflight::Relay { responder }) => {
                     self.outbox.push(Out::Reply { responder, result })
                 }
+                Some(Inflight::Fork {
+                    responder,
+                    client,
+                    params,
+                }) => self.fork_answered(responder, client, params, result),
                 Some(Inflight::Restore(step)) => self.restore_done(step, result).await,
                 // The late answer of a turn acpd answered itself.
                 None => {
@@ -105,7 +110,7 @@ impl Session {
                     };
                     self.outbox.push(Out::Reply { responder, result });
                 }
-                Inflight::Relay { responder } => {
+                Inflight::Relay { responder } | Inflight::Fork { responder, .. } => {
                     self.outbox.push(Out::Reply {
                         responder,
                         result: Err(AcpError::AgentExited(status.clone()).into()),
