@@ -267,8 +267,13 @@ impl Connection {
                     .and_then(Value::as_str)
                     .map(str::to_owned);
                 let profile = (!all_profiles(&params)).then(|| self.ctx.profile.clone());
+                let (agent, name) = (self.agent(init), self.ctx.profile.clone());
                 self.handlers.spawn(async move {
-                    let list = hub.list(&principal, profile.as_deref(), cwd, cursor).await;
+                    // The agent's own list may have titles acpd's journal lacks.
+                    let agent = agent.await.ok().map(|a| (a, name));
+                    let list = hub
+                        .list(&principal, profile.as_deref(), cwd, cursor, agent)
+                        .await;
                     responder.respond(list.map_err(Into::into)).await;
                     Done::Nothing
                 });

@@ -9,6 +9,7 @@ mod hub;
 mod outbox;
 mod pending;
 mod retention;
+mod titles;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -363,14 +364,16 @@ impl SessionHub {
         }
     }
 
-    /// `session/list` for one principal (of one profile, or of all with `None`), straight
-    /// from the store.
+    /// `session/list` for one principal (of one profile, or of all with `None`), from the
+    /// store; titles and times merged from `agent`'s own list (the connection's agent, for
+    /// the sessions of its profile) when it has one (`titles.rs`).
     pub async fn list(
         &self,
         principal: &str,
         profile: Option<&str>,
         cwd: Option<String>,
         cursor: Option<String>,
+        agent: Option<(AgentHandle, String)>,
     ) -> Result<Value, AcpError> {
         let q = ListQuery {
             principal_id: principal.to_owned(),
@@ -380,6 +383,10 @@ impl SessionHub {
             limit: self.shared.settings.list_page_size,
         };
         let page = self.shared.store.list_sessions(&q).await?;
+        let theirs = match &agent {
+            Some((a, _)) if titles::agent_lists(a) => titles::from_agent(a, q.cwd.as_deref()).await,
+            _ => HashMap::new(),
+        };
         let sessions: Vec<Value> = page
             .sessions
             .iter()
@@ -397,6 +404,12 @@ impl SessionHub {
                     && !dirs.is_empty()
                 {
                     v["additionalDirectories"] = Value::Array(dirs);
+                }
+                if let (Some((_, name)), Some(asid)) = (&agent, &s.agent_session_id)
+                    && *name == s.agent
+                    && let Some(info) = theirs.get(asid)
+                {
+                    titles::merge(&mut v, info);
                 }
                 v
             })

@@ -6,21 +6,8 @@
 use serde_json::{Value, json};
 
 use crate::support::{
-    Client, Daemon, DaemonOptions, agent_texts, assert_consecutive, kind, scripted_agent_bin,
+    Daemon, agent_texts, assert_consecutive, client_of, daemon_with_profile, kind,
 };
-
-/// A daemon with a `fork` profile: the scripted agent with `--fork`.
-pub async fn daemon_with(profile: &str, flags: &str) -> Daemon {
-    let agent = format!("{profile}={} {flags}", scripted_agent_bin());
-    Daemon::start_with(DaemonOptions::default().arg("--agent", agent)).await
-}
-
-pub async fn client_of(daemon: &Daemon, profile: &str) -> (Client, Value) {
-    let url = format!("{}?agent={profile}", daemon.ws_url());
-    let mut client = Client::connect_ws(&url).await.expect("connect");
-    let init = client.initialize().await;
-    (client, init)
-}
 
 fn fork_params(sid: &str, cwd: &std::path::Path) -> Value {
     json!({ "sessionId": sid, "cwd": cwd, "mcpServers": [] })
@@ -28,7 +15,7 @@ fn fork_params(sid: &str, cwd: &std::path::Path) -> Value {
 
 #[tokio::test]
 async fn a_fork_is_an_acpd_session_with_the_parents_history() {
-    let daemon = daemon_with("fork", "--fork").await;
+    let daemon = daemon_with_profile("fork", "--fork").await;
     let cwd = daemon.work_dir();
     let (mut client, init) = client_of(&daemon, "fork").await;
     assert!(

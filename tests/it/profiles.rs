@@ -8,10 +8,7 @@ use serde_json::{Value, json};
 use crate::support::{Client, Daemon, agent_texts};
 
 async fn client_of(daemon: &Daemon, profile: &str) -> Client {
-    let url = format!("{}?agent={profile}", daemon.ws_url());
-    let mut client = Client::connect_ws(&url).await.expect("connect");
-    client.initialize().await;
-    client
+    crate::support::client_of(daemon, profile).await.0
 }
 
 fn ids(list: &Value) -> Vec<&str> {
