@@ -314,6 +314,11 @@ impl Tracker {
         r
     }
 
+    /// How many of the editor's requests the daemon still owes an answer.
+    pub fn owed(&self) -> usize {
+        self.pending.len()
+    }
+
     /// How many sessions a restart would re-attach.
     pub fn open_sessions(&self) -> usize {
         self.sessions.len()
