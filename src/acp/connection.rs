@@ -384,6 +384,8 @@ impl Connection {
     /// Sends a session-scoped command in arrival order: at once when this connection is
     /// attached, queued behind the others while the session is being opened.
     async fn send_session(&mut self, sid: String, cmd: SessionCommand, init: &Arc<Value>) {
+        // Re-opening a session this connection was attached to: it saw it already.
+        let mut reopening = false;
         let cmd = match self.sessions.get_mut(&sid) {
             Some(Slot::Opening(queue)) if queue.len() >= OPENING_QUEUE => {
                 let e = AcpError::Internal("too many commands for a session being opened".into());
@@ -393,7 +395,10 @@ impl Connection {
             Some(Slot::Attached(h)) => match h.send(cmd).await {
                 Ok(()) => return,
                 // Its actor ended (idle, closed): open it again.
-                Err(cmd) => cmd,
+                Err(cmd) => {
+                    reopening = true;
+                    cmd
+                }
             },
             None => cmd,
         };
@@ -411,14 +416,16 @@ impl Connection {
             });
         }
         queue.push_back(cmd);
-        // Sessions of this connection's profile only, unless a load/resume asks for all.
-        let all = match queue.back() {
-            Some(SessionCommand::Attach {
-                mode: AttachMode::Load { params } | AttachMode::Resume { params },
-                ..
-            }) => all_profiles(params),
-            _ => false,
-        };
+        // Sessions of this connection's profile only, unless a load/resume asks for all (or
+        // it is one this connection is attached to already).
+        let all = reopening
+            || match queue.back() {
+                Some(SessionCommand::Attach {
+                    mode: AttachMode::Load { params } | AttachMode::Resume { params },
+                    ..
+                }) => all_profiles(params),
+                _ => false,
+            };
         self.sessions.insert(sid.clone(), Slot::Opening(queue));
         let hub = self.ctx.hub.clone();
         let principal = self.ctx.principal.clone();

@@ -116,3 +116,29 @@ async fn all_profiles_lists_and_loads_every_profile() {
     result.expect("an explicit all-profiles load");
     assert_eq!(agent_texts(&replayed), ["from scripted"]);
 }
+
+/// The same from the store (no live actor): after a restart, a session is opened from its row
+/// and its profile checked there.
+#[tokio::test]
+async fn scoping_holds_for_sessions_read_back_from_the_store() {
+    let mut daemon = Daemon::start().await;
+    let cwd = daemon.work_dir();
+    let mut main = daemon.client().await;
+    let ours = main.open_session(&cwd).await;
+    let (_, r) = main.prompt(&ours, "echo before").await;
+    r.unwrap();
+    drop(main);
+    daemon.restart().await;
+
+    let mut other = client_of(&daemon, "noload").await;
+    let load = json!({ "sessionId": ours, "cwd": cwd, "mcpServers": [] });
+    let err = other
+        .request("session/load", load.clone())
+        .await
+        .expect_err("another profile's session");
+    assert_eq!(err.code, -32002, "{err}");
+    let mut main = daemon.client().await;
+    let (replayed, r) = main.load(&ours, &cwd).await;
+    r.expect("its own profile loads it");
+    assert_eq!(agent_texts(&replayed), ["before"]);
+}
