@@ -525,37 +525,6 @@ impl Session {
             TaskDone::Retention(super::retention::enforce(store, id, entries, bytes).await)
         });
     }
-
-    /// Relays a pending agent request to a client, if one is attached.
-    fn dispatch(&mut self, id: u64, prefer: Option<&ConnId>) {
-        let target = prefer
-            .cloned()
-            .or_else(|| self.outbox.pick_client(self.turn.conn.as_ref()));
-        let Some(client) = target.and_then(|c| self.outbox.client(&c)) else {
-            return;
-        };
-        let Some((method, params)) = self.pending.assign(id, client.conn.clone()) else {
-            return;
-        };
-        let conn = client.conn.clone();
-        let peer = client.peer.clone();
-        let abort = self.tasks.spawn(async move {
-            let result = peer.request(&method, Some(params)).await;
-            TaskDone::ClientAnswer {
-                pending: id,
-                conn,
-                result,
-            }
-        });
-        self.pending.set_abort(id, abort);
-    }
-
-    async fn expire_pending(&mut self) {
-        for p in self.pending.take_expired(Instant::now()) {
-            tracing::info!(session = %self.id, method = %p.method, "agent request expired with no client attached");
-            p.answer_cancelled().await;
-        }
-    }
 }
 
 fn needs_agent(cmd: &SessionCommand) -> bool {

@@ -1,12 +1,14 @@
 //! What the agent sends about the session: updates (journaled), other notifications and its
-//! requests (queued for a client), answers to in-band requests (a turn's end), its exit.
+//! requests (queued for a client, relayed to one, expired), answers to in-band requests (a
+//! turn's end), its exit.
 
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::{AgentState, Inflight, Session, with_session_id};
+use super::{AgentState, Inflight, Session, TaskDone, with_session_id};
 use crate::agent::AgentEvent;
 use crate::error::AcpError;
+use crate::session::ConnId;
 use crate::session::outbox::Out;
 use crate::session::pending::Pending;
 use acpd_wire::{Responder, ResponseError};
@@ -125,6 +127,37 @@ impl Session {
         }
         for p in self.pending.drain() {
             p.withdraw();
+        }
+    }
+
+    /// Relays a pending agent request to a client, if one is attached.
+    pub(super) fn dispatch(&mut self, id: u64, prefer: Option<&ConnId>) {
+        let target = prefer
+            .cloned()
+            .or_else(|| self.outbox.pick_client(self.turn.conn.as_ref()));
+        let Some(client) = target.and_then(|c| self.outbox.client(&c)) else {
+            return;
+        };
+        let Some((method, params)) = self.pending.assign(id, client.conn.clone()) else {
+            return;
+        };
+        let conn = client.conn.clone();
+        let peer = client.peer.clone();
+        let abort = self.tasks.spawn(async move {
+            let result = peer.request(&method, Some(params)).await;
+            TaskDone::ClientAnswer {
+                pending: id,
+                conn,
+                result,
+            }
+        });
+        self.pending.set_abort(id, abort);
+    }
+
+    pub(super) async fn expire_pending(&mut self) {
+        for p in self.pending.take_expired(Instant::now()) {
+            tracing::info!(session = %self.id, method = %p.method, "agent request expired with no client attached");
+            p.answer_cancelled().await;
         }
     }
 }
