@@ -100,4 +100,11 @@ async fn an_agent_without_fork_is_refused_cleanly() {
     assert_eq!(err.code, -32601, "{err}");
     let list = client.list(None, None).await.unwrap();
     assert_eq!(list["sessions"].as_array().unwrap().len(), 1, "{list}");
+    // A relative cwd is refused before anything happens, as for a load.
+    let bad = json!({ "sessionId": sid, "cwd": "work", "mcpServers": [] });
+    let err = client
+        .request("session/fork", bad)
+        .await
+        .expect_err("relative cwd");
+    assert_eq!(err.code, -32602, "{err}");
 }
