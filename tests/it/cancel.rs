@@ -223,3 +223,22 @@ async fn cancel_of_a_prompt_held_behind_an_abandoned_turn_answers_it_cancelled()
     let (updates, _) = client.prompt(&sid, "echo after").await;
     assert_eq!(agent_texts(&updates), ["after"]);
 }
+
+#[tokio::test]
+async fn a_late_permission_request_of_an_abandoned_turn_never_reaches_the_client() {
+    let daemon = daemon_with_grace().await;
+    let mut client = daemon.client().await;
+    let sid = client.open_session(&daemon.work_dir()).await;
+    // Held, it would never be answered (and the next turn would wait for the agent forever).
+    client.editor.hold("session/request_permission");
+    let (_, result, _) = cancel_turn(
+        &mut client,
+        &sid,
+        "echo started; ignore_cancel; sleep 1500; permission; echo after",
+    )
+    .await;
+    assert_eq!(result.unwrap()["stopReason"], "cancelled");
+    let (updates, result) = client.prompt(&sid, "echo next turn").await;
+    assert_eq!(result.unwrap()["stopReason"], "end_turn");
+    assert_eq!(agent_texts(&updates), ["next turn"], "{updates:?}");
+}

@@ -1,7 +1,8 @@
 //! Cancel acpd can guarantee. After `session/cancel` the turn's answer to the client is
 //! `stopReason: "cancelled"` whatever the agent answers; if the agent has not answered within
 //! `cancel_grace`, acpd answers it itself. The agent's late output of such a turn is kept out
-//! of the next one: its updates are dropped, its late answer is dropped, and the session's
+//! of the next one: its updates are dropped, its requests (a permission) are answered
+//! `cancelled` without asking a client, its late answer is dropped, and the session's
 //! next prompt waits (at most `cancel_abandon`) for that late answer before it goes to the
 //! agent. What acpd did is journaled as a `session_info_update` carrying only
 //! `_meta.acpd.cancel` (a valid update that says nothing to a client that does not look).
@@ -97,8 +98,8 @@ impl CancelGuard {
         Verdict::Pass
     }
 
-    /// An update from the agent: `true` when it is the late output of an abandoned turn (it
-    /// is dropped).
+    /// An update (or a request) from the agent: `true` when it is the late output of an
+    /// abandoned turn (an update is dropped, a request answered `cancelled`).
     pub fn late_update(&mut self) -> bool {
         if self.abandoned.is_empty() {
             return false;

@@ -41,6 +41,20 @@ impl Session {
                     req.responder.respond(Err(e)).await;
                     return;
                 }
+                if self.turn.guard.late_update() {
+                    // A request of a turn acpd ended (`cancel.rs`): no client is asked, and a
+                    // permission is `cancelled`, as ACP has it after a cancel.
+                    let result = if req.method == "session/request_permission" {
+                        Ok(json!({ "outcome": { "outcome": "cancelled" } }))
+                    } else {
+                        Err(ResponseError::new(
+                            acpd_wire::code::REQUEST_CANCELLED,
+                            "the turn was cancelled",
+                        ))
+                    };
+                    req.responder.respond(result).await;
+                    return;
+                }
                 let params = req.params.unwrap_or(Value::Null);
                 // Rewrite the agent's session id; a request without one stays without.
                 let params = if params.get("sessionId").is_some() {
