@@ -1,6 +1,6 @@
 //! The hub's task: owns the map of live sessions, opens them from the store (a task reads
-//! the row; the answer comes back as `Loaded`), checks the owning principal and the
-//! live-session limit.
+//! the row; the answer comes back as `Loaded`), checks the owning principal (and the
+//! profile, when the connection is scoped to one) and the live-session limit.
 
 use std::collections::HashMap;
 use std::sync::Arc;
