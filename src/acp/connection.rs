@@ -249,7 +249,7 @@ impl Connection {
         // The directories a session may use are checked before anything reaches the agent.
         if matches!(
             method.as_str(),
-            "session/new" | "session/load" | "session/resume"
+            "session/new" | "session/load" | "session/resume" | "session/fork"
         ) && let Err(why) = self.check_roots(&params)
         {
             return responder
@@ -281,10 +281,15 @@ impl Connection {
                     .get("cursor")
                     .and_then(Value::as_str)
                     .map(str::to_owned);
+                let profile = (!all_profiles(&params)).then(|| self.ctx.profile.clone());
+                let (agent, name) = (self.agent(init), self.ctx.profile.clone());
                 self.handlers.spawn(async move {
-                    responder
-                        .respond(hub.list(&principal, cwd, cursor).await.map_err(Into::into))
+                    // The agent's own list may have titles acpd's journal lacks.
+                    let agent = agent.await.ok().map(|a| (a, name));
+                    let list = hub
+                        .list(&principal, profile.as_deref(), cwd, cursor, agent)
                         .await;
+                    responder.respond(list.map_err(Into::into)).await;
                     Done::Nothing
                 });
             }
@@ -337,6 +342,11 @@ impl Connection {
                 let cmd = match method.as_str() {
                     "session/prompt" => SessionCommand::Prompt {
                         conn: self.ctx.conn_id.clone(),
+                        params,
+                        responder,
+                    },
+                    "session/fork" => SessionCommand::Fork {
+                        client: self.client(&init),
                         params,
                         responder,
                     },
@@ -395,6 +405,8 @@ impl Connection {
     /// Sends a session-scoped command in arrival order: at once when this connection is
     /// attached, queued behind the others while the session is being opened.
     async fn send_session(&mut self, sid: String, cmd: SessionCommand, init: &Arc<Value>) {
+        // Re-opening a session this connection was attached to: it saw it already.
+        let mut reopening = false;
         let cmd = match self.sessions.get_mut(&sid) {
             Some(Slot::Opening(queue)) if queue.len() >= OPENING_QUEUE => {
                 let e = AcpError::Internal("too many commands for a session being opened".into());
@@ -404,7 +416,10 @@ impl Connection {
             Some(Slot::Attached(h)) => match h.send(cmd).await {
                 Ok(()) => return,
                 // Its actor ended (idle, closed): open it again.
-                Err(cmd) => cmd,
+                Err(cmd) => {
+                    reopening = true;
+                    cmd
+                }
             },
             None => cmd,
         };
@@ -422,11 +437,22 @@ impl Connection {
             });
         }
         queue.push_back(cmd);
+        // Sessions of this connection's profile only, unless a load/resume asks for all (or
+        // it is one this connection is attached to already).
+        let all = reopening
+            || match queue.back() {
+                Some(SessionCommand::Attach {
+                    mode: AttachMode::Load { params } | AttachMode::Resume { params },
+                    ..
+                }) => all_profiles(params),
+                _ => false,
+            };
         self.sessions.insert(sid.clone(), Slot::Opening(queue));
         let hub = self.ctx.hub.clone();
         let principal = self.ctx.principal.clone();
+        let profile = (!all).then(|| self.ctx.profile.clone());
         self.handlers.spawn(async move {
-            let result = hub.open(&sid, &principal).await;
+            let result = hub.open(&sid, &principal, profile.as_deref()).await;
             Done::Opened { sid, result }
         });
     }
@@ -518,6 +544,12 @@ async fn reject(cmd: SessionCommand, e: AcpError) {
     cmd.reject(e.into()).await
 }
 
+/// The acpd extension `_meta.acpd.allProfiles: true`: sessions of every profile, not only of
+/// the connection's.
+fn all_profiles(params: &Value) -> bool {
+    params.pointer("/_meta/acpd/allProfiles") == Some(&Value::Bool(true))
+}
+
 fn session_id(params: &Value) -> Option<String> {
     params
         .get("sessionId")
@@ -546,6 +578,10 @@ fn initialize_result(agent: &AgentHandle, conn_id: &str) -> Value {
         {
             session_caps[key] = v.clone();
         }
+    }
+    // Forks are acpd sessions of their own (`actor/fork.rs`); only where the agent forks.
+    if crate::session::agent_forks(agent) {
+        session_caps["fork"] = json!({});
     }
     caps["sessionCapabilities"] = session_caps;
     let auth_methods: Vec<Value> = agent

@@ -26,7 +26,7 @@ fn rules(method: &str) -> Option<&'static [(&'static str, Kind, bool)]> {
     const SID: (&str, Kind, bool) = ("sessionId", String, true);
     Some(match method {
         "session/new" => &[("cwd", AbsolutePath, true), ("mcpServers", Array, false)],
-        "session/load" | "session/resume" => &[
+        "session/load" | "session/resume" | "session/fork" => &[
             SID,
             ("cwd", AbsolutePath, false),
             ("mcpServers", Array, false),

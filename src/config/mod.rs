@@ -93,6 +93,10 @@ pub struct Limits {
 pub struct SessionSettings {
     /// How long an agent's request (permission, fs, terminal) waits for a client to attach.
     pub pending_request_timeout: Duration,
+    /// After `session/cancel`, how long the agent has to end the turn (`cancel_grace_ms`).
+    pub cancel_grace: Duration,
+    /// How long a turn acpd answered itself may still send late output (`cancel_abandon_ms`).
+    pub cancel_abandon: Duration,
     /// How long updates for a new/loaded/resumed session are held after its response, because
     /// Zed drops updates for sessions it has not registered yet (zed-industries/zed#60199).
     pub bootstrap_delay: Duration,
@@ -277,6 +281,8 @@ impl Config {
             },
             sessions: SessionSettings {
                 pending_request_timeout: Duration::from_millis(s.pending_request_timeout_ms),
+                cancel_grace: Duration::from_millis(s.cancel_grace_ms),
+                cancel_abandon: Duration::from_millis(s.cancel_abandon_ms),
                 bootstrap_delay: Duration::from_millis(s.bootstrap_delay_ms),
                 slow_client_cutoff: Duration::from_millis(s.slow_client_cutoff_ms),
                 list_page_size: s.list_page_size,

@@ -32,6 +32,8 @@ pub struct Settings {
     pub no_auth: bool,
     pub max_message_bytes: usize,
     pub pending_request_timeout_ms: u64,
+    pub cancel_grace_ms: u64,
+    pub cancel_abandon_ms: u64,
     pub bootstrap_delay_ms: u64,
     pub slow_client_cutoff_ms: u64,
     pub list_page_size: u32,
@@ -74,6 +76,8 @@ impl Default for Settings {
             no_auth: false,
             max_message_bytes: 16 * 1024 * 1024,
             pending_request_timeout_ms: 15 * 60 * 1000,
+            cancel_grace_ms: 3_000,
+            cancel_abandon_ms: 60_000,
             bootstrap_delay_ms: 100,
             slow_client_cutoff_ms: 10_000,
             list_page_size: 50,
@@ -166,6 +170,16 @@ pub struct Args {
     #[arg(long, env = "ACPD_PENDING_REQUEST_TIMEOUT_MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending_request_timeout_ms: Option<u64>,
+    /// After `session/cancel`, how long the agent has to end the turn before acpd answers it
+    /// `cancelled` itself, in milliseconds.
+    #[arg(long, env = "ACPD_CANCEL_GRACE_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_grace_ms: Option<u64>,
+    /// After acpd answered a cancelled turn itself, how long it drops that turn's late output
+    /// (and holds the session's next prompt) waiting for the agent's answer, in milliseconds.
+    #[arg(long, env = "ACPD_CANCEL_ABANDON_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_abandon_ms: Option<u64>,
     /// How long updates of a new/loaded session are held after its response, in milliseconds.
     #[arg(long, env = "ACPD_BOOTSTRAP_DELAY_MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -387,6 +401,8 @@ mod tests {
             no_auth: true,
             max_message_bytes: Some(2048),
             pending_request_timeout_ms: Some(1),
+            cancel_grace_ms: Some(16),
+            cancel_abandon_ms: Some(17),
             bootstrap_delay_ms: Some(2),
             slow_client_cutoff_ms: Some(3),
             list_page_size: Some(4),
@@ -413,7 +429,7 @@ mod tests {
         let merged = Settings::default().overridden_by(&args).unwrap();
         let merged = toml::Table::try_from(&merged).unwrap();
         // All but `config` and `--agent`, which are not keys of their own.
-        assert_eq!(given.len(), 29);
+        assert_eq!(given.len(), 31);
         for (k, v) in given {
             assert_eq!(merged.get(&k), Some(&v), "{k}");
         }

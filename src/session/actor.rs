@@ -6,7 +6,10 @@
 //! `outbox.rs`), so nothing reaches a client that a later `session/load` could not replay.
 
 mod attach;
+mod cancel;
 mod events;
+mod fork;
+pub(crate) use fork::agent_forks;
 mod journal;
 mod restore;
 mod rows;
@@ -40,6 +43,7 @@ pub(super) fn spawn(
     let handle = SessionHandle {
         id: id.clone(),
         principal: Arc::from(row.principal_id.as_str()),
+        profile: Arc::from(row.agent.as_str()),
         tx,
     };
     let journaled = row.last_seq;
@@ -61,6 +65,11 @@ pub(super) fn spawn(
             cancel_requested: false,
             conn: None,
             own_from: 0,
+            guard: cancel::CancelGuard::new(
+                shared.settings.cancel_grace,
+                shared.settings.cancel_abandon,
+            ),
+            held: Vec::new(),
         },
         pending: PendingRequests::default(),
         deferred: VecDeque::new(),
@@ -103,8 +112,17 @@ enum Restore {
 
 /// An in-band request to the agent, by tag.
 enum Inflight {
-    Prompt { responder: Responder },
-    Relay { responder: Responder },
+    Prompt {
+        responder: Responder,
+    },
+    Relay {
+        responder: Responder,
+    },
+    Fork {
+        responder: Responder,
+        client: super::Client,
+        params: Value,
+    },
     Restore(Restore),
 }
 
@@ -135,6 +153,10 @@ struct Turn {
     conn: Option<ConnId>,
     /// The first seq of that prompt's turn (its own prompt is not echoed to it).
     own_from: i64,
+    /// What `session/cancel` guarantees (`cancel.rs`).
+    guard: cancel::CancelGuard,
+    /// Prompts waiting for an abandoned turn's late answer before they go to the agent.
+    held: Vec<cancel::HeldPrompt>,
 }
 
 /// Journal retention passes (`retention.rs`).
@@ -197,6 +219,7 @@ impl Session {
             let hold = self.outbox.hold_until();
             let deadline = self.pending.next_deadline();
             let lag_check = self.outbox.lag_check_at();
+            let cancel_at = self.turn.guard.next_deadline();
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 cmd = commands.recv() => match cmd {
@@ -216,6 +239,7 @@ impl Session {
                 }
                 _ = sleep_until(hold) => self.outbox.release_hold(),
                 _ = sleep_until(deadline) => self.expire_pending().await,
+                _ = sleep_until(cancel_at) => self.cancel_deadline().await,
                 // `flush` below looks at lagging clients.
                 _ = sleep_until(lag_check) => {}
                 _ = tokio::time::sleep_until(idle_since + idle), if self.is_idle() => break,
@@ -278,6 +302,7 @@ impl Session {
     fn is_idle(&self) -> bool {
         self.outbox.clients_len() == 0
             && self.turn.inflight.is_empty()
+            && self.turn.held.is_empty()
             && self.pending.is_empty()
             && self.outbox.is_empty()
             && self.rows.is_idle()
@@ -352,6 +377,11 @@ impl Session {
                         .await;
                 }
             }
+            SessionCommand::Fork {
+                client,
+                params,
+                responder,
+            } => self.fork(client, params, responder).await,
             SessionCommand::Close { responder } => self.close(responder, false).await,
             SessionCommand::Delete { responder } => self.close(responder, true).await,
         }
@@ -365,13 +395,21 @@ impl Session {
                 self.journal(update, Some(conn.clone())).await;
             }
         }
+        if self.turn.guard.holds_prompts() {
+            // An abandoned turn may still stream: this one starts once it is over.
+            let held = cancel::HeldPrompt {
+                conn,
+                params,
+                responder,
+            };
+            return self.turn.held.push(held);
+        }
         self.turn.conn = Some(conn);
-        if self
-            .turn
-            .inflight
-            .values()
-            .all(|f| !matches!(f, Inflight::Prompt { .. }))
-        {
+        self.send_prompt(params, responder).await;
+    }
+
+    async fn send_prompt(&mut self, params: Value, responder: Responder) {
+        if self.running_prompts().is_empty() {
             self.turn.cancel_requested = false;
         }
         match self.send_in_band("session/prompt", params).await {
@@ -488,42 +526,13 @@ impl Session {
             TaskDone::Retention(super::retention::enforce(store, id, entries, bytes).await)
         });
     }
-
-    /// Relays a pending agent request to a client, if one is attached.
-    fn dispatch(&mut self, id: u64, prefer: Option<&ConnId>) {
-        let target = prefer
-            .cloned()
-            .or_else(|| self.outbox.pick_client(self.turn.conn.as_ref()));
-        let Some(client) = target.and_then(|c| self.outbox.client(&c)) else {
-            return;
-        };
-        let Some((method, params)) = self.pending.assign(id, client.conn.clone()) else {
-            return;
-        };
-        let conn = client.conn.clone();
-        let peer = client.peer.clone();
-        let abort = self.tasks.spawn(async move {
-            let result = peer.request(&method, Some(params)).await;
-            TaskDone::ClientAnswer {
-                pending: id,
-                conn,
-                result,
-            }
-        });
-        self.pending.set_abort(id, abort);
-    }
-
-    async fn expire_pending(&mut self) {
-        for p in self.pending.take_expired(Instant::now()) {
-            tracing::info!(session = %self.id, method = %p.method, "agent request expired with no client attached");
-            p.answer_cancelled().await;
-        }
-    }
 }
 
 fn needs_agent(cmd: &SessionCommand) -> bool {
     match cmd {
-        SessionCommand::Prompt { .. } | SessionCommand::Relay { .. } => true,
+        SessionCommand::Prompt { .. }
+        | SessionCommand::Relay { .. }
+        | SessionCommand::Fork { .. } => true,
         SessionCommand::Attach { mode, .. } => {
             matches!(mode, AttachMode::Load { .. } | AttachMode::Resume { .. })
         }

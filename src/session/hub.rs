@@ -1,7 +1,8 @@
 //! The hub's task: owns the map of live sessions, opens them from the store (a task reads
-//! the row; the answer comes back as `Loaded`), checks the owning principal and the
-//! live-session limit. A `session/new` reserves its place under that limit before it asks
-//! the agent (`Reservation`), so concurrent ones cannot all pass the check.
+//! the row; the answer comes back as `Loaded`), checks the owning principal (and the
+//! profile, when the connection is scoped to one) and the live-session limit. A
+//! `session/new` reserves its place under that limit before it asks the agent
+//! (`Reservation`), so concurrent ones cannot all pass the check.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,8 +14,13 @@ use crate::agent::AgentHandle;
 use crate::error::AcpError;
 use acpd_store::{SessionRow, StoreError};
 
-/// Who waits for a session the hub is reading from the store.
-type OpenWaiter = (String, oneshot::Sender<Result<SessionHandle, AcpError>>);
+/// Who waits for a session the hub is reading from the store: principal, profile (`None`:
+/// any), reply.
+type OpenWaiter = (
+    String,
+    Option<String>,
+    oneshot::Sender<Result<SessionHandle, AcpError>>,
+);
 
 /// The hub never waits on the store or on a session: a session row is read by a task whose
 /// answer comes back as `Loaded`, and a cancel-all is sent by a task.
@@ -82,8 +88,9 @@ impl HubTask {
                 HubCommand::Open {
                     id,
                     principal,
+                    profile,
                     reply,
-                } => self.open(id, principal, reply),
+                } => self.open(id, principal, profile, reply),
                 HubCommand::Loaded { id, row } => self.loaded(id, *row),
                 HubCommand::Spawn { row, agent, reply } => {
                     self.release(&row.principal_id);
@@ -123,13 +130,14 @@ impl HubTask {
         &mut self,
         id: String,
         principal: String,
+        profile: Option<String>,
         reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
     ) {
         if let Some((_, h)) = self.live.get(id.as_str())
             && !h.is_closed()
         {
             // The owner is checked against the store row the actor was started from.
-            let r = if *h.principal == *principal {
+            let r = if *h.principal == *principal && in_profile(&h.profile, &profile) {
                 Ok(h.clone())
             } else {
                 Err(AcpError::SessionNotFound(id))
@@ -138,10 +146,11 @@ impl HubTask {
             return;
         }
         if let Some(waiters) = self.opening.get_mut(&id) {
-            waiters.push((principal, reply));
+            waiters.push((principal, profile, reply));
             return;
         }
-        self.opening.insert(id.clone(), vec![(principal, reply)]);
+        self.opening
+            .insert(id.clone(), vec![(principal, profile, reply)]);
         let (store, hub) = (self.shared.store.clone(), self.shared.hub.clone());
         self.shared.tasks.spawn(async move {
             let row = store.session(&id).await;
@@ -157,7 +166,7 @@ impl HubTask {
             Err(e) => {
                 let why = e.to_string();
                 let mut first = Some(e);
-                for (_, reply) in waiters {
+                for (_, _, reply) in waiters {
                     let e = first
                         .take()
                         .unwrap_or_else(|| StoreError::Unavailable(why.clone()));
@@ -167,18 +176,21 @@ impl HubTask {
             }
         };
         let mut handle: Option<SessionHandle> = None;
-        for (principal, reply) in waiters {
+        for (principal, profile, reply) in waiters {
             let r = match &row {
-                Some(row) if row.principal_id == principal => match &handle {
-                    Some(h) => Ok(h.clone()),
-                    None if !self.admits(&principal) => Err(AcpError::TooManySessions),
-                    None => {
-                        let h = self.start(row.clone(), None);
-                        handle = Some(h.clone());
-                        Ok(h)
+                Some(row) if row.principal_id == principal && in_profile(&row.agent, &profile) => {
+                    match &handle {
+                        Some(h) => Ok(h.clone()),
+                        None if !self.admits(&principal) => Err(AcpError::TooManySessions),
+                        None => {
+                            let h = self.start(row.clone(), None);
+                            handle = Some(h.clone());
+                            Ok(h)
+                        }
                     }
-                },
-                // Another principal's session is reported exactly like a missing one.
+                }
+                // Another principal's (or profile's) session is reported exactly like a
+                // missing one.
                 _ => Err(AcpError::SessionNotFound(id.clone())),
             };
             let _ = reply.send(r);
@@ -238,4 +250,9 @@ impl HubTask {
         self.live.insert(id, (self.serial, handle.clone()));
         handle
     }
+}
+
+/// Whether a session of profile `agent` is visible to a request scoped to `profile`.
+fn in_profile(agent: &str, profile: &Option<String>) -> bool {
+    profile.as_deref().is_none_or(|p| p == agent)
 }

@@ -3,12 +3,14 @@
 //! reads or writes the store.
 
 mod actor;
+pub(crate) use actor::agent_forks;
 pub mod compaction;
 mod hub;
 mod mcp;
 mod outbox;
 mod pending;
 mod retention;
+mod titles;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -80,6 +82,12 @@ pub enum SessionCommand {
         method: String,
         params: Value,
     },
+    /// `session/fork` (`actor/fork.rs`).
+    Fork {
+        client: Client,
+        params: Value,
+        responder: Responder,
+    },
     Close {
         responder: Responder,
     },
@@ -104,6 +112,7 @@ impl SessionCommand {
             }
             | SessionCommand::Prompt { responder: r, .. }
             | SessionCommand::Relay { responder: r, .. }
+            | SessionCommand::Fork { responder: r, .. }
             | SessionCommand::Close { responder: r }
             | SessionCommand::Delete { responder: r } => Some(r),
             _ => None,
@@ -117,6 +126,8 @@ pub struct SessionHandle {
     pub id: Arc<str>,
     /// The principal that owns the session.
     pub principal: Arc<str>,
+    /// The agent profile the session runs on.
+    pub profile: Arc<str>,
     tx: mpsc::Sender<SessionCommand>,
 }
 
@@ -149,6 +160,8 @@ pub(crate) enum HubCommand {
     Open {
         id: String,
         principal: String,
+        /// Only a session of this profile (`None`: of any).
+        profile: Option<String>,
         reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
     },
     /// The store's answer for a session being opened.
@@ -245,13 +258,20 @@ impl SessionHub {
         let _ = self.shared.hub.send(cmd).await;
     }
 
-    /// The live actor of a session that `principal` owns, started from the store if needed.
-    /// Another principal's session is reported exactly like a missing one.
-    pub async fn open(&self, id: &str, principal: &str) -> Result<SessionHandle, AcpError> {
+    /// The live actor of a session that `principal` owns on `profile` (`None`: on any),
+    /// started from the store if needed. Another principal's or profile's session is reported
+    /// exactly like a missing one.
+    pub async fn open(
+        &self,
+        id: &str,
+        principal: &str,
+        profile: Option<&str>,
+    ) -> Result<SessionHandle, AcpError> {
         let (reply, rx) = oneshot::channel();
         let cmd = HubCommand::Open {
             id: id.to_owned(),
             principal: principal.to_owned(),
+            profile: profile.map(str::to_owned),
             reply,
         };
         self.shared
@@ -387,25 +407,39 @@ impl SessionHub {
         }
     }
 
-    /// `session/list` for one principal, straight from the store.
+    /// `session/list` for one principal (of one profile, or of all with `None`), from the
+    /// store; titles and times merged from `agent`'s own list (the connection's agent, for
+    /// the sessions of its profile) when it has one (`titles.rs`).
     pub async fn list(
         &self,
         principal: &str,
+        profile: Option<&str>,
         cwd: Option<String>,
         cursor: Option<String>,
+        agent: Option<(AgentHandle, String)>,
     ) -> Result<Value, AcpError> {
         let q = ListQuery {
             principal_id: principal.to_owned(),
             cwd,
+            agent: profile.map(str::to_owned),
             cursor,
             limit: self.shared.settings.list_page_size,
         };
         let page = self.shared.store.list_sessions(&q).await?;
+        let theirs = match &agent {
+            Some((a, _)) if titles::agent_lists(a) => titles::from_agent(a, q.cwd.as_deref()).await,
+            _ => HashMap::new(),
+        };
         let sessions: Vec<Value> = page
             .sessions
             .iter()
             .map(|s| {
-                let mut v = json!({ "sessionId": s.id, "cwd": s.cwd, "updatedAt": rfc3339(s.updated_at_ms) });
+                let mut v = json!({
+                    "sessionId": s.id,
+                    "cwd": s.cwd,
+                    "updatedAt": rfc3339(s.updated_at_ms),
+                    "_meta": { "acpd": { "agent": s.agent } },
+                });
                 if let Some(t) = &s.title {
                     v["title"] = json!(t);
                 }
@@ -413,6 +447,12 @@ impl SessionHub {
                     && !dirs.is_empty()
                 {
                     v["additionalDirectories"] = Value::Array(dirs);
+                }
+                if let (Some((_, name)), Some(asid)) = (&agent, &s.agent_session_id)
+                    && *name == s.agent
+                    && let Some(info) = theirs.get(asid)
+                {
+                    titles::merge(&mut v, info);
                 }
                 v
             })

@@ -1,11 +1,12 @@
-//! Session bookkeeping: `session/list` (pages, cwd filter, titles, RFC 3339 times),
+//! Session bookkeeping: `session/list` (pages, cwd filter, titles from the journal and from
+//! the agent's own list, RFC 3339 times),
 //! `session/close`, `session/delete`, and -32002 for ids acpd does not know.
 
 use std::collections::HashSet;
 
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, DaemonOptions, is_rfc3339};
+use crate::support::{Daemon, DaemonOptions, client_of, daemon_with_profile, is_rfc3339};
 
 /// Walks every page of `session/list` for `cwd`; returns the sessions and the page sizes.
 async fn list_all(
@@ -106,6 +107,38 @@ async fn titles_come_from_session_info_updates() {
     };
     assert_eq!(find(&sid)["title"], "Fix the flaky test");
     assert!(find(&untitled)["title"].is_null());
+}
+
+/// claude-agent-acp and opencode name sessions only in their own `session/list`: acpd asks the
+/// agent (it advertises `sessionCapabilities.list`) and merges titles by its session id.
+#[tokio::test]
+async fn titles_come_from_the_agents_own_list() {
+    let daemon = daemon_with_profile("lister", "--list").await;
+    let cwd = daemon.work_dir();
+    let (mut client, _) = client_of(&daemon, "lister").await;
+    let sid = client.open_session(&cwd).await;
+    let untitled = client.new_session(&cwd).await;
+    let (updates, result) = client
+        .prompt(&sid, "title Refactor the parser; echo ok")
+        .await;
+    result.unwrap();
+    assert!(
+        updates
+            .iter()
+            .all(|u| u["update"]["sessionUpdate"] != "session_info_update"),
+        "this agent sends no title update: {updates:?}"
+    );
+    let (sessions, _) = list_all(&mut client, &cwd).await;
+    let find = |id: &str| {
+        sessions
+            .iter()
+            .find(|s| s["sessionId"] == id)
+            .cloned()
+            .expect("listed")
+    };
+    assert_eq!(find(&sid)["title"], "Refactor the parser");
+    assert!(find(&untitled)["title"].is_null());
+    assert!(is_rfc3339(find(&sid)["updatedAt"].as_str().unwrap()));
 }
 
 #[tokio::test]

@@ -116,3 +116,40 @@ async fn a_line_over_the_daemons_limit_is_answered_not_resent_forever() -> Resul
     assert_eq!(shim.wait_exit().await?, 0, "{}", shim.stderr());
     Ok(())
 }
+
+/// One-shot scripted use (health checks, CI probes): `printf '<initialize>\n' | acp-shim URL`
+/// prints the answer, then exits 0 — the answers the editor is owed at stdin EOF are delivered
+/// before the shim goes. A `session/new` behind it (the agent starts for it) is answered too.
+#[tokio::test]
+async fn printf_into_the_shim_prints_the_answers_then_exits_0() -> Result<()> {
+    let d = Daemon::start(false).await?;
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1, "clientCapabilities": {}}});
+    let new = json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": "/tmp", "mcpServers": []}});
+    let script = format!(
+        "printf '%s\\n%s\\n' '{init}' '{new}' | '{}' '{}'",
+        crate::support::shim_bin(),
+        d.url()
+    );
+    let run = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .env("XDG_DATA_HOME", d.dir.path().join("no-such-dir"))
+        .env_remove("ACPD_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(20), run).await??;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
+    let answers: Vec<Value> = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let by_id = |id: i64| answers.iter().find(|m| m["id"] == id).cloned();
+    let first = by_id(1).unwrap_or_else(|| panic!("no initialize answer: {stdout}\n{stderr}"));
+    assert_eq!(first["result"]["protocolVersion"], 1, "{first}");
+    let second = by_id(2).unwrap_or_else(|| panic!("no session/new answer: {stdout}\n{stderr}"));
+    assert!(second["result"]["sessionId"].is_string(), "{second}");
+    Ok(())
+}

@@ -10,6 +10,7 @@
 //! (and does nothing else with them): tests see by a marker file whether acpd let one through.
 //!
 //! Flags: `--no-load` (no `loadSession`), `--no-resume` (no `sessionCapabilities.resume`),
+//! `--fork` (`session/fork`), `--list` (`session/list`, with titles only there),
 //! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes).
 
 mod io;
@@ -25,7 +26,9 @@ use io::{Out, RpcError};
 use state::{Agent, Flags, MODES, VERBOSITY};
 
 fn usage() -> ! {
-    eprintln!("usage: acpd-scripted-agent [--no-load] [--no-resume] [--pid-dir DIR]");
+    eprintln!(
+        "usage: acpd-scripted-agent [--no-load] [--no-resume] [--fork] [--list] [--pid-dir DIR]"
+    );
     std::process::exit(64);
 }
 
@@ -37,6 +40,8 @@ async fn main() {
         match arg.as_str() {
             "--no-load" => flags.no_load = true,
             "--no-resume" => flags.no_resume = true,
+            "--fork" => flags.fork = true,
+            "--list" => flags.list = true,
             "--pid-dir" => {
                 let dir = args.next().unwrap_or_else(|| usage());
                 let path = std::path::Path::new(&dir).join(std::process::id().to_string());
@@ -136,6 +141,8 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
         "session/new" => {
             start_mcp_servers(&params);
             let sid = agent.create_session();
+            let cwd = params["cwd"].as_str().unwrap_or_default().to_owned();
+            agent.with_session(&sid, |s| s.cwd = cwd)?;
             // Sent before the response on purpose: the daemon must hold it until the client
             // knows the session (Zed drops updates for sessions it has not registered yet).
             agent.emit(
@@ -225,6 +232,15 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             );
             Ok(json!({ "configOptions": options }))
         }
+        "session/fork" if agent.flags.fork => {
+            let parent = session_id(&params)?;
+            let cwd = params["cwd"].as_str().unwrap_or_default();
+            let sid = agent.fork_session(&parent, cwd)?;
+            let mut result = agent.with_session(&sid, |s| s.setup_result())?;
+            result["sessionId"] = json!(sid);
+            Ok(result)
+        }
+        "session/list" if agent.flags.list => Ok(agent.list_sessions()),
         "_scripted/echo" => Ok(params),
         _ => Err(RpcError::method_not_found(method)),
     }
@@ -258,6 +274,12 @@ fn initialize_result(flags: &Flags) -> Value {
     let mut session_caps = json!({});
     if !flags.no_resume {
         session_caps["resume"] = json!({});
+    }
+    if flags.fork {
+        session_caps["fork"] = json!({});
+    }
+    if flags.list {
+        session_caps["list"] = json!({});
     }
     json!({
         "protocolVersion": 1,

@@ -13,22 +13,38 @@ use crate::state::Agent;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     Echo(String),
-    Stream { count: u64, size: usize },
+    Stream {
+        count: u64,
+        size: usize,
+    },
     Thought(String),
     Tool,
     Permission,
     Read(String),
-    Write { path: String, text: String },
-    Terminal { command: String, args: Vec<String> },
+    Write {
+        path: String,
+        text: String,
+    },
+    Terminal {
+        command: String,
+        args: Vec<String>,
+    },
     Ext,
     WaitForCancel,
+    /// From here on the turn does not see `session/cancel` (gemini-cli, often).
+    IgnoreCancel,
+    /// A cancelled turn answers this stop reason instead of `cancelled` (opencode: end_turn).
+    CancelAnswer(String),
     Sleep(u64),
     Crash,
     UnknownUpdate,
     Title(String),
     Caps,
     Stop(String),
-    Error { code: i64, message: String },
+    Error {
+        code: i64,
+        message: String,
+    },
 }
 
 /// Parses the whole script before anything runs, so a typo fails the prompt cleanly.
@@ -80,6 +96,12 @@ fn parse_line(line: &str) -> Result<Command, String> {
         }
         "ext" => Command::Ext,
         "wait_for_cancel" => Command::WaitForCancel,
+        "ignore_cancel" => Command::IgnoreCancel,
+        "cancel_answer" => Command::CancelAnswer(
+            args.first()
+                .ok_or_else(|| bad("needs a stop reason"))?
+                .to_string(),
+        ),
         "sleep" => Command::Sleep(int(args.first(), "MS")?),
         "crash" => Command::Crash,
         "unknown_update" => Command::UnknownUpdate,
@@ -132,18 +154,33 @@ pub async fn run(
     commands: Vec<Command>,
     cancel: &CancellationToken,
 ) -> TurnEnd {
-    for command in commands {
+    // `ignore_cancel` swaps in a token nothing cancels; `cancel_answer` renames the outcome.
+    let mut cancel = cancel.clone();
+    let mut on_cancel = "cancelled".to_string();
+    let end = 'turn: {
+        for command in commands {
+            if cancel.is_cancelled() {
+                break 'turn cancelled();
+            }
+            match command {
+                Command::IgnoreCancel => cancel = CancellationToken::new(),
+                Command::CancelAnswer(reason) => on_cancel = reason,
+                command => {
+                    if let Err(end) = run_one(agent, sid, command, &cancel).await {
+                        break 'turn end;
+                    }
+                }
+            }
+        }
         if cancel.is_cancelled() {
-            return TurnEnd::Stop("cancelled".into());
+            break 'turn cancelled();
         }
-        if let Err(end) = run_one(agent, sid, command, cancel).await {
-            return end;
-        }
+        TurnEnd::Stop("end_turn".into())
+    };
+    match end {
+        TurnEnd::Stop(r) if r == "cancelled" && cancel.is_cancelled() => TurnEnd::Stop(on_cancel),
+        end => end,
     }
-    if cancel.is_cancelled() {
-        return TurnEnd::Stop("cancelled".into());
-    }
-    TurnEnd::Stop("end_turn".into())
 }
 
 async fn run_one(
@@ -213,6 +250,7 @@ async fn run_one(
             cancel.cancelled().await;
             return Err(cancelled());
         }
+        Command::IgnoreCancel | Command::CancelAnswer(_) => {}
         Command::Sleep(ms) => {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
@@ -232,6 +270,10 @@ async fn run_one(
                 "_meta": { "scripted": { "kept": true } },
             }),
         ),
+        Command::Title(title) if agent.flags.list => {
+            // Like claude-agent-acp and opencode: the title is in its own list only.
+            let _ = agent.with_session(sid, |s| s.title = Some(title));
+        }
         Command::Title(title) => {
             agent.emit(sid, json!({ "sessionUpdate": "session_info_update", "title": title }))
         }

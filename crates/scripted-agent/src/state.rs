@@ -19,6 +19,11 @@ pub const VERBOSITY: [(&str, &str); 2] = [("low", "Low"), ("high", "High")];
 pub struct Flags {
     pub no_load: bool,
     pub no_resume: bool,
+    /// `sessionCapabilities.fork`: `session/fork` copies a session's history.
+    pub fork: bool,
+    /// `sessionCapabilities.list`: `session/list` lists its sessions, with the titles set by
+    /// `title` commands (in its own list only, as claude-agent-acp and opencode do).
+    pub list: bool,
 }
 
 /// One item of a session's history.
@@ -38,6 +43,9 @@ pub enum History {
 pub struct Session {
     /// Every update sent for this session, plus the user's prompts, in order.
     pub history: Vec<History>,
+    /// The title its own `session/list` shows (`--list`), and the cwd it was made in.
+    pub title: Option<String>,
+    pub cwd: String,
     /// Counter stamped into `agent_message_chunk`s (`_meta.scripted.n`).
     chunk_n: u64,
     /// Counter for tool call and permission ids.
@@ -54,6 +62,8 @@ impl Session {
     fn new() -> Session {
         Session {
             history: Vec::new(),
+            title: None,
+            cwd: String::new(),
             chunk_n: 0,
             tool_n: 0,
             mode: "default".into(),
@@ -125,6 +135,36 @@ impl Agent {
             .unwrap()
             .insert(id.clone(), Session::new());
         id
+    }
+
+    /// `session/fork`: a new session whose history is a copy of `parent`'s.
+    pub fn fork_session(&self, parent: &str, cwd: &str) -> Result<String, RpcError> {
+        let history = self.with_session(parent, |s| s.history.clone())?;
+        let id = self.create_session();
+        self.with_session(&id, |s| {
+            s.history = history;
+            s.cwd = cwd.to_owned();
+        })?;
+        Ok(id)
+    }
+
+    /// `session/list` (`--list`): every session with its title, newest first.
+    pub fn list_sessions(&self) -> Value {
+        let sessions = self.sessions.lock().unwrap();
+        let mut items: Vec<(&String, &Session)> = sessions.iter().collect();
+        items.sort_by_key(|(id, _)| std::cmp::Reverse(session_number(id)));
+        let list: Vec<Value> = items
+            .into_iter()
+            .map(|(id, s)| {
+                let mut v = json!({ "sessionId": id, "cwd": s.cwd });
+                if let Some(t) = &s.title {
+                    v["title"] = json!(t);
+                    v["updatedAt"] = json!("2026-01-02T03:04:05.000Z");
+                }
+                v
+            })
+            .collect();
+        json!({ "sessions": list })
     }
 
     /// Creates empty state under a caller-chosen id unless it exists (`session/resume`).
@@ -239,6 +279,14 @@ impl Agent {
             }
         });
     }
+}
+
+/// `n` of an id `sa-<n>-<pid>`.
+fn session_number(id: &str) -> u64 {
+    id.split('-')
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The line of a streamed `agent_message_chunk`, as a template: only the chunk's index, its

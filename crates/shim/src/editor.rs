@@ -350,6 +350,11 @@ impl Tracker {
         Some((pid.clone(), request(&pid, "_acpd/session/attach", &params)))
     }
 
+    /// How many of the editor's requests the daemon still owes an answer.
+    pub fn owed(&self) -> usize {
+        self.pending.len()
+    }
+
     /// How many sessions a restart would re-attach.
     pub fn open_sessions(&self) -> usize {
         self.sessions.len()

@@ -36,6 +36,9 @@ const HELD_MAX: usize = 1024;
 const STDOUT_MAX: usize = 256;
 /// After stdin closes: how long to finish sending what the editor wrote.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// After stdin closes: how long the answers the editor is still owed may take (an
+/// `initialize` may have to start the agent; `printf … | acp-shim URL` must print it).
+const ANSWER_WAIT: Duration = Duration::from_secs(15);
 
 enum WsOut {
     Text(String),
@@ -172,13 +175,20 @@ pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
         }
         if let Some(since) = closing_since {
             let flushed = !r.window.has_unwritten() && r.held.is_empty() && r.recovering.is_empty();
-            if flushed && let Some(s) = r.socket.as_mut() {
+            // The editor's last requests are answered before the link goes (bounded).
+            let answered = r.tracker.owed() == 0 || since.elapsed() > ANSWER_WAIT;
+            if flushed
+                && answered
+                && let Some(s) = r.socket.as_mut()
+            {
                 // A normal close tells acpd the link is done (no grace period to wait out).
                 s.closing = true;
                 let _ = s.writer.try_send(WsOut::Close(1000));
                 break Exit::Clean;
             }
-            if (r.socket.is_none() && r.connecting.is_none()) || since.elapsed() > CLOSE_WAIT {
+            let too_long = (!flushed && since.elapsed() > CLOSE_WAIT)
+                || since.elapsed() > ANSWER_WAIT + CLOSE_WAIT;
+            if (r.socket.is_none() && r.connecting.is_none()) || too_long {
                 if r.window.has_unwritten() || !r.held.is_empty() {
                     tracing::warn!("stdin closed while messages were still unsent to acpd");
                 }

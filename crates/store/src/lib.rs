@@ -125,6 +125,8 @@ pub struct ListQuery {
     pub principal_id: String,
     /// Exact match on the session's cwd.
     pub cwd: Option<String>,
+    /// Exact match on the session's agent profile (`None`: every profile).
+    pub agent: Option<String>,
     /// Opaque cursor from a previous page's `next_cursor`.
     pub cursor: Option<String>,
     pub limit: u32,

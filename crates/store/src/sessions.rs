@@ -109,29 +109,37 @@ pub(super) async fn update_session(
 pub(super) async fn list_sessions(pool: &Pool, q: &ListQuery) -> Result<SessionPage, StoreError> {
     let after = q.cursor.as_deref().map(rows::decode_cursor).transpose()?;
     let limit = i64::from(q.limit.max(1));
-    // Four fixed statements rather than "$n IS NULL OR ...", so each keeps a plan that
-    // uses the matching index.
-    let sql = match (&q.cwd, &after) {
-        (None, None) => "principal_id = $1 ORDER BY created_at_ms DESC, id DESC LIMIT $2",
-        (Some(_), None) => {
-            "principal_id = $1 AND cwd = $3 ORDER BY created_at_ms DESC, id DESC LIMIT $2"
-        }
-        (None, Some(_)) => {
-            "principal_id = $1 AND (created_at_ms, id) < ($3, $4) ORDER BY created_at_ms DESC, id DESC LIMIT $2"
-        }
-        (Some(_), Some(_)) => {
-            "principal_id = $1 AND cwd = $3 AND (created_at_ms, id) < ($4, $5) \
-             ORDER BY created_at_ms DESC, id DESC LIMIT $2"
-        }
+    // Fixed conditions with numbered parameters (no "$n IS NULL OR ..."), so each statement
+    // keeps a plan that uses the matching index.
+    let mut sql = "principal_id = $1".to_owned();
+    let mut n = 2;
+    let mut next = || {
+        n += 1;
+        n
     };
-    let sql =
-        format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE deleted_at_ms IS NULL AND {sql}");
+    if q.cwd.is_some() {
+        sql += &format!(" AND cwd = ${}", next());
+    }
+    if q.agent.is_some() {
+        sql += &format!(" AND agent = ${}", next());
+    }
+    if after.is_some() {
+        let (a, b) = (next(), next());
+        sql += &format!(" AND (created_at_ms, id) < (${a}, ${b})");
+    }
+    let sql = format!(
+        "SELECT {SESSION_COLUMNS} FROM sessions WHERE deleted_at_ms IS NULL AND {sql} \
+         ORDER BY created_at_ms DESC, id DESC LIMIT $2"
+    );
     let mut sessions = on_pool!(pool, |p| {
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(&q.principal_id)
             .bind(limit + 1);
         if let Some(cwd) = &q.cwd {
             query = query.bind(cwd);
+        }
+        if let Some(agent) = &q.agent {
+            query = query.bind(agent);
         }
         if let Some((created, id)) = &after {
             query = query.bind(*created).bind(id);

@@ -112,6 +112,7 @@ impl Session {
 
     pub(super) async fn cancel(&mut self) {
         self.turn.cancel_requested = true;
+        self.guard_cancel();
         if let AgentState::Bound { agent, agent_sid } = &self.agent {
             let params = json!({ "sessionId": agent_sid });
             let _ = agent.peer.notify("session/cancel", Some(params)).await;
@@ -141,6 +142,7 @@ impl Session {
                 });
             }
         }
+        self.guard_reset(Ok(json!({ "stopReason": "cancelled" })));
         let method = if delete {
             "session/delete"
         } else {

@@ -1,15 +1,17 @@
 //! What the agent sends about the session: updates (journaled), other notifications and its
-//! requests (queued for a client), answers to in-band requests (a turn's end), its exit.
+//! requests (queued for a client, relayed to one, expired), answers to in-band requests (a
+//! turn's end), its exit.
 
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::{AgentState, Inflight, Session, with_session_id};
+use super::{AgentState, Inflight, Session, TaskDone, with_session_id};
 use crate::agent::AgentEvent;
 use crate::error::AcpError;
+use crate::session::ConnId;
 use crate::session::outbox::Out;
 use crate::session::pending::Pending;
-use acpd_wire::ResponseError;
+use acpd_wire::{Responder, ResponseError};
 
 impl Session {
     pub(super) async fn on_agent_event(&mut self, ev: AgentEvent) {
@@ -20,6 +22,10 @@ impl Session {
                     return;
                 }
                 if n.method == "session/update" {
+                    if self.turn.guard.late_update() {
+                        // Late output of a turn acpd ended (`cancel.rs`).
+                        return;
+                    }
                     if let Some(params) = &n.params {
                         self.journal_raw(params, None).await;
                     }
@@ -35,6 +41,20 @@ impl Session {
                     // The agent's own request (answered on the agent's link, not a client's).
                     let e = ResponseError::internal("the session is being restored");
                     req.responder.respond(Err(e)).await;
+                    return;
+                }
+                if self.turn.guard.late_update() {
+                    // A request of a turn acpd ended (`cancel.rs`): no client is asked, and a
+                    // permission is `cancelled`, as ACP has it after a cancel.
+                    let result = if req.method == "session/request_permission" {
+                        Ok(json!({ "outcome": { "outcome": "cancelled" } }))
+                    } else {
+                        Err(ResponseError::new(
+                            acpd_wire::code::REQUEST_CANCELLED,
+                            "the turn was cancelled",
+                        ))
+                    };
+                    req.responder.respond(result).await;
                     return;
                 }
                 let params = req.params.unwrap_or(Value::Null);
@@ -55,32 +75,46 @@ impl Session {
             }
             AgentEvent::Response { tag, result } => match self.turn.inflight.remove(&tag) {
                 Some(Inflight::Prompt { responder }) => {
-                    let result = match result {
-                        Err(_) if self.turn.cancel_requested => {
+                    let result = match self.judge_answer(tag, result).await {
+                        Some(Err(_)) if self.turn.cancel_requested => {
                             Ok(json!({ "stopReason": "cancelled" }))
                         }
-                        r => r,
+                        Some(r) => r,
+                        None => return,
                     };
-                    let reason = crate::metrics::stop_reason_label(&result);
-                    metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason)
-                        .increment(1);
-                    self.save(self.patch());
-                    // After the turn's row updates (its title, say) are written.
-                    self.after_rows(Out::Reply { responder, result });
-                    self.retention();
+                    self.end_turn(responder, result);
                 }
                 Some(Inflight::Relay { responder }) => {
                     self.outbox.push(Out::Reply { responder, result })
                 }
+                Some(Inflight::Fork {
+                    responder,
+                    client,
+                    params,
+                }) => self.fork_answered(responder, client, params, result),
                 Some(Inflight::Restore(step)) => self.restore_done(step, result).await,
-                None => {}
+                // The late answer of a turn acpd answered itself.
+                None => {
+                    let _ = self.judge_answer(tag, result).await;
+                }
             },
             AgentEvent::Exited { status } => self.agent_exited(status).await,
         }
     }
 
+    /// The end of a prompt turn: counted, the row saved, the client answered once the turn's
+    /// row updates (its title, say) are written.
+    pub(super) fn end_turn(&mut self, responder: Responder, result: Result<Value, ResponseError>) {
+        let reason = crate::metrics::stop_reason_label(&result);
+        metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason).increment(1);
+        self.save(self.patch());
+        self.after_rows(Out::Reply { responder, result });
+        self.retention();
+    }
+
     pub(super) async fn agent_exited(&mut self, status: String) {
         tracing::warn!(session = %self.id, %status, "agent exited under the session");
+        self.guard_reset(Err(AcpError::AgentExited(status.clone()).into()));
         let was_restoring = matches!(self.agent, AgentState::Restoring { .. });
         self.agent = AgentState::Unbound;
         let cancelled = self.turn.cancel_requested;
@@ -94,7 +128,7 @@ impl Session {
                     };
                     self.outbox.push(Out::Reply { responder, result });
                 }
-                Inflight::Relay { responder } => {
+                Inflight::Relay { responder } | Inflight::Fork { responder, .. } => {
                     self.outbox.push(Out::Reply {
                         responder,
                         result: Err(AcpError::AgentExited(status.clone()).into()),
@@ -109,6 +143,37 @@ impl Session {
         }
         for p in self.pending.drain() {
             p.withdraw();
+        }
+    }
+
+    /// Relays a pending agent request to a client, if one is attached.
+    pub(super) fn dispatch(&mut self, id: u64, prefer: Option<&ConnId>) {
+        let target = prefer
+            .cloned()
+            .or_else(|| self.outbox.pick_client(self.turn.conn.as_ref()));
+        let Some(client) = target.and_then(|c| self.outbox.client(&c)) else {
+            return;
+        };
+        let Some((method, params)) = self.pending.assign(id, client.conn.clone()) else {
+            return;
+        };
+        let conn = client.conn.clone();
+        let peer = client.peer.clone();
+        let abort = self.tasks.spawn(async move {
+            let result = peer.request(&method, Some(params)).await;
+            TaskDone::ClientAnswer {
+                pending: id,
+                conn,
+                result,
+            }
+        });
+        self.pending.set_abort(id, abort);
+    }
+
+    pub(super) async fn expire_pending(&mut self) {
+        for p in self.pending.take_expired(Instant::now()) {
+            tracing::info!(session = %self.id, method = %p.method, "agent request expired with no client attached");
+            p.answer_cancelled().await;
         }
     }
 }

@@ -194,6 +194,7 @@ async fn check_session_crud(url: String) {
         Err(StoreError::Conflict(_))
     ));
     let q = ListQuery {
+        agent: None,
         principal_id: p.id.clone(),
         cwd: None,
         cursor: None,
@@ -248,6 +249,7 @@ async fn check_list_pagination(url: String) {
     }
 
     let mut q = ListQuery {
+        agent: None,
         principal_id: alice.clone(),
         cwd: None,
         cursor: None,
@@ -304,6 +306,7 @@ async fn check_list_pagination(url: String) {
 
     // cwd filter, across pages.
     let q_odd = ListQuery {
+        agent: None,
         cwd: Some("/odd".into()),
         limit: 4,
         ..q.clone()
@@ -318,6 +321,7 @@ async fn check_list_pagination(url: String) {
 
     // Bob sees his five, nothing else.
     let q_bob = ListQuery {
+        agent: None,
         principal_id: bob.clone(),
         cwd: None,
         cursor: None,
@@ -330,6 +334,7 @@ async fn check_list_pagination(url: String) {
 
     for bad in ["not-hex!", "abc", "zz", "3132"] {
         let q_bad = ListQuery {
+            agent: None,
             cursor: Some(bad.into()),
             ..q.clone()
         };

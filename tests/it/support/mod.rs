@@ -144,3 +144,17 @@ fn workspace_bin(name: &str) -> String {
 pub fn acpd_bin() -> &'static str {
     env!("CARGO_BIN_EXE_acpd")
 }
+
+/// A daemon with one more profile `profile`: the scripted agent with `flags` (e.g. `--fork`).
+pub async fn daemon_with_profile(profile: &str, flags: &str) -> Daemon {
+    let agent = format!("{profile}={} {flags}", scripted_agent_bin());
+    Daemon::start_with(DaemonOptions::default().arg("--agent", agent)).await
+}
+
+/// A WebSocket client of `profile` (`?agent=NAME`) after `initialize`, and that answer.
+pub async fn client_of(daemon: &Daemon, profile: &str) -> (Client, Value) {
+    let url = format!("{}?agent={profile}", daemon.ws_url());
+    let mut client = Client::connect_ws(&url).await.expect("connect");
+    let init = client.initialize().await;
+    (client, init)
+}

@@ -1,0 +1,160 @@
+//! Titles and `updatedAt` for `session/list` from the agent's own `session/list`. Some agents
+//! (claude-agent-acp, opencode) name their sessions only there, never in a
+//! `session_info_update`; so when the agent advertises `sessionCapabilities.list`, acpd asks it
+//! (a few pages, bounded in time) and merges by the agent's session id: the agent's title
+//! where acpd's journal has none, the later of the two `updatedAt`s.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::agent::AgentHandle;
+
+/// At most this many pages of the agent's list are read per `session/list`.
+const MAX_PAGES: usize = 10;
+/// And for at most this long in all (a slow agent leaves the list as acpd has it).
+const BUDGET: Duration = Duration::from_secs(2);
+
+/// What the agent's list says of one of its sessions.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(super) struct AgentInfo {
+    pub title: Option<String>,
+    pub updated_at: Option<String>,
+}
+
+/// Whether the agent's `initialize` answer offers `session/list`.
+pub(super) fn agent_lists(agent: &AgentHandle) -> bool {
+    agent
+        .init
+        .pointer("/agentCapabilities/sessionCapabilities/list")
+        .is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
+}
+
+/// The agent's own list, by its session id (empty when it fails or is slow).
+pub(super) async fn from_agent(
+    agent: &AgentHandle,
+    cwd: Option<&str>,
+) -> HashMap<String, AgentInfo> {
+    let mut out = HashMap::new();
+    let pages = async {
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let mut params = json!({});
+            if let Some(cwd) = cwd {
+                params["cwd"] = json!(cwd);
+            }
+            if let Some(c) = &cursor {
+                params["cursor"] = json!(c);
+            }
+            let Ok(page) = agent.request("session/list", params).await else {
+                return;
+            };
+            collect(&page, &mut out);
+            cursor = page
+                .get("nextCursor")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            if cursor.is_none() {
+                return;
+            }
+        }
+    };
+    if tokio::time::timeout(BUDGET, pages).await.is_err() {
+        tracing::debug!("the agent's session/list took too long; titles from the journal only");
+    }
+    out
+}
+
+/// Adds one page of the agent's `session/list` answer to `out`.
+fn collect(page: &Value, out: &mut HashMap<String, AgentInfo>) {
+    for s in page
+        .get("sessions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let Some(id) = s.get("sessionId").and_then(Value::as_str) else {
+            continue;
+        };
+        let text = |k: &str| s.get(k).and_then(Value::as_str).map(str::to_owned);
+        out.insert(
+            id.to_owned(),
+            AgentInfo {
+                title: text("title").filter(|t| !t.is_empty()),
+                updated_at: text("updatedAt"),
+            },
+        );
+    }
+}
+
+/// Merges what the agent says into one `session/list` entry of acpd's.
+pub(super) fn merge(entry: &mut Value, info: &AgentInfo) {
+    if entry.get("title").is_none_or(Value::is_null)
+        && let Some(t) = &info.title
+    {
+        entry["title"] = json!(t);
+    }
+    if let Some(theirs) = info.updated_at.as_deref().and_then(parse) {
+        let ours = entry
+            .get("updatedAt")
+            .and_then(Value::as_str)
+            .and_then(parse);
+        if ours.is_none_or(|o| theirs > o) {
+            entry["updatedAt"] = json!(theirs.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+        }
+    }
+}
+
+fn parse(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collect_reads_ids_titles_and_times() {
+        let page = json!({ "sessions": [
+            { "sessionId": "a", "cwd": "/w", "title": "Fix it", "updatedAt": "2026-01-02T03:04:05Z" },
+            { "sessionId": "b", "cwd": "/w", "title": "" },
+            { "cwd": "/w", "title": "no id" },
+        ]});
+        let mut out = HashMap::new();
+        collect(&page, &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out["a"].title.as_deref(), Some("Fix it"));
+        assert_eq!(out["b"], AgentInfo::default());
+    }
+
+    #[test]
+    fn the_journals_title_wins_and_the_later_time_wins() {
+        let info = AgentInfo {
+            title: Some("theirs".into()),
+            updated_at: Some("2026-01-02T03:04:05+01:00".into()),
+        };
+        let mut untitled = json!({ "sessionId": "s", "updatedAt": "2026-01-01T00:00:00.000Z" });
+        merge(&mut untitled, &info);
+        assert_eq!(untitled["title"], "theirs");
+        assert_eq!(untitled["updatedAt"], "2026-01-02T02:04:05.000Z");
+
+        let mut titled =
+            json!({ "sessionId": "s", "title": "ours", "updatedAt": "2027-01-01T00:00:00.000Z" });
+        merge(&mut titled, &info);
+        assert_eq!(titled["title"], "ours");
+        assert_eq!(titled["updatedAt"], "2027-01-01T00:00:00.000Z");
+
+        let mut bad = json!({ "sessionId": "s" });
+        merge(
+            &mut bad,
+            &AgentInfo {
+                title: None,
+                updated_at: Some("yesterday".into()),
+            },
+        );
+        assert_eq!(bad, json!({ "sessionId": "s" }));
+    }
+}
