@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::rate::{RATE_LIMITED, RateLimit};
 use crate::agent::{AgentHandle, AgentKey};
 use crate::config::Config;
 use crate::error::AcpError;
@@ -97,43 +98,6 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
     let _ = peer_task.await;
     metrics::gauge!(crate::metrics::CONNECTIONS_LIVE).decrement(1);
     tracing::debug!("disconnected");
-}
-
-/// JSON-RPC error code for a request over the connection's rate limit (implementation-defined
-/// server error range).
-pub const RATE_LIMITED: i64 = -32005;
-
-/// A token bucket: `rate` requests per second sustained, bursts of twice that.
-struct RateLimit {
-    rate: f64,
-    tokens: f64,
-    last: std::time::Instant,
-}
-
-impl RateLimit {
-    fn new(rate: u32) -> RateLimit {
-        RateLimit {
-            rate: f64::from(rate),
-            tokens: 2.0 * f64::from(rate),
-            last: std::time::Instant::now(),
-        }
-    }
-
-    fn admit(&mut self) -> bool {
-        if self.rate == 0.0 {
-            return true;
-        }
-        let now = std::time::Instant::now();
-        let refill = now.duration_since(self.last).as_secs_f64() * self.rate;
-        self.tokens = (self.tokens + refill).min(2.0 * self.rate);
-        self.last = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
 }
 
 /// Handler tasks (opening sessions, agent calls) one connection may have running; a request

@@ -1,5 +1,6 @@
 //! The agent side of ACP as acpd serves it: one `connection` task per client, method
-//! dispatch, capability negotiation and parameter checks.
+//! dispatch, capability negotiation, parameter checks and the rate limit (`rate`).
 
 pub mod connection;
 mod params;
+mod rate;
