@@ -100,8 +100,14 @@ impl Outbox {
         self.items.push_back(out);
     }
 
+    /// Nothing is owed: no item waits, and no lagging client holds a message back (a close's
+    /// answer held behind a client's catch-up must still reach it before the actor ends).
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+            && self
+                .clients
+                .iter()
+                .all(|c| c.lag.as_ref().is_none_or(|l| l.held.is_empty()))
     }
 
     pub fn clients_len(&self) -> usize {

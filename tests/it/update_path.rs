@@ -3,7 +3,7 @@
 //! keep their order (a cancel never overtakes its prompt); a re-attach while the client's
 //! queue is full delivers every update exactly once, in seq order; a prompt sent the moment
 //! `session/new` answers is never lost; an agent streaming faster than the journal commits is
-//! slowed down, never cut off.
+//! slowed down, never cut off; a close sent while the client lags is answered once it caught up.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -179,4 +179,35 @@ async fn an_agent_streaming_faster_than_the_journal_keeps_loses_nothing() {
     // agent's output"); under a loaded test run it may not, and then there is nothing to slow.
     let log = std::fs::read_to_string(daemon.log_path()).unwrap();
     assert!(!log.contains("detaching it from the agent"), "{log}");
+}
+
+#[tokio::test]
+async fn a_close_sent_while_the_client_lags_is_answered_once_caught_up() {
+    const N: usize = 20_000;
+    let daemon = Daemon::start().await;
+    let mut c = daemon.client().await.with_timeout(Duration::from_secs(120));
+    let sid = c.open_session(&daemon.work_dir()).await;
+    // 20 MiB: far more than the client's queue and the socket buffers.
+    let prompt = c.send_prompt(&sid, &format!("stream {N} 1024")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(daemon.log_path())
+        .unwrap()
+        .contains("feeding it from the journal")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the client's queue never filled: the test did not exercise a lagging client"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The answers to the turn and to the close are held behind the client's catch-up; the
+    // session ends after the close, and must not drop them on its way out.
+    let close = c
+        .send_request("session/close", json!({ "sessionId": sid }))
+        .await;
+    let (_, r) = c.collect_updates_until_response(&prompt).await;
+    let stop = r.expect("the turn's answer")["stopReason"].clone();
+    assert!(stop == "cancelled" || stop == "end_turn", "{stop}");
+    let (_, r) = c.collect_updates_until_response(&close).await;
+    assert_eq!(r.expect("the close's answer"), json!({}));
 }
