@@ -33,7 +33,7 @@ use writer::{CLIENT_QUEUE, CLIENT_QUEUE_BYTES, ClientOut, Writer, queue_out, rep
 /// How often lagging clients are looked at (queue drained? stalled?).
 const LAG_CHECK: Duration = Duration::from_millis(20);
 /// Journal entries read per catch-up page.
-pub(super) const CATCH_UP_PAGE: i64 = 512;
+pub(super) const CATCH_UP_PAGE: i64 = 2048;
 
 pub(super) enum Out {
     /// A journaled `session/update`; `exclude` already has it (its own prompt).
