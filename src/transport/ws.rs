@@ -156,6 +156,15 @@ pub fn pump(
                     reason: r.reason.into(),
                 };
                 let _ = sink.send(Message::Close(Some(frame))).await;
+                // A lingering close: what the client still sends is read and dropped until
+                // its own close frame (or EOF). A socket closed with unread input is reset by
+                // the kernel, and the reset can throw away our close frame before the client
+                // has read it (a flooding client saw the socket end with no close frame).
+                while let Some(Ok(m)) = stream.next().await {
+                    if matches!(m, Message::Close(_)) {
+                        break;
+                    }
+                }
             }
             let _ = sink.close().await;
         };
@@ -164,7 +173,7 @@ pub fn pump(
     (link, fut)
 }
 
-/// Longest wait for the close frame to go out.
+/// Longest wait for the close frame to go out and the client's to come back.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// Room in `tx` for one frame; `None` when the receiver is gone. Never ready without a sender.

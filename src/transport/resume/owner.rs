@@ -369,7 +369,20 @@ impl Owner {
             let code = loop {
                 let msg = tokio::select! {
                     _ = k.cancelled() => return,
-                    _ = shutdown.cancelled() => return,
+                    _ = shutdown.cancelled() => {
+                        // A lingering close (see `ws.rs`): read and drop what the client still
+                        // sends until its close frame or EOF, so the socket is not reset with
+                        // our close frame unread. Bounded like the writer's close.
+                        let drain = async {
+                            while let Some(Ok(m)) = stream.next().await {
+                                if matches!(m, Message::Close(_)) {
+                                    break;
+                                }
+                            }
+                        };
+                        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+                        return;
+                    }
                     m = stream.next() => m,
                 };
                 let text = match msg {
