@@ -105,6 +105,7 @@ impl Session {
             ));
             // The updates after it will never be durable: they must never be sent.
             self.outbox.discard_updates_after(mark.durable, &err);
+            self.fail_parked_after(rejected, &err);
             // Once: the session is ending from then on (a close may have got there first).
             if !self.ending {
                 self.journal_stopped(mark.durable, rejected, err).await;

@@ -9,7 +9,7 @@ use crate::error::AcpError;
 use crate::session::now_ms;
 use crate::session::outbox::Out;
 use acpd_store::{SessionPatch, StoreError};
-use acpd_wire::Responder;
+use acpd_wire::{Responder, ResponseError};
 
 /// Row writes owed to the store.
 #[derive(Default)]
@@ -22,7 +22,9 @@ pub(super) struct RowWrites {
     pub close: Option<(Responder, bool)>,
     /// Outbox items that go once the row updates queued before them are written (a prompt's
     /// answer: a client that sees it and lists the sessions sees the turn's title).
-    parked: Vec<Out>,
+    /// Each with the last seq journaled when it was parked (a turn's answer vouches for the
+    /// updates up to it).
+    parked: Vec<(i64, Out)>,
 }
 
 impl RowWrites {
@@ -73,13 +75,26 @@ impl Session {
         if self.rows.written() {
             self.outbox.push(out);
         } else {
-            self.rows.parked.push(out);
+            self.rows.parked.push((self.next_seq - 1, out));
         }
     }
 
     fn release_parked(&mut self) {
-        for out in std::mem::take(&mut self.rows.parked) {
+        for (_, out) in std::mem::take(&mut self.rows.parked) {
             self.outbox.push(out);
+        }
+    }
+
+    /// The journal stopped before `rejected`: a parked answer that vouches for it (a turn's
+    /// end, parked behind the turn's row writes) answers `err` instead, like one queued behind
+    /// a dropped update (`Outbox::discard_updates_after`).
+    pub(super) fn fail_parked_after(&mut self, rejected: i64, err: &ResponseError) {
+        for (upto, out) in &mut self.rows.parked {
+            if let Out::Reply { result, .. } = out
+                && *upto >= rejected
+            {
+                *result = Err(err.clone());
+            }
         }
     }
 
