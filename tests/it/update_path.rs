@@ -3,7 +3,8 @@
 //! keep their order (a cancel never overtakes its prompt); a re-attach while the client's
 //! queue is full delivers every update exactly once, in seq order; a prompt sent the moment
 //! `session/new` answers is never lost; an agent streaming faster than the journal commits is
-//! slowed down, never cut off; a close sent while the client lags is answered once it caught up.
+//! slowed down, never cut off, and one that takes nothing (its journal stalled) is detached from
+//! its agent after a bound; a close sent while the client lags is answered once it caught up.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -206,4 +207,87 @@ async fn a_close_sent_while_the_client_lags_is_answered_once_caught_up() {
     assert!(stop == "cancelled" || stop == "end_turn", "{stop}");
     let (_, r) = c.collect_updates_until_response(&close).await;
     assert_eq!(r.expect("the close's answer"), json!({}));
+}
+
+#[tokio::test]
+async fn a_session_that_takes_nothing_is_detached_and_its_agents_other_sessions_go_on() {
+    let daemon = Daemon::start().await;
+    let mut c = daemon.client().await.with_timeout(Duration::from_secs(90));
+    let sid = c.open_session(&daemon.work_dir()).await;
+    // The journal cannot commit while the test holds the store's write lock: the session
+    // stops taking its agent's output, which the router holds and then stops reading.
+    let lock = StoreLock::take(&daemon.store_url()).await;
+    let prompt = c.send_prompt(&sid, "stream 300000 16").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(daemon.log_path())
+        .unwrap()
+        .contains("detaching it from the agent")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled session was never detached"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lock.release().await;
+    // The stalled turn ends with an error (its agent side is gone), not never.
+    let (_, r) = c.collect_updates_until_response(&prompt).await;
+    let err = r.expect_err("the detached turn answers an error");
+    assert!(err.message.contains("agent"), "{err:?}");
+    // The agent goes on: the same session re-creates its agent side, and a new one works.
+    let (_, r) = c.prompt(&sid, "echo again").await;
+    assert_eq!(r.expect("the next turn")["stopReason"], "end_turn");
+    let other = c.open_session(&daemon.work_dir()).await;
+    let (updates, r) = c.prompt(&other, "echo other").await;
+    assert_eq!(r.expect("another session")["stopReason"], "end_turn");
+    assert!(agent_texts(&updates).contains(&"other".to_owned()));
+}
+
+/// The journal's write lock, held by the test (SQLite: an exclusive transaction; Postgres: the
+/// journal table locked against writes).
+enum StoreLock {
+    Sqlite(sqlx::SqliteConnection),
+    Postgres(sqlx::PgConnection),
+}
+
+impl StoreLock {
+    async fn take(url: &str) -> StoreLock {
+        use sqlx::Connection;
+        if url.starts_with("sqlite:") {
+            let mut db = sqlx::SqliteConnection::connect(url).await.expect("connect");
+            sqlx::query("BEGIN EXCLUSIVE")
+                .execute(&mut db)
+                .await
+                .expect("lock");
+            StoreLock::Sqlite(db)
+        } else {
+            let mut db = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query("BEGIN").execute(&mut db).await.expect("begin");
+            sqlx::query("LOCK TABLE journal IN EXCLUSIVE MODE")
+                .execute(&mut db)
+                .await
+                .expect("lock");
+            StoreLock::Postgres(db)
+        }
+    }
+
+    async fn release(self) {
+        use sqlx::Connection;
+        match self {
+            StoreLock::Sqlite(mut db) => {
+                sqlx::query("ROLLBACK")
+                    .execute(&mut db)
+                    .await
+                    .expect("unlock");
+                db.close().await.ok();
+            }
+            StoreLock::Postgres(mut db) => {
+                sqlx::query("ROLLBACK")
+                    .execute(&mut db)
+                    .await
+                    .expect("unlock");
+                db.close().await.ok();
+            }
+        }
+    }
 }
