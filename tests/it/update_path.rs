@@ -3,7 +3,7 @@
 //! keep their order (a cancel never overtakes its prompt); a re-attach while the client's
 //! queue is full delivers every update exactly once, in seq order; a prompt sent the moment
 //! `session/new` answers is never lost; an agent streaming faster than the journal commits is
-//! slowed down, never cut off, and one that takes nothing (its journal stalled) is detached from
+//! slowed down, never cut off, and a session that takes nothing (its journal stalled) is detached from
 //! its agent after a bound; a close sent while the client lags is answered once it caught up.
 
 use std::collections::HashSet;
