@@ -250,3 +250,94 @@ async fn a_connection_nobody_uses_ends_after_the_grace() {
     let r = post(addr, &[c], &rpc(2, "session/list", json!({}))).await;
     assert_eq!(r.status, 404, "{r:?}");
 }
+
+/// The official npm SDK's http-client (`tests/interop/http-client.mjs`) runs a session. Needs
+/// `ACPD_TEST_SDK_DIR`: a directory with `node_modules/@agentclientprotocol/sdk` (2.4.0:
+/// `npm install @agentclientprotocol/sdk@2.4.0` there) and `node` on the PATH; skipped without.
+#[tokio::test]
+async fn the_official_sdk_http_client_runs_a_session() {
+    let Ok(dir) = std::env::var("ACPD_TEST_SDK_DIR") else {
+        eprintln!("skipped: ACPD_TEST_SDK_DIR is not set");
+        return;
+    };
+    let script = std::path::Path::new(&dir).join("acpd-http-client.mjs");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/http-client.mjs");
+    std::fs::copy(source, &script).expect("copy the interop script");
+    let daemon = Daemon::start().await;
+    let run = tokio::process::Command::new("node")
+        .arg(&script)
+        .env("ACPD_URL", format!("http://{}/acp", daemon.addr))
+        .env("ACPD_CWD", daemon.work_dir())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), run)
+        .await
+        .expect("node in time")
+        .expect("run node");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("ok: session"), "{stderr}");
+}
+
+#[tokio::test]
+async fn two_sessions_each_on_their_own_stream() {
+    let daemon = Daemon::start().await;
+    let addr = daemon.addr;
+    let (_, conn) = open(addr, &[]).await;
+    let c = ("acp-connection-id", conn.as_str());
+    let mut main = Sse::open(addr, &[c, SSE]).await;
+    let cwd = daemon.work_dir();
+    let mut sids = Vec::new();
+    let mut streams = Vec::new();
+    for id in [2, 3] {
+        let new = rpc(id, "session/new", json!({ "cwd": cwd, "mcpServers": [] }));
+        assert_eq!(post(addr, &[c], &new).await.status, 202);
+        // The answer to session/new is on the connection stream.
+        let answer = main.until_answer(id).await.pop().unwrap();
+        let sid = answer.data["result"]["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        streams.push(Sse::open(addr, &[c, SSE, ("acp-session-id", &sid)]).await);
+        sids.push(sid);
+    }
+    for (i, (sid, stream)) in sids.iter().zip(&mut streams).enumerate() {
+        let id = 10 + i as i64;
+        let text = format!("echo from-{i}");
+        let prompt = rpc(
+            id,
+            "session/prompt",
+            json!({ "sessionId": sid, "prompt": [{ "type": "text", "text": text }] }),
+        );
+        let s = ("acp-session-id", sid.as_str());
+        assert_eq!(post(addr, &[c, s], &prompt).await.status, 202);
+        let events = stream.until_answer(id).await;
+        let updates: Vec<Value> = events
+            .iter()
+            .filter_map(|e| session_update_params(&e.data).cloned())
+            .collect();
+        assert!(
+            updates.iter().all(|u| u["sessionId"] == sid.as_str()),
+            "{events:?}"
+        );
+        assert_eq!(agent_texts(&updates), [format!("from-{i}")], "{events:?}");
+        assert_eq!(
+            events.last().unwrap().data["result"]["stopReason"],
+            "end_turn"
+        );
+    }
+    // The connection stream got nothing of the prompts (only, perhaps, what a session sent
+    // before its stream was open).
+    assert_eq!(
+        post(addr, &[c], &rpc(20, "session/list", json!({})))
+            .await
+            .status,
+        202
+    );
+    let rest = main.until_answer(20).await;
+    let rest: Vec<Value> = rest
+        .iter()
+        .filter_map(|e| session_update_params(&e.data).cloned())
+        .collect();
+    assert!(agent_texts(&rest).is_empty(), "{rest:?}");
+}
