@@ -341,3 +341,22 @@ async fn two_sessions_each_on_their_own_stream() {
         .collect();
     assert!(agent_texts(&rest).is_empty(), "{rest:?}");
 }
+
+#[tokio::test]
+async fn connection_limits_and_the_drain_apply() {
+    let mut daemon = Daemon::start_with(DaemonOptions::default().arg("--max-connections", 1)).await;
+    let addr = daemon.addr;
+    let (_, conn) = open(addr, &[]).await;
+    let c = ("acp-connection-id", conn.as_str());
+    // An HTTP connection counts like a WebSocket.
+    let r = post(addr, &[], &initialize(1)).await;
+    assert_eq!(r.status, 429, "{r:?}");
+    let url = daemon.ws_url();
+    let ws = crate::support::security_support::upgrade_status(&url, &[], None);
+    assert_eq!(ws.await.0, 429);
+    let mut stream = Sse::open(addr, &[c, SSE]).await;
+    // A drain ends the stream and the daemon exits.
+    let status = daemon.sigterm().await;
+    assert!(status.success(), "{status:?}");
+    assert!(stream.next().await.is_none());
+}

@@ -148,14 +148,14 @@ mod tests {
         // Nothing delivered: nothing dropped.
         assert_eq!(log.next(), Some((1, "aa")));
         log.advance();
+        assert!(!log.has_room(), "bb and cc are still undelivered");
+        log.advance();
         assert!(log.has_room());
         log.push("dd".into());
-        // "aa" was delivered and the log was over: gone; replay from it is refused.
+        // "aa" and "bb" were delivered and the log was over: gone; replay of them refused.
         assert_eq!(log.resume(Some(0)), Err(Gone(0)));
-        log.resume(Some(1)).unwrap();
-        assert_eq!(
-            drain(&mut log),
-            vec![(2, "bb".into()), (3, "cc".into()), (4, "dd".into())]
-        );
+        assert_eq!(log.resume(Some(1)), Err(Gone(1)));
+        log.resume(Some(2)).unwrap();
+        assert_eq!(drain(&mut log), vec![(3, "cc".into()), (4, "dd".into())]);
     }
 }
