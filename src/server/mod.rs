@@ -6,6 +6,7 @@ pub mod cert;
 mod http;
 pub mod origin;
 mod registry;
+mod streamable;
 mod tcp;
 pub mod tls;
 
@@ -13,7 +14,8 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Query, State};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::{FromRef, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -61,6 +63,14 @@ struct AppState {
     resume: transport::resume::Resumer,
     /// Live connections: limits and revocation.
     registry: registry::Registry,
+    /// Streamable HTTP (`POST`/SSE `GET`/`DELETE` on `/acp`).
+    http: streamable::HttpState,
+}
+
+impl FromRef<AppState> for streamable::HttpState {
+    fn from_ref(st: &AppState) -> streamable::HttpState {
+        st.http.clone()
+    }
 }
 
 /// The running core without listeners: store, agent pool, session hub. `acpd stdio` uses it
@@ -167,6 +177,23 @@ pub async fn serve(
     crate::metrics::install();
     let core = Core::start(config).await?;
     let auth = Auth::setup(&core.config, core.store.clone()).await?;
+    let registry = registry::Registry::spawn(
+        core.store.clone(),
+        core.hub.clone(),
+        core.config.limits.max_connections,
+        core.config.limits.max_connections_per_principal,
+        &core.tasks,
+        core.stop.clone(),
+    );
+    let http = streamable::HttpState {
+        config: core.config.clone(),
+        hub: core.hub.clone(),
+        auth: auth.clone(),
+        tasks: core.tasks.clone(),
+        shutdown: core.drain.clone(),
+        registry: registry.clone(),
+        conns: transport::http_stream::Connections::new(core.config.resume_grace),
+    };
     let state = AppState {
         config: core.config.clone(),
         hub: core.hub.clone(),
@@ -174,14 +201,8 @@ pub async fn serve(
         tasks: core.tasks.clone(),
         shutdown: core.drain.clone(),
         store: core.store.clone(),
-        registry: registry::Registry::spawn(
-            core.store.clone(),
-            core.hub.clone(),
-            core.config.limits.max_connections,
-            core.config.limits.max_connections_per_principal,
-            &core.tasks,
-            core.stop.clone(),
-        ),
+        registry,
+        http,
         resume: transport::resume::Resumer::spawn(
             transport::resume::ResumeSettings {
                 grace: core.config.resume_grace,
@@ -200,7 +221,12 @@ pub async fn serve(
     }
     let origins = origin::Origins::new(core.config.allowed_origins.clone());
     let mut app = Router::new()
-        .route("/acp", get(acp_upgrade))
+        .route(
+            "/acp",
+            get(acp_get)
+                .post(streamable::post)
+                .delete(streamable::delete),
+        )
         .route_layer(axum::middleware::from_fn_with_state(origins, origin::guard))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz));
@@ -252,10 +278,26 @@ struct AcpQuery {
 /// Read buffer of a client WebSocket (see `acp_upgrade`).
 const WS_READ_BUFFER: usize = 8 * 1024;
 
-/// `GET /acp`: authenticate, pick the agent profile, upgrade to WebSocket.
-async fn acp_upgrade(
+/// `GET /acp`: a WebSocket upgrade, or else the Streamable HTTP SSE stream.
+async fn acp_get(
     State(st): State<AppState>,
     Query(q): Query<AcpQuery>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    match ws {
+        Ok(ws) => acp_upgrade(st, q, headers, ws).await,
+        Err(_) if streamable::wants_stream(&headers) => {
+            streamable::stream(st.http.clone(), headers).await
+        }
+        Err(rejection) => rejection.into_response(),
+    }
+}
+
+/// The upgrade: authenticate, pick the agent profile, upgrade to WebSocket.
+async fn acp_upgrade(
+    st: AppState,
+    q: AcpQuery,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {

@@ -47,6 +47,7 @@ mod shim_support;
 mod slowloris;
 mod store;
 mod store_failures;
+mod streamable_http;
 mod tcp_gate;
 mod tidy;
 mod transport_flow;

@@ -6,6 +6,7 @@ pub mod client;
 pub mod conn;
 pub mod daemon;
 pub mod editor;
+pub mod http;
 pub mod security_support;
 
 use std::time::Duration;

@@ -1,0 +1,309 @@
+//! `POST`, `GET` (SSE) and `DELETE` on `/acp`: the Streamable HTTP half of the RFD beside the
+//! WebSocket upgrade. Each request is authenticated like the upgrade (bearer header); a
+//! connection belongs to the principal that opened it and is unknown (404) to anyone else.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::auth::Auth;
+use super::registry::Registry;
+use crate::acp::connection::{self, ConnectionCtx};
+use crate::config::Config;
+use crate::session::SessionHub;
+use crate::transport::http_stream::{Connections, Handle, StreamError, request_route};
+use acpd_wire::InFrame;
+
+/// The connection header of the RFD (and of the 101 of a WebSocket).
+pub const CONNECTION_HEADER: &str = "acp-connection-id";
+const SESSION_HEADER: &str = "acp-session-id";
+/// How long the `initialize` POST waits for its answer.
+const INIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct HttpState {
+    pub config: Arc<Config>,
+    pub hub: SessionHub,
+    pub auth: Auth,
+    pub tasks: TaskTracker,
+    /// The drain: every connection's kick is a child.
+    pub shutdown: CancellationToken,
+    pub registry: Registry,
+    pub conns: Connections,
+}
+
+#[derive(Deserialize)]
+pub struct AgentQuery {
+    agent: Option<String>,
+}
+
+/// A JSON-RPC error with `id: null`, as the HTTP answer itself.
+fn rpc_error(status: StatusCode, code: i64, message: &str) -> Response {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message},
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response {
+    (status, text).into_response()
+}
+
+fn conn_id(headers: &HeaderMap) -> Option<&str> {
+    headers.get(CONNECTION_HEADER).and_then(|v| v.to_str().ok())
+}
+
+/// The caller's connection, or the answer for a missing header (400) or an unknown id (404).
+#[allow(clippy::result_large_err)]
+fn lookup(st: &HttpState, headers: &HeaderMap, principal: &str) -> Result<Handle, Response> {
+    let Some(id) = conn_id(headers) else {
+        return Err(plain(
+            StatusCode::BAD_REQUEST,
+            "missing Acp-Connection-Id header\n",
+        ));
+    };
+    match st.conns.get(id) {
+        Some(h) if h.principal == principal => Ok(h),
+        _ => Err(plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n")),
+    }
+}
+
+/// `POST /acp`: one JSON-RPC message. `initialize` without a connection opens one (200, the
+/// answer in the body); anything else goes to its connection (202, the answer on the stream).
+pub async fn post(
+    State(st): State<HttpState>,
+    Query(q): Query<AgentQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let identity = match st.auth.check(&headers).await {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return plain(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected Content-Type: application/json\n",
+        );
+    }
+    let max = st.config.limits.max_message_bytes;
+    let Ok(bytes) = axum::body::to_bytes(body, max).await else {
+        return plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "message too big for acpd's max_message_bytes\n",
+        );
+    };
+    metrics::counter!(crate::metrics::BYTES_IN_TOTAL).increment(bytes.len() as u64);
+    let Ok(text) = String::from_utf8(bytes.to_vec()) else {
+        return rpc_error(StatusCode::BAD_REQUEST, -32700, "Parse error: not UTF-8");
+    };
+    let value: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(_) => return rpc_error(StatusCode::BAD_REQUEST, -32700, "Parse error"),
+    };
+    if value.is_array() {
+        return rpc_error(
+            StatusCode::BAD_REQUEST,
+            -32600,
+            "Invalid Request: batches are not supported",
+        );
+    }
+    if conn_id(&headers).is_some() {
+        let handle = match lookup(&st, &headers, &identity.principal) {
+            Ok(h) => h,
+            Err(resp) => return resp,
+        };
+        let session = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok());
+        let route = request_route(&value, session);
+        return match handle.post(InFrame::Text(text), route).await {
+            Ok(()) => StatusCode::ACCEPTED.into_response(),
+            Err(_) => plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n"),
+        };
+    }
+    if value.get("method").and_then(|m| m.as_str()) != Some("initialize") {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "missing Acp-Connection-Id header (only initialize opens a connection)\n",
+        );
+    }
+    initialize(st, q, identity, text).await
+}
+
+/// Opens a connection with its `initialize` and answers with the result.
+async fn initialize(
+    st: HttpState,
+    q: AgentQuery,
+    identity: super::auth::Identity,
+    text: String,
+) -> Response {
+    let Some(profile) = st.config.profile(q.agent.as_deref()).map(str::to_owned) else {
+        return plain(StatusCode::NOT_FOUND, "unknown agent profile\n");
+    };
+    let conn_id = uuid::Uuid::new_v4().to_string();
+    let kick = st.shutdown.child_token();
+    let registration = match st
+        .registry
+        .open(
+            &conn_id,
+            &identity.principal,
+            identity.token_id.clone(),
+            kick.clone(),
+        )
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
+            tracing::warn!(target: "acpd::audit", principal = %identity.principal, reason = %e, "connection refused");
+            return (StatusCode::TOO_MANY_REQUESTS, format!("{e}\n")).into_response();
+        }
+    };
+    let ctx = ConnectionCtx {
+        conn_id: Arc::from(conn_id.as_str()),
+        principal: identity.principal.clone(),
+        principal_name: identity.name,
+        config: st.config.clone(),
+        profile,
+        hub: st.hub.clone(),
+        max_requests_per_second: st.config.limits.max_requests_per_second,
+    };
+    let (link, opened) =
+        st.conns
+            .open(conn_id.clone(), identity.principal, kick.clone(), &st.tasks);
+    st.tasks.spawn(async move {
+        let _registration = registration;
+        connection::run(link, ctx, kick).await;
+    });
+    if opened.handle.post(InFrame::Text(text), None).await.is_err() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "connection ended\n");
+    }
+    match tokio::time::timeout(INIT_TIMEOUT, opened.first).await {
+        Ok(Ok(answer)) => {
+            let mut resp = (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                answer,
+            )
+                .into_response();
+            if let Ok(v) = HeaderValue::from_str(&conn_id) {
+                resp.headers_mut().insert(CONNECTION_HEADER, v);
+            }
+            resp
+        }
+        _ => {
+            opened.handle.close();
+            plain(StatusCode::SERVICE_UNAVAILABLE, "no answer to initialize\n")
+        }
+    }
+}
+
+/// Whether a GET asks for the SSE stream (and is not a WebSocket upgrade).
+pub fn wants_stream(headers: &HeaderMap) -> bool {
+    !headers.contains_key(header::UPGRADE)
+}
+
+/// `GET /acp` with `Accept: text/event-stream`: the connection's stream.
+pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
+    let identity = match st.auth.check(&headers).await {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    let accepts = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"));
+    if !accepts {
+        return plain(
+            StatusCode::NOT_ACCEPTABLE,
+            "expected Accept: text/event-stream (or a WebSocket upgrade)\n",
+        );
+    }
+    let handle = match lookup(&st, &headers, &identity.principal) {
+        Ok(h) => h,
+        Err(resp) => return resp,
+    };
+    let session = match headers.get(SESSION_HEADER).map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(s)) if !s.is_empty() => Some(s.to_owned()),
+        Some(_) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                "Acp-Session-Id: expected a session id\n",
+            );
+        }
+    };
+    let last = match headers.get("last-event-id").map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(v)) => match v.trim().parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                return plain(
+                    StatusCode::BAD_REQUEST,
+                    "Last-Event-ID: expected a number\n",
+                );
+            }
+        },
+        Some(Err(_)) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                "Last-Event-ID: expected a number\n",
+            );
+        }
+    };
+    let rx = match handle.attach(session, last).await {
+        Ok(rx) => rx,
+        Err(StreamError::Closed) => {
+            return plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n");
+        }
+        Err(StreamError::TooMany) => {
+            return plain(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many session streams on this connection\n",
+            );
+        }
+        Err(StreamError::Gone(_)) => {
+            return plain(
+                StatusCode::GONE,
+                "Last-Event-ID: those events are not held any more; reconnect and session/load\n",
+            );
+        }
+    };
+    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+        let (id, text) = rx.recv().await?;
+        let event = Event::default().id(id.to_string()).data(text);
+        Some((Ok::<_, Infallible>(event), rx))
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(st.config.keepalive))
+        .into_response()
+}
+
+/// `DELETE /acp`: ends the connection (202).
+pub async fn delete(State(st): State<HttpState>, headers: HeaderMap) -> Response {
+    let identity = match st.auth.check(&headers).await {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    match lookup(&st, &headers, &identity.principal) {
+        Ok(h) => {
+            h.close();
+            StatusCode::ACCEPTED.into_response()
+        }
+        Err(resp) => resp,
+    }
+}

@@ -1,0 +1,333 @@
+//! Streamable HTTP transport (the HTTP half of the ACP "Streamable HTTP & WebSocket" RFD): one
+//! connection is a `Link` fed by POST bodies and read by a GET's SSE stream. One pump task per
+//! connection owns the link's outgoing side and an `EventLog`: events wait there (bounded)
+//! while no stream is attached, each carries an SSE `id:`, and a GET with `Last-Event-ID`
+//! replays what came after it. A connection with no stream and no POST for `grace` ends.
+
+pub mod log;
+pub mod route;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use acpd_wire::{InFrame, Link};
+
+pub use log::Gone;
+pub use route::{StreamKey, request_route};
+
+/// Most streams (session streams + the connection's) one connection holds.
+const MAX_STREAMS: usize = 256;
+/// Events queued towards one SSE response before the pump waits for it.
+const STREAM_QUEUE: usize = 64;
+/// Bytes of undelivered events a connection holds before it stops reading its link.
+pub const MAX_HELD_BYTES: usize = 16 * 1024 * 1024;
+
+/// Why a request cannot reach a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    #[error("the connection has ended")]
+    Closed,
+    #[error(transparent)]
+    Gone(#[from] Gone),
+    #[error("too many session streams on this connection")]
+    TooMany,
+}
+
+enum Cmd {
+    /// A POST arrived (the connection is in use), perhaps a request naming a session.
+    Posted { route: Option<(String, String)> },
+    Attach {
+        stream: StreamKey,
+        last_event_id: Option<u64>,
+        reply: oneshot::Sender<Result<mpsc::Receiver<(u64, String)>, StreamError>>,
+    },
+}
+
+/// One live connection, as the request handlers see it.
+#[derive(Clone)]
+pub struct Handle {
+    /// Whose connection it is: requests of anyone else are answered as if it did not exist.
+    pub principal: String,
+    input: mpsc::Sender<InFrame>,
+    cmd: mpsc::Sender<Cmd>,
+    kick: CancellationToken,
+}
+
+impl Handle {
+    /// Hands one POST body to the connection (`route` from `route::request_route`); waits
+    /// while the connection is busy.
+    pub async fn post(
+        &self,
+        frame: InFrame,
+        route: Option<(String, String)>,
+    ) -> Result<(), StreamError> {
+        // First: the pump must know where the answer goes before it can come out.
+        self.cmd
+            .send(Cmd::Posted { route })
+            .await
+            .map_err(|_| StreamError::Closed)?;
+        self.input
+            .send(frame)
+            .await
+            .map_err(|_| StreamError::Closed)
+    }
+
+    /// Attaches a new SSE stream, the connection's (`None`) or a session's; a stream already
+    /// attached there ends.
+    pub async fn attach(
+        &self,
+        stream: StreamKey,
+        last_event_id: Option<u64>,
+    ) -> Result<mpsc::Receiver<(u64, String)>, StreamError> {
+        let (reply, rx) = oneshot::channel();
+        self.cmd
+            .send(Cmd::Attach {
+                stream,
+                last_event_id,
+                reply,
+            })
+            .await
+            .map_err(|_| StreamError::Closed)?;
+        rx.await.map_err(|_| StreamError::Closed)?
+    }
+
+    /// Ends the connection (`DELETE`).
+    pub fn close(&self) {
+        self.kick.cancel();
+    }
+}
+
+/// A connection just opened: its first outgoing message is the answer to `initialize`.
+pub struct Opened {
+    pub handle: Handle,
+    pub first: oneshot::Receiver<String>,
+}
+
+/// The live Streamable HTTP connections by `Acp-Connection-Id`. Cheap to clone.
+#[derive(Clone)]
+pub struct Connections {
+    map: Arc<Mutex<HashMap<String, Handle>>>,
+    grace: Duration,
+}
+
+impl Connections {
+    pub fn new(grace: Duration) -> Connections {
+        Connections {
+            map: Arc::default(),
+            grace,
+        }
+    }
+
+    pub fn get(&self, conn_id: &str) -> Option<Handle> {
+        self.lock().get(conn_id).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handle>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a new connection and starts its pump (on `tasks`). Returns the link for
+    /// `acp::connection::run`; `kick` ends the pump (and should end the connection too).
+    pub fn open(
+        &self,
+        conn_id: String,
+        principal: String,
+        kick: CancellationToken,
+        tasks: &TaskTracker,
+    ) -> (Link, Opened) {
+        let (in_tx, in_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
+        let (out_tx, out_rx) = mpsc::channel::<String>(acpd_wire::LINK_QUEUE);
+        let (cmd_tx, cmd_rx) = mpsc::channel(16);
+        let (first_tx, first) = oneshot::channel();
+        let handle = Handle {
+            principal,
+            input: in_tx,
+            cmd: cmd_tx,
+            kick: kick.clone(),
+        };
+        self.lock().insert(conn_id.clone(), handle.clone());
+        let pump = Pump {
+            streams: HashMap::new(),
+            routes: route::Routes::default(),
+            out_rx,
+            cmd_rx,
+            first: Some(first_tx),
+            grace: self.grace,
+        };
+        let conns = self.clone();
+        tasks.spawn(async move {
+            pump.run(kick).await;
+            conns.lock().remove(&conn_id);
+            tracing::debug!(%conn_id, "streamable HTTP connection ended");
+        });
+        let link = Link {
+            incoming: in_rx,
+            outgoing: out_tx,
+        };
+        (link, Opened { handle, first })
+    }
+}
+
+/// One SSE stream of a connection: its events and the response reading them, if attached.
+struct Stream {
+    log: log::EventLog,
+    tx: Option<mpsc::Sender<(u64, String)>>,
+}
+
+impl Stream {
+    fn new() -> Stream {
+        Stream {
+            log: log::EventLog::new(MAX_HELD_BYTES),
+            tx: None,
+        }
+    }
+
+    /// Hands the attached response what it has room for; detaches it once it is gone.
+    fn flush(&mut self) {
+        let Some(tx) = &self.tx else { return };
+        while let Some((id, text)) = self.log.next() {
+            match tx.try_reserve() {
+                Ok(p) => {
+                    p.send((id, text.to_owned()));
+                    self.log.advance();
+                }
+                Err(mpsc::error::TrySendError::Full(())) => return,
+                Err(mpsc::error::TrySendError::Closed(())) => break,
+            }
+        }
+        if tx.is_closed() {
+            self.tx = None;
+        }
+    }
+}
+
+struct Pump {
+    /// The connection's stream (`None`), created at the first event, and the session
+    /// streams the client opened.
+    streams: HashMap<StreamKey, Stream>,
+    routes: route::Routes,
+    out_rx: mpsc::Receiver<String>,
+    cmd_rx: mpsc::Receiver<Cmd>,
+    first: Option<oneshot::Sender<String>>,
+    grace: Duration,
+}
+
+impl Pump {
+    fn attached(&self) -> bool {
+        self.streams.values().any(|s| s.tx.is_some())
+    }
+
+    fn has_room(&self) -> bool {
+        self.streams.values().all(|s| s.log.has_room())
+    }
+
+    /// Where an outgoing message goes: its session's stream if the client opened one.
+    fn push(&mut self, text: String) {
+        let session = if self.streams.keys().any(Option::is_some) {
+            self.routes.session_of(&text)
+        } else {
+            None
+        };
+        let key = session.filter(|s| self.streams.contains_key(&Some(s.clone())));
+        let stream = self.streams.entry(key).or_insert_with(Stream::new);
+        stream.log.push(text);
+        stream.flush();
+    }
+
+    fn attach(
+        &mut self,
+        key: StreamKey,
+        last_event_id: Option<u64>,
+    ) -> Result<mpsc::Receiver<(u64, String)>, StreamError> {
+        if !self.streams.contains_key(&key) && self.streams.len() >= MAX_STREAMS {
+            return Err(StreamError::TooMany);
+        }
+        let stream = self.streams.entry(key).or_insert_with(Stream::new);
+        stream.log.resume(last_event_id)?;
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        stream.tx = Some(tx);
+        stream.flush();
+        Ok(rx)
+    }
+
+    /// Waits until an attached response has room for more, or is gone.
+    fn wake(&self) -> Option<impl Future<Output = ()> + use<>> {
+        let waits: Vec<_> = self
+            .streams
+            .values()
+            .filter_map(|s| {
+                let tx = s.tx.clone()?;
+                let blocked = s.log.next().is_some();
+                Some(Box::pin(async move {
+                    if blocked {
+                        let _ = tx.reserve().await;
+                    } else {
+                        tx.closed().await;
+                    }
+                }))
+            })
+            .collect();
+        if waits.is_empty() {
+            return None;
+        }
+        Some(async move {
+            futures_util::future::select_all(waits).await;
+        })
+    }
+
+    async fn run(mut self, kick: CancellationToken) {
+        let bytes_out = metrics::counter!(crate::metrics::BYTES_OUT_TOTAL);
+        let mut idle_since = Instant::now();
+        loop {
+            let attached = self.attached();
+            let wake = self.wake();
+            tokio::select! {
+                // The commands first: a POST's route is known before its answer is taken.
+                biased;
+                _ = kick.cancelled() => break,
+                cmd = self.cmd_rx.recv() => match cmd {
+                    None => break,
+                    Some(Cmd::Posted { route }) => {
+                        idle_since = Instant::now();
+                        if let Some(r) = route {
+                            self.routes.posted(r);
+                        }
+                    }
+                    Some(Cmd::Attach { stream, last_event_id, reply }) => {
+                        let _ = reply.send(self.attach(stream, last_event_id));
+                    }
+                },
+                out = self.out_rx.recv(), if self.has_room() => match out {
+                    // The connection ended on acpd's side; what is held is lost with it.
+                    None => break,
+                    Some(text) => {
+                        bytes_out.increment(text.len() as u64);
+                        match self.first.take() {
+                            Some(first) => { let _ = first.send(text); }
+                            None => self.push(text),
+                        }
+                    }
+                },
+                _ = async { wake.expect("guarded").await }, if wake.is_some() => {
+                    for s in self.streams.values_mut() {
+                        s.flush();
+                    }
+                    if attached && !self.attached() {
+                        idle_since = Instant::now();
+                    }
+                }
+                _ = tokio::time::sleep_until(idle_since + self.grace), if !attached => {
+                    tracing::info!(grace = ?self.grace, "streamable HTTP connection idle (no stream, no POST): ended");
+                    break;
+                }
+            }
+        }
+        kick.cancel();
+    }
+}
