@@ -1,13 +1,20 @@
-//! Build script: turns on the Postgres integration tests when a test server is named.
+//! Build script: turns on the integration tests that need something outside the repository
+//! when it is named: a Postgres server, the official ACP SDK installed by npm.
 //!
 //! Rust cannot mark a test ignored at run time, so the choice is made at build time: with
-//! `ACPD_TEST_DATABASE_URL` set, `cfg(acpd_pg)` is on and the Postgres tests run; without it
-//! they are compiled with `#[ignore]` and show up as ignored in every test run.
+//! `ACPD_TEST_DATABASE_URL` set, `cfg(acpd_pg)` is on and the Postgres tests run; with
+//! `ACPD_TEST_SDK_DIR` set, `cfg(acpd_sdk)` and the SDK interop tests. Without them they are
+//! compiled with `#[ignore]` and show up as ignored in every test run.
 
 fn main() {
-    println!("cargo::rustc-check-cfg=cfg(acpd_pg)");
-    println!("cargo::rerun-if-env-changed=ACPD_TEST_DATABASE_URL");
-    if std::env::var_os("ACPD_TEST_DATABASE_URL").is_some_and(|v| !v.is_empty()) {
-        println!("cargo::rustc-cfg=acpd_pg");
+    for (var, cfg) in [
+        ("ACPD_TEST_DATABASE_URL", "acpd_pg"),
+        ("ACPD_TEST_SDK_DIR", "acpd_sdk"),
+    ] {
+        println!("cargo::rustc-check-cfg=cfg({cfg})");
+        println!("cargo::rerun-if-env-changed={var}");
+        if std::env::var_os(var).is_some_and(|v| !v.is_empty()) {
+            println!("cargo::rustc-cfg={cfg}");
+        }
     }
 }
