@@ -156,21 +156,25 @@ pub fn pump(
                     reason: r.reason.into(),
                 };
                 let _ = sink.send(Message::Close(Some(frame))).await;
-                // A lingering close: what the client still sends is read and dropped until
-                // its own close frame (or EOF). A socket closed with unread input is reset by
-                // the kernel, and the reset can throw away our close frame before the client
-                // has read it (a flooding client saw the socket end with no close frame).
-                while let Some(Ok(m)) = stream.next().await {
-                    if matches!(m, Message::Close(_)) {
-                        break;
-                    }
-                }
+                linger(&mut stream).await;
             }
             let _ = sink.close().await;
         };
         let _ = tokio::time::timeout(deadline.min(CLOSE_WAIT), goodbye).await;
     };
     (link, fut)
+}
+
+/// A lingering close, after acpd's close frame went out: what the client still sends is read
+/// and dropped until its own close frame (or EOF). A socket closed with unread input is reset
+/// by the kernel, and the reset can throw away our close frame before the client has read it
+/// (a flooding client saw the socket end with no close frame). Callers bound it.
+pub(super) async fn linger(stream: &mut futures_util::stream::SplitStream<WebSocket>) {
+    while let Some(Ok(m)) = stream.next().await {
+        if matches!(m, Message::Close(_)) {
+            break;
+        }
+    }
 }
 
 /// Longest wait for the close frame to go out and the client's to come back.

@@ -370,16 +370,9 @@ impl Owner {
                 let msg = tokio::select! {
                     _ = k.cancelled() => return,
                     _ = shutdown.cancelled() => {
-                        // A lingering close (see `ws.rs`): read and drop what the client still
-                        // sends until its close frame or EOF, so the socket is not reset with
-                        // our close frame unread. Bounded like the writer's close.
-                        let drain = async {
-                            while let Some(Ok(m)) = stream.next().await {
-                                if matches!(m, Message::Close(_)) {
-                                    break;
-                                }
-                            }
-                        };
+                        // So the socket is not reset with our close frame unread; bounded
+                        // like the writer's close.
+                        let drain = crate::transport::ws::linger(&mut stream);
                         let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
                         return;
                     }
