@@ -97,6 +97,10 @@ impl Router {
         shutdown: CancellationToken,
     ) {
         metrics::gauge!(crate::metrics::AGENT_PROCESSES).increment(1);
+        // One clock for the stall check: a sleep made afresh each turn of the loop would be
+        // pushed back by every other event (another session's room, say) and never fire.
+        let mut stall_check = tokio::time::interval(ROUTE_STALL / 4);
+        stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let status = loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
@@ -153,7 +157,7 @@ impl Router {
                 Some(Ok((route, generation, room))) = self.waits.join_next() => {
                     self.on_room(route, generation, room)
                 }
-                _ = tokio::time::sleep(ROUTE_STALL / 4), if !self.over.is_empty() => self.detach_stalled(),
+                _ = stall_check.tick(), if !self.over.is_empty() => self.detach_stalled(),
                 msg = incoming.recv(), if self.over.is_empty() => match msg {
                     Some(m) => self.route(m),
                     // stdout closed: wait for the exit status on the next turn.
