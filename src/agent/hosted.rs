@@ -33,7 +33,7 @@ pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long acpd waits for a supervisor to stop its tree before it SIGKILLs the supervisor.
 const SUPERVISOR_GRACE: Duration = Duration::from_secs(5);
 /// Agents may write long lines (a file's content); the line limit is generous.
-const MAX_AGENT_LINE: usize = 256 * 1024 * 1024;
+pub(super) const MAX_AGENT_LINE: usize = 256 * 1024 * 1024;
 
 pub(super) enum RouterCommand {
     /// Routes in-band answers for `route` (acpd's session id), and the agent's messages about

@@ -13,7 +13,6 @@ use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::config::AgentProfile;
 use acpd_wire::{ResponseError, code};
@@ -174,42 +173,34 @@ async fn ask_initialize(profile: &AgentProfile) -> Result<Value, LoginError> {
         program: profile.program.clone(),
         source,
     })?;
-    let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return Err(LoginError::NoAnswer("no pipes".into()));
     };
-    let request = json!({
-        "jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {
-            "protocolVersion": 1,
-            "clientCapabilities": { "auth": { "terminal": true }, "_meta": { "terminal-auth": true } },
-            "clientInfo": { "name": "acpd-login", "version": env!("CARGO_PKG_VERSION") },
-        },
+    // The agent is spoken to with acpd's own peer, as `hosted` does.
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (link, pump) =
+        acpd_wire::lines::pump(stdout, stdin, super::hosted::MAX_AGENT_LINE, cancel.clone());
+    let pump = tokio::spawn(pump);
+    let (peer, mut incoming, peer_task) = acpd_wire::spawn(link, cancel.clone());
+    // Whatever else the agent sends meanwhile is dropped (its requests answered -32603), so
+    // the peer keeps reading.
+    let drain = tokio::spawn(async move { while incoming.recv().await.is_some() {} });
+    let params = json!({
+        "protocolVersion": 1,
+        "clientCapabilities": { "auth": { "terminal": true }, "_meta": { "terminal-auth": true } },
+        "clientInfo": { "name": "acpd-login", "version": env!("CARGO_PKG_VERSION") },
     });
-    let ask = async {
-        stdin
-            .write_all(format!("{request}\n").as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut lines = BufReader::new(stdout).lines();
-        while let Some(line) = lines.next_line().await.map_err(|e| e.to_string())? {
-            let Ok(msg) = serde_json::from_str::<Value>(&line) else {
-                continue;
-            };
-            if msg.get("id") == Some(&json!(0)) && msg.get("method").is_none() {
-                return match msg.get("result") {
-                    Some(r) => Ok(r.clone()),
-                    None => Err(format!("it answered {}", msg["error"])),
-                };
-            }
-        }
-        Err("it closed its stdout".to_owned())
-    };
-    let result = tokio::time::timeout(ASK_TIMEOUT, ask)
-        .await
-        .unwrap_or_else(|_| Err("no answer within 60 s".into()));
-    drop(stdin);
+    let result =
+        match tokio::time::timeout(ASK_TIMEOUT, peer.request("initialize", Some(params))).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(acpd_wire::PeerError::Remote(e))) => Err(format!("it answered {e}")),
+            Ok(Err(acpd_wire::PeerError::Disconnected)) => Err("it closed its stdout".to_owned()),
+            Err(_) => Err("no answer within 60 s".to_owned()),
+        };
+    cancel.cancel();
     let _ = child.start_kill();
     let _ = child.wait().await;
+    let _ = tokio::join!(pump, peer_task, drain);
     result.map_err(LoginError::NoAnswer)
 }
 
