@@ -294,6 +294,45 @@ async fn acp_get(
     }
 }
 
+/// Registers a new client connection (connection limits, revocation); a refusal is audited
+/// and answered 429 with the reason. The WebSocket upgrade and Streamable HTTP share it.
+async fn register(
+    registry: &registry::Registry,
+    conn_id: &str,
+    identity: &auth::Identity,
+    kick: CancellationToken,
+) -> Result<registry::Registration, Response> {
+    let token = identity.token_id.clone();
+    registry
+        .open(conn_id, &identity.principal, token, kick)
+        .await
+        .map_err(|e| {
+            metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
+            tracing::warn!(target: "acpd::audit", principal = %identity.principal, reason = %e, "connection refused");
+            (StatusCode::TOO_MANY_REQUESTS, format!("{e}\n")).into_response()
+        })
+}
+
+/// The context of a client connection of `identity` on agent `profile`, whatever the
+/// transport.
+fn connection_ctx(
+    conn_id: &str,
+    identity: auth::Identity,
+    profile: String,
+    config: &Arc<Config>,
+    hub: &SessionHub,
+) -> ConnectionCtx {
+    ConnectionCtx {
+        conn_id: Arc::from(conn_id),
+        principal: identity.principal,
+        principal_name: identity.name,
+        config: config.clone(),
+        profile,
+        hub: hub.clone(),
+        max_requests_per_second: config.limits.max_requests_per_second,
+    }
+}
+
 /// The upgrade: authenticate, pick the agent profile, upgrade to WebSocket.
 async fn acp_upgrade(
     st: AppState,
@@ -316,29 +355,12 @@ async fn acp_upgrade(
     let registration = if headers.contains_key(transport::resume::RESUME_HEADER) {
         None
     } else {
-        let token = identity.token_id.clone();
-        match st
-            .registry
-            .open(&conn_id, &identity.principal, token, kick.clone())
-            .await
-        {
+        match register(&st.registry, &conn_id, &identity, kick.clone()).await {
             Ok(r) => Some(r),
-            Err(e) => {
-                metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
-                tracing::warn!(target: "acpd::audit", principal = %identity.principal, reason = %e, "connection refused");
-                return (StatusCode::TOO_MANY_REQUESTS, format!("{e}\n")).into_response();
-            }
+            Err(refused) => return refused,
         }
     };
-    let ctx = ConnectionCtx {
-        conn_id: Arc::from(conn_id.as_str()),
-        principal: identity.principal,
-        principal_name: identity.name,
-        config: st.config.clone(),
-        profile,
-        hub: st.hub.clone(),
-        max_requests_per_second: st.config.limits.max_requests_per_second,
-    };
+    let ctx = connection_ctx(&conn_id, identity, profile, &st.config, &st.hub);
     let max = st.config.limits.max_message_bytes;
     // Frames somewhat over the limit are read and answered with an error; far over it the
     // socket is closed (1009) rather than buffering without bound.

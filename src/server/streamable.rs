@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use super::auth::Auth;
 use super::registry::Registry;
-use crate::acp::connection::{self, ConnectionCtx};
+use crate::acp::connection;
 use crate::config::Config;
 use crate::session::SessionHub;
 use crate::transport::http_stream::{Connections, Handle, StreamError, request_route};
@@ -155,35 +155,16 @@ async fn initialize(
     };
     let conn_id = uuid::Uuid::new_v4().to_string();
     let kick = st.shutdown.child_token();
-    let registration = match st
-        .registry
-        .open(
-            &conn_id,
-            &identity.principal,
-            identity.token_id.clone(),
-            kick.clone(),
-        )
-        .await
+    let registration = match super::register(&st.registry, &conn_id, &identity, kick.clone()).await
     {
         Ok(r) => r,
-        Err(e) => {
-            metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
-            tracing::warn!(target: "acpd::audit", principal = %identity.principal, reason = %e, "connection refused");
-            return (StatusCode::TOO_MANY_REQUESTS, format!("{e}\n")).into_response();
-        }
+        Err(refused) => return refused,
     };
-    let ctx = ConnectionCtx {
-        conn_id: Arc::from(conn_id.as_str()),
-        principal: identity.principal.clone(),
-        principal_name: identity.name,
-        config: st.config.clone(),
-        profile,
-        hub: st.hub.clone(),
-        max_requests_per_second: st.config.limits.max_requests_per_second,
-    };
-    let (link, opened) =
-        st.conns
-            .open(conn_id.clone(), identity.principal, kick.clone(), &st.tasks);
+    let principal = identity.principal.clone();
+    let ctx = super::connection_ctx(&conn_id, identity, profile, &st.config, &st.hub);
+    let (link, opened) = st
+        .conns
+        .open(conn_id.clone(), principal, kick.clone(), &st.tasks);
     st.tasks.spawn(async move {
         let _registration = registration;
         connection::run(link, ctx, kick).await;

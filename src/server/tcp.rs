@@ -6,8 +6,6 @@
 //! (a notification; as a request with an `id` it is answered `{}`), checked like a bearer
 //! token. Only then does the line stream become a `Link` (`acpd_wire::lines::pump_with`, with the write deadline).
 
-use std::sync::Arc;
-
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -15,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use super::auth::{Denied, Identity};
-use crate::acp::connection::{self, ConnectionCtx};
+use crate::acp::connection;
 use acpd_wire::code;
 
 /// The method of the first line that carries the token.
@@ -196,23 +194,13 @@ async fn serve_one(
             return;
         }
     }
-    let ctx = ConnectionCtx {
-        conn_id: Arc::from(uuid::Uuid::new_v4().to_string().as_str()),
-        principal: identity.principal,
-        principal_name: identity.name,
-        config: st.config.clone(),
-        profile: st.config.default_agent.clone(),
-        hub: st.hub.clone(),
-        max_requests_per_second: st.config.limits.max_requests_per_second,
-    };
+    let token_id = identity.token_id.clone();
+    let conn_id = uuid::Uuid::new_v4().to_string();
+    let profile = st.config.default_agent.clone();
+    let ctx = super::connection_ctx(&conn_id, identity, profile, &st.config, &st.hub);
     let registration = match st
         .registry
-        .open(
-            &ctx.conn_id,
-            &ctx.principal,
-            identity.token_id,
-            cancel.clone(),
-        )
+        .open(&ctx.conn_id, &ctx.principal, token_id, cancel.clone())
         .await
     {
         Ok(r) => r,
