@@ -216,6 +216,7 @@ impl PoolTask {
     /// idle agent's end is a stop, not a failure).
     fn exited(&mut self, key: &AgentKey) {
         let idle = matches!(self.slots.remove(key), Some(Slot::Ready(Held::Weak(_), _)));
+        self.stops.remove(key);
         let now = Instant::now();
         if idle {
             self.backoff.entry(key.clone()).or_default().stopped();
@@ -258,6 +259,7 @@ impl PoolTask {
                 });
             }
             Err(e) => {
+                self.stops.remove(&key);
                 metrics::counter!(crate::metrics::AGENT_START_FAILURES_TOTAL).increment(1);
                 let until = self
                     .backoff
