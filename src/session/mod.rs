@@ -342,7 +342,7 @@ impl SessionHub {
                 responder,
             ));
         };
-        let id = format!("s-{}", uuid::Uuid::new_v4().simple());
+        let id = new_session_id();
         let now = now_ms();
         let row = SessionRow {
             id: id.clone(),
@@ -463,6 +463,11 @@ impl SessionHub {
         }
         Ok(out)
     }
+}
+
+/// A new acpd session id (`session/new`, `session/fork`).
+fn new_session_id() -> String {
+    format!("s-{}", uuid::Uuid::new_v4().simple())
 }
 
 pub(crate) fn now_ms() -> i64 {

@@ -130,7 +130,7 @@ impl ForkJob {
         if shared.hub.send(admit).await.is_err() || !rx.await.unwrap_or(false) {
             return Err((AcpError::TooManySessions, responder));
         }
-        let id = format!("s-{}", uuid::Uuid::new_v4().simple());
+        let id = crate::session::new_session_id();
         let mut row = self.row(&id);
         if let Err(e) = shared.store.insert_session(&row).await {
             return Err((e.into(), responder));
