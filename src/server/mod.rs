@@ -98,7 +98,14 @@ impl Core {
             path: e.path,
             source: e.source,
         })?;
-        let store = Store::open(&config.store_url, StoreOptions::default()).await?;
+        let store = Store::open(
+            &config.store_url,
+            StoreOptions {
+                exclusive: true,
+                ..StoreOptions::default()
+            },
+        )
+        .await?;
         let config = Arc::new(config);
         let tasks = TaskTracker::new();
         let stop = CancellationToken::new();

@@ -36,6 +36,7 @@ mod notification_flood;
 mod operations;
 mod profiles;
 mod prompt_turn;
+mod replicas;
 mod revocation;
 mod scripted_agent;
 mod security;

@@ -53,6 +53,53 @@ pub(crate) fn begin_write(pool: &Pool) -> &'static str {
     }
 }
 
+/// Takes `PATH.lock` beside a SQLite file for this process alone (see
+/// `StoreOptions::exclusive`); `None` for Postgres and in-memory databases. The lock file
+/// names the holder's pid so the refusal can say who it is.
+pub(crate) fn claim_sqlite(url: &str) -> Result<Option<std::fs::File>, StoreError> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
+        return Ok(None);
+    }
+    let opts = SqliteConnectOptions::from_str(url)
+        .map_err(|e| StoreError::InvalidUrl(format!("{url}: {e}")))?;
+    let mut path = opts.get_filename().as_os_str().to_owned();
+    path.push(".lock");
+    let path = std::path::PathBuf::from(path);
+    let io = |e: std::io::Error| StoreError::Unavailable(format!("{}: {e}", path.display()));
+    // Private like every file of the data directory.
+    let mut file = std::fs::OpenOptions::new()
+        .mode(0o600)
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = match holder.trim() {
+                "" => String::new(),
+                pid => format!(" (pid {pid})"),
+            };
+            return Err(StoreError::InUse(format!(
+                "another acpd{holder} already serves the SQLite store {}; SQLite is \
+                 single-replica: stop it, or put several replicas on Postgres",
+                opts.get_filename().display()
+            )));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+    }
+    file.set_len(0).map_err(io)?;
+    file.rewind().map_err(io)?;
+    writeln!(file, "{}", std::process::id()).map_err(io)?;
+    Ok(Some(file))
+}
+
 impl Pool {
     /// Connects to the store named by `url` without touching its schema.
     pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Pool, StoreError> {

@@ -17,10 +17,12 @@ pub(crate) struct Ins<'a> {
 
 /// Journal statements that must run inside a caller's write transaction.
 ///
-/// Inserts skip rows of deleted sessions (their journal is gone for good) and ignore a
-/// `(session_id, seq)` already present, which makes a retried batch idempotent when the first
-/// commit succeeded but its acknowledgement was lost. A row of a session that never existed
-/// fails the foreign key.
+/// Inserts skip rows of deleted sessions (their journal is gone for good) and accept a
+/// `(session_id, seq)` already present with the same kind and body, which makes a retried
+/// batch idempotent when the first commit succeeded but its acknowledgement was lost. The same
+/// position holding a *different* entry fails the insert (`conflict`): that is a second writer
+/// on the session (another acpd on the same store), and skipping the row would drop the entry
+/// while reporting it durable. A row of a session that never existed fails the foreign key.
 pub(crate) trait JournalSql {
     /// Raises `sessions.last_seq` to each `(session_id, seq)` (never lowers it) for live
     /// sessions; returns how many sessions matched. Run it before inserting: it row-locks the
@@ -28,7 +30,15 @@ pub(crate) trait JournalSql {
     /// deleted" check and the insert and leave orphan rows.
     async fn raise_last_seq(&mut self, marks: &[(&str, i64)]) -> Result<u64, sqlx::Error>;
     async fn insert_entries(&mut self, rows: &[Ins<'_>]) -> Result<(), sqlx::Error>;
+    /// The kind and body stored at `(session_id, seq)`, if any.
+    async fn stored(
+        &mut self,
+        session_id: &str,
+        seq: i64,
+    ) -> Result<Option<(String, String)>, sqlx::Error>;
 }
+
+const STORED: &str = "SELECT kind, body FROM journal WHERE session_id = $1 AND seq = $2";
 
 /// Bytes, not characters: OCTET_LENGTH means the same in both databases.
 const JOURNAL_SIZE: &str = "SELECT COUNT(*), COALESCE(SUM(OCTET_LENGTH(body)), 0) \
@@ -96,10 +106,24 @@ impl JournalSql for SqliteConnection {
                     .bind(r.body)
                     .bind(r.at_ms);
             }
-            q.execute(&mut *self).await?;
+            if (q.execute(&mut *self).await?.rows_affected() as usize) < n {
+                check_skipped(&mut *self, chunk).await?;
+            }
             rows = rest;
         }
         Ok(())
+    }
+
+    async fn stored(
+        &mut self,
+        session_id: &str,
+        seq: i64,
+    ) -> Result<Option<(String, String)>, sqlx::Error> {
+        sqlx::query_as(STORED)
+            .bind(session_id)
+            .bind(seq)
+            .fetch_optional(&mut *self)
+            .await
     }
 }
 
@@ -139,7 +163,7 @@ impl JournalSql for PgConnection {
             bodies.push(r.body);
             ats.push(r.at_ms);
         }
-        sqlx::query(
+        let inserted = sqlx::query(
             "INSERT INTO journal (session_id, seq, kind, body, at_ms) \
              SELECT v.session_id, v.seq, v.kind, v.body, v.at_ms \
              FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::int8[]) \
@@ -154,9 +178,48 @@ impl JournalSql for PgConnection {
         .bind(bodies)
         .bind(ats)
         .execute(&mut *self)
-        .await?;
+        .await?
+        .rows_affected();
+        if (inserted as usize) < rows.len() {
+            check_skipped(&mut *self, rows).await?;
+        }
         Ok(())
     }
+
+    async fn stored(
+        &mut self,
+        session_id: &str,
+        seq: i64,
+    ) -> Result<Option<(String, String)>, sqlx::Error> {
+        sqlx::query_as(STORED)
+            .bind(session_id)
+            .bind(seq)
+            .fetch_optional(&mut *self)
+            .await
+    }
+}
+
+/// The slow path of an insert that skipped rows: each row not inserted must be either of a
+/// deleted session (absent) or already stored as the very same entry (a retried batch).
+/// Anything else is a second writer at the same position, refused as a data error so the writer
+/// rejects that entry and stops its session's watermark instead of calling it durable.
+async fn check_skipped<C: JournalSql + ?Sized>(
+    conn: &mut C,
+    rows: &[Ins<'_>],
+) -> Result<(), sqlx::Error> {
+    for r in rows {
+        let Some((kind, body)) = conn.stored(r.session_id, r.seq).await? else {
+            continue;
+        };
+        if kind != r.kind || body != r.body {
+            return Err(sqlx::Error::InvalidArgument(format!(
+                "journal entry {}#{} conflicts with a different entry already stored at that \
+                 position (another acpd writing this session?)",
+                r.session_id, r.seq
+            )));
+        }
+    }
+    Ok(())
 }
 
 pub(super) async fn journal_after(

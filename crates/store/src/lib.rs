@@ -40,6 +40,9 @@ pub enum StoreError {
     InvalidCursor,
     #[error("conflict: {0}")]
     Conflict(String),
+    /// Another process holds the SQLite file (`StoreOptions::exclusive`).
+    #[error("{0}")]
+    InUse(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migration error: {0}")]
@@ -62,6 +65,10 @@ pub struct StoreOptions {
     pub journal_queue: usize,
     /// Pool size.
     pub max_connections: u32,
+    /// Claim a SQLite file for this process alone (`acpd serve`, `acpd stdio`): a second
+    /// daemon on the same file refuses to start. SQLite is single-replica; two daemons would
+    /// each think they own every session. Admin commands leave it off and share the file.
+    pub exclusive: bool,
 }
 
 impl Default for StoreOptions {
@@ -70,6 +77,7 @@ impl Default for StoreOptions {
             journal_batch_max: 512,
             journal_queue: 8192,
             max_connections: 8,
+            exclusive: false,
         }
     }
 }
@@ -223,6 +231,9 @@ struct Inner {
     /// To the group-commit writer; see `writer`.
     appends: mpsc::Sender<writer::Msg>,
     writer_finished: writer::Finished,
+    /// The lock file of an exclusive SQLite store, held (flock) for the store's life; the OS
+    /// lets it go when the process dies, however it dies.
+    _owner: Option<std::fs::File>,
 }
 
 impl Store {
@@ -230,6 +241,17 @@ impl Store {
     /// and starts the journal writer.
     pub async fn open(url: &str, opts: StoreOptions) -> Result<Store, StoreError> {
         let pool = Pool::connect(url, opts.max_connections).await?;
+        let owner = match opts.exclusive {
+            true => backend::claim_sqlite(url),
+            false => Ok(None),
+        };
+        let owner = match owner {
+            Ok(owner) => owner,
+            Err(e) => {
+                pool.close().await;
+                return Err(e);
+            }
+        };
         if let Err(e) = pool.migrate().await {
             pool.close().await;
             return Err(e);
@@ -240,6 +262,7 @@ impl Store {
                 pool,
                 appends,
                 writer_finished,
+                _owner: owner,
             }),
         })
     }

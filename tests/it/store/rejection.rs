@@ -18,6 +18,11 @@ both!(
     check_unknown_session_append
 );
 both!(
+    sqlite_second_writer_at_a_taken_seq_is_refused_not_dropped,
+    postgres_second_writer_at_a_taken_seq_is_refused_not_dropped,
+    check_second_writer
+);
+both!(
     sqlite_rejected_entry_stops_its_sessions_watermark,
     postgres_rejected_entry_stops_its_sessions_watermark,
     check_rejected_entry
@@ -167,4 +172,57 @@ async fn check_rejected_entry(url: String) {
         (1..=BAD).collect::<Vec<_>>()
     );
     store.close().await;
+}
+
+/// Two stores on one database (two acpd on one store): the second writes a session the first
+/// already wrote. The same entries again are a retried batch and go through; a different entry
+/// at a taken seq is refused (its watermark stops there) instead of skipped and called
+/// durable, and the first writer's entry stays as it was.
+async fn check_second_writer(url: String) {
+    let a = open(&url).await;
+    let b = open(&url).await;
+    let p = a.ensure_principal("alice").await.expect("principal");
+    a.insert_session(&session("s1", &p.id, "/w", 1))
+        .await
+        .expect("insert");
+    let sid: Arc<str> = "s1".into();
+    let body = |seq: i64| format!("{{\"n\":{seq}}}");
+    let (da, mut rxa) = watermark();
+    for seq in 1..=5 {
+        a.append(new_entry(&sid, seq, "k", body(seq)), da.clone())
+            .await
+            .expect("append a");
+    }
+    wait_durable(&mut rxa, 5).await;
+    let (db, mut rxb) = watermark();
+    for seq in 1..=3 {
+        b.append(new_entry(&sid, seq, "k", body(seq)), db.clone())
+            .await
+            .expect("append b");
+    }
+    wait_durable(&mut rxb, 3).await;
+    for seq in 4..=6 {
+        b.append(
+            new_entry(&sid, seq, "k", format!("{{\"from\":\"b\",\"n\":{seq}}}")),
+            db.clone(),
+        )
+        .await
+        .expect("append b");
+    }
+    assert_eq!(
+        wait_stopped(&mut rxb).await,
+        Watermark {
+            durable: 3,
+            rejected: Some(4)
+        }
+    );
+    let journal = whole_journal(&a, "s1").await;
+    let bodies: Vec<&str> = journal.iter().map(|e| &*e.body).collect();
+    assert_eq!(
+        bodies,
+        (1..=5).map(body).collect::<Vec<_>>(),
+        "the first writer's entries stay, and b's seq 6 never went in"
+    );
+    b.close().await;
+    a.close().await;
 }

@@ -29,6 +29,8 @@ pub struct DaemonOptions {
     pub postgres: bool,
     /// Require tokens (no `--no-auth`); see `support::security_support`.
     pub auth: bool,
+    /// Store sessions in SQLite whatever `ACPD_TEST_E2E_STORE` says.
+    pub sqlite: bool,
 }
 
 impl DaemonOptions {
@@ -40,6 +42,11 @@ impl DaemonOptions {
 
     pub fn postgres(mut self) -> DaemonOptions {
         self.postgres = true;
+        self
+    }
+
+    pub fn sqlite(mut self) -> DaemonOptions {
+        self.sqlite = true;
         self
     }
 
@@ -57,25 +64,29 @@ impl DaemonOptions {
 enum Store {
     Sqlite(String),
     Postgres(Option<TestDb>),
+    /// Another daemon's store (a second replica): that daemon drops the database.
+    Borrowed(String),
 }
 
 impl Store {
-    async fn create(dir: &Path, postgres: bool) -> Store {
-        if postgres {
+    async fn create(dir: &Path, opts: &DaemonOptions) -> Store {
+        if opts.postgres {
             return Store::Postgres(Some(TestDb::create().await));
+        }
+        let sqlite = || Store::Sqlite(format!("sqlite://{}", dir.join("acpd.db").display()));
+        if opts.sqlite {
+            return sqlite();
         }
         match std::env::var("ACPD_TEST_E2E_STORE").as_deref() {
             Ok("postgres") => Store::Postgres(Some(TestDb::create().await)),
-            Ok("sqlite") | Ok("") | Err(_) => {
-                Store::Sqlite(format!("sqlite://{}", dir.join("acpd.db").display()))
-            }
+            Ok("sqlite") | Ok("") | Err(_) => sqlite(),
             Ok(other) => panic!("ACPD_TEST_E2E_STORE={other}: expected sqlite or postgres"),
         }
     }
 
     fn url(&self) -> String {
         match self {
-            Store::Sqlite(url) => url.clone(),
+            Store::Sqlite(url) | Store::Borrowed(url) => url.clone(),
             Store::Postgres(db) => db
                 .as_ref()
                 .expect("database not dropped yet")
@@ -127,6 +138,41 @@ impl Daemon {
         daemon
     }
 
+    /// A second `acpd serve` on `other`'s store (its own data dir, ports and agents), as a
+    /// second replica would run.
+    pub async fn start_beside(other: &Daemon, opts: DaemonOptions) -> Daemon {
+        let mut daemon = Daemon::beside(other, opts).await;
+        daemon.spawn().await;
+        daemon
+    }
+
+    /// Runs `acpd serve` on `other`'s store to its exit, for a start that must be refused;
+    /// returns how it exited and what it wrote to stderr (panics if it runs for 10 s).
+    pub async fn run_beside_to_exit(other: &Daemon) -> (ExitStatus, String) {
+        let daemon = Daemon::beside(other, DaemonOptions::default()).await;
+        let log = std::fs::File::create(daemon.log_path()).expect("daemon log file");
+        let status = Command::new(env!("CARGO_BIN_EXE_acpd"))
+            .args(daemon.args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .status();
+        let status = tokio::time::timeout(Duration::from_secs(10), status)
+            .await
+            .expect("acpd should exit within 10 s")
+            .expect("run acpd");
+        let stderr = std::fs::read_to_string(daemon.log_path()).unwrap_or_default();
+        (status, stderr)
+    }
+
+    async fn beside(other: &Daemon, opts: DaemonOptions) -> Daemon {
+        // SQLite in its own temp dir, never used: the store is `other`'s.
+        let mut daemon = Daemon::prepare(opts.sqlite(), Mode::Serve).await;
+        daemon.store = Store::Borrowed(other.store_url());
+        daemon
+    }
+
     /// `acpd stdio`, with a client on its stdin/stdout.
     pub async fn stdio(opts: DaemonOptions) -> (Daemon, Client) {
         let mut daemon = Daemon::prepare(opts, Mode::Stdio).await;
@@ -142,7 +188,7 @@ impl Daemon {
         std::fs::create_dir_all(dir.path().join("work")).expect("work dir");
         std::fs::create_dir_all(dir.path().join("pids")).expect("pid dir");
         std::fs::create_dir_all(dir.path().join("data")).expect("data dir");
-        let store = Store::create(dir.path(), opts.postgres).await;
+        let store = Store::create(dir.path(), &opts).await;
         Daemon {
             dir,
             store,
@@ -261,7 +307,7 @@ impl Daemon {
     pub fn postgres_db(&self) -> Option<&TestDb> {
         match &self.store {
             Store::Postgres(db) => db.as_ref(),
-            Store::Sqlite(_) => None,
+            Store::Sqlite(_) | Store::Borrowed(_) => None,
         }
     }
 

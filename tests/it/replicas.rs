@@ -1,0 +1,67 @@
+//! Several acpd on one store. Until replicas share sessions (leases, fencing), a second
+//! daemon must never lose an entry silently: on SQLite it refuses to start, on Postgres a
+//! journal append at a seq another daemon already wrote is an error, never a no-op.
+
+use crate::support::{Daemon, DaemonOptions, chunk_text, kind};
+
+#[tokio::test]
+async fn a_second_daemon_on_the_same_sqlite_file_refuses_to_start() {
+    let mut first = Daemon::start_with(DaemonOptions::default().sqlite()).await;
+    let (status, stderr) = Daemon::run_beside_to_exit(&first).await;
+    assert!(
+        !status.success(),
+        "the second daemon must not run: {status}"
+    );
+    assert!(
+        stderr.contains("already serves the SQLite store")
+            && stderr.contains(&format!("pid {}", first.pid())),
+        "one clear line naming the holder: {stderr}"
+    );
+    // The first daemon is untouched.
+    let mut client = first.client().await;
+    client.open_session(&first.work_dir()).await;
+    // The lock dies with its process, however it dies: a restart after SIGKILL takes it.
+    first.restart().await;
+    let mut client = first.client().await;
+    client.open_session(&first.work_dir()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(acpd_pg),
+    ignore = "set ACPD_TEST_DATABASE_URL to run the Postgres tests"
+)]
+async fn on_postgres_a_second_daemon_writing_a_taken_seq_fails_the_turn_instead_of_dropping_it() {
+    let a = Daemon::start_with(DaemonOptions::default().postgres()).await;
+    let b = Daemon::start_beside(&a, DaemonOptions::default()).await;
+    let mut on_a = a.client().await;
+    let sid = on_a.open_session(&a.work_dir()).await;
+    let (_, first) = on_a.prompt(&sid, "echo one").await;
+    assert_eq!(first.expect("turn on a")["stopReason"], "end_turn");
+
+    // B opens the session (its next seq is the journal's end now), then A moves on.
+    let mut on_b = b.client().await;
+    let (_, loaded) = on_b.load(&sid, &a.work_dir()).await;
+    loaded.expect("b loads the session");
+    let (_, second) = on_a.prompt(&sid, "echo two-from-a").await;
+    assert_eq!(second.expect("second turn on a")["stopReason"], "end_turn");
+
+    // B's turn lands on seqs A already holds: an error, not a silent end_turn.
+    let (_, on_b_result) = on_b.prompt(&sid, "echo three-from-b").await;
+    let err = on_b_result.expect_err("b's turn cannot be journaled");
+    assert!(
+        err.message.contains("rejected update"),
+        "the error says what happened: {err}"
+    );
+
+    // The journal holds A's turns whole and none of B's.
+    let mut reader = a.client().await;
+    let (replay, reloaded) = reader.load(&sid, &a.work_dir()).await;
+    reloaded.expect("reload on a");
+    let texts: Vec<&str> = replay
+        .iter()
+        .filter(|u| kind(u) == "agent_message_chunk")
+        .filter_map(|u| chunk_text(u))
+        .collect();
+    assert_eq!(texts, ["one", "two-from-a"]);
+}
