@@ -115,6 +115,11 @@ impl Session {
         for id in self.outbox.flush(durable).await {
             self.dispatch(id, None);
         }
+        self.read_lagging();
+    }
+
+    /// Starts a journal page read for each lagging client with room for one.
+    fn read_lagging(&mut self) {
         for CatchUp { conn, after } in self.outbox.lagging(self.shared.settings.slow_client_cutoff)
         {
             let store = self.shared.store.clone();
@@ -190,5 +195,9 @@ impl Session {
             .map(|e| (e.seq, Arc::from(e.body)))
             .collect();
         self.outbox.caught_up(&conn, after, page, complete);
+        // The next page at once while this one is being written (the queue has room for it),
+        // not at the next lag check: a load of many pages would otherwise wait a check
+        // interval per page with nothing else to do.
+        self.read_lagging();
     }
 }
