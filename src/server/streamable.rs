@@ -230,24 +230,16 @@ pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
     };
     let last = match headers.get("last-event-id").map(|v| v.to_str()) {
         None => None,
-        Some(Ok(v)) => match v.trim().parse::<u64>() {
-            Ok(n) => Some(n),
-            Err(_) => {
-                return plain(
-                    StatusCode::BAD_REQUEST,
-                    "Last-Event-ID: expected a number\n",
-                );
-            }
-        },
-        Some(Err(_)) => {
+        Some(Ok(v)) if event_id(v.trim()) => Some(v.trim().to_owned()),
+        Some(_) => {
             return plain(
                 StatusCode::BAD_REQUEST,
-                "Last-Event-ID: expected a number\n",
+                "Last-Event-ID: expected an event id of this endpoint (<n> or <seq>.<n>)\n",
             );
         }
     };
-    let rx = match handle.attach(session, last).await {
-        Ok(rx) => rx,
+    let open = match handle.attach(session, last).await {
+        Ok(open) => open,
         Err(StreamError::Closed) => {
             return plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n");
         }
@@ -260,18 +252,34 @@ pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
         Err(StreamError::Gone(_)) => {
             return plain(
                 StatusCode::GONE,
-                "Last-Event-ID: those events are not held any more; reconnect and session/load\n",
+                "Last-Event-ID: those events are not held by this connection any more; open a new connection (initialize) and GET the session's stream with this Last-Event-ID there, or session/load\n",
             );
         }
     };
-    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+    // Resuming from the journal: the connection attaches the session after the seq, as
+    // `_acpd/session/attach` would; its answer goes to no stream.
+    if let Some(attach) = open.resume
+        && handle.post(InFrame::Text(attach), None).await.is_err()
+    {
+        return plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n");
+    }
+    let events = futures_util::stream::unfold(open.events, |mut rx| async move {
         let (id, text) = rx.recv().await?;
-        let event = Event::default().id(id.to_string()).data(text);
+        let event = Event::default().id(id).data(text);
         Some((Ok::<_, Infallible>(event), rx))
     });
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(st.config.keepalive))
         .into_response()
+}
+
+/// Whether `v` can be one of our SSE ids: `<n>` or `<seq>.<n>`.
+fn event_id(v: &str) -> bool {
+    let digits = |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
+    match v.split_once('.') {
+        None => digits(v),
+        Some((a, b)) => digits(a) && digits(b),
+    }
 }
 
 /// `DELETE /acp`: ends the connection (202).

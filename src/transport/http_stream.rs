@@ -1,13 +1,21 @@
 //! Streamable HTTP transport (the HTTP half of the ACP "Streamable HTTP & WebSocket" RFD): one
-//! connection is a `Link` fed by POST bodies and read by a GET's SSE stream. One pump task per
-//! connection owns the link's outgoing side and an `EventLog`: events wait there (bounded)
-//! while no stream is attached, each carries an SSE `id:`, and a GET with `Last-Event-ID`
-//! replays what came after it. A connection with no stream and no POST for `grace` ends.
+//! connection is a `Link` fed by POST bodies and read by GETs' SSE streams. One pump task per
+//! connection owns the link's outgoing side and an `EventLog` per stream: events wait there
+//! (bounded) while no response reads the stream, each carries an SSE `id:`, and a GET with
+//! `Last-Event-ID` replays what came after it. A connection with no stream and no POST for
+//! `grace` ends.
+//!
+//! On a session's stream the `id:` is the journal seq of a `session/update` (the same number
+//! as its `_meta.acpd.seq`) and `<seq>.<n>` for what is not journaled (answers, agent
+//! requests: `seq` of the update before it). A GET with `Last-Event-ID` for a session this
+//! connection has not seen yet (a fresh connection after a drop or a daemon restart) attaches
+//! the session with `_acpd/session/attach` after that seq: the session's outbox replays the
+//! rest from the journal, then goes on live, so nothing is lost or doubled.
 
 pub mod log;
 pub mod route;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,10 +27,14 @@ use tokio_util::task::TaskTracker;
 use acpd_wire::{InFrame, Link};
 
 pub use log::Gone;
+use route::Dest;
 pub use route::{StreamKey, request_route};
 
 /// Most streams (session streams + the connection's) one connection holds.
 const MAX_STREAMS: usize = 256;
+/// Most sessions a connection remembers having seen (beyond, a GET may attach one again,
+/// which the outbox answers without sending a seq twice).
+const MAX_SEEN: usize = 4096;
 /// Events queued towards one SSE response before the pump waits for it.
 const STREAM_QUEUE: usize = 64;
 /// Bytes of undelivered events a connection holds before it stops reading its link.
@@ -44,9 +56,20 @@ enum Cmd {
     Posted { route: Option<(String, String)> },
     Attach {
         stream: StreamKey,
-        last_event_id: Option<u64>,
-        reply: oneshot::Sender<Result<mpsc::Receiver<(u64, String)>, StreamError>>,
+        last_event_id: Option<String>,
+        reply: oneshot::Sender<Result<StreamOpen, StreamError>>,
     },
+}
+
+/// `(id, data)` of the SSE events of one response.
+pub type Events = mpsc::Receiver<(String, String)>;
+
+/// A stream just attached.
+pub struct StreamOpen {
+    pub events: Events,
+    /// The `_acpd/session/attach` request to POST on the connection's behalf: the stream
+    /// resumes from the journal.
+    pub resume: Option<String>,
 }
 
 /// One live connection, as the request handlers see it.
@@ -83,8 +106,8 @@ impl Handle {
     pub async fn attach(
         &self,
         stream: StreamKey,
-        last_event_id: Option<u64>,
-    ) -> Result<mpsc::Receiver<(u64, String)>, StreamError> {
+        last_event_id: Option<String>,
+    ) -> Result<StreamOpen, StreamError> {
         let (reply, rx) = oneshot::channel();
         self.cmd
             .send(Cmd::Attach {
@@ -155,6 +178,7 @@ impl Connections {
         let pump = Pump {
             streams: HashMap::new(),
             routes: route::Routes::default(),
+            seen: HashSet::new(),
             out_rx,
             cmd_rx,
             first: Some(first_tx),
@@ -177,7 +201,9 @@ impl Connections {
 /// One SSE stream of a connection: its events and the response reading them, if attached.
 struct Stream {
     log: log::EventLog,
-    tx: Option<mpsc::Sender<(u64, String)>>,
+    tx: Option<mpsc::Sender<(String, String)>>,
+    /// A session stream's last journal seq pushed (or resumed after).
+    seq: i64,
 }
 
 impl Stream {
@@ -185,6 +211,7 @@ impl Stream {
         Stream {
             log: log::EventLog::new(MAX_HELD_BYTES),
             tx: None,
+            seq: 0,
         }
     }
 
@@ -194,7 +221,7 @@ impl Stream {
         while let Some((id, text)) = self.log.next() {
             match tx.try_reserve() {
                 Ok(p) => {
-                    p.send((id, text.to_owned()));
+                    p.send((id.to_owned(), text.to_owned()));
                     self.log.advance();
                 }
                 Err(mpsc::error::TrySendError::Full(())) => return,
@@ -212,6 +239,9 @@ struct Pump {
     /// streams the client opened.
     streams: HashMap<StreamKey, Stream>,
     routes: route::Routes,
+    /// Sessions this connection has sent or been sent something about (it is attached, or
+    /// will be): their streams cannot resume from the journal, the outbox would not resend.
+    seen: HashSet<String>,
     out_rx: mpsc::Receiver<String>,
     cmd_rx: mpsc::Receiver<Cmd>,
     first: Option<oneshot::Sender<String>>,
@@ -227,33 +257,94 @@ impl Pump {
         self.streams.values().all(|s| s.log.has_room())
     }
 
+    fn see(&mut self, session: &str) {
+        if self.seen.len() < MAX_SEEN && !self.seen.contains(session) {
+            self.seen.insert(session.to_owned());
+        }
+    }
+
     /// Where an outgoing message goes: its session's stream if the client opened one.
     fn push(&mut self, text: String) {
-        let session = if self.streams.keys().any(Option::is_some) {
-            self.routes.session_of(&text)
-        } else {
-            None
+        let (key, seq) = match self.routes.dest(&text) {
+            Dest::Connection => (None, None),
+            Dest::Session { id, seq } => {
+                self.see(&id);
+                let key = Some(id);
+                if self.streams.contains_key(&key) {
+                    (key, seq)
+                } else {
+                    (None, None)
+                }
+            }
+            Dest::Attached { session, ok: true } => {
+                tracing::debug!(%session, "session stream resumed from the journal");
+                return;
+            }
+            Dest::Attached { session, ok: false } => {
+                // Unknown session, or a seq beyond its journal (the session is attached from
+                // its end then): the stream ends, the client sees it at once.
+                tracing::info!(%session, "session stream cannot resume from the journal: ended");
+                self.streams.remove(&Some(session));
+                return;
+            }
         };
-        let key = session.filter(|s| self.streams.contains_key(&Some(s.clone())));
+        let session = key.is_some();
         let stream = self.streams.entry(key).or_insert_with(Stream::new);
-        stream.log.push(text);
+        let label = match (session, seq) {
+            (false, _) => None,
+            (true, Some(seq)) => {
+                stream.seq = seq;
+                Some(seq.to_string())
+            }
+            (true, None) => Some(format!("{}.{}", stream.seq, stream.log.next_number())),
+        };
+        stream.log.push(label, text);
         stream.flush();
     }
 
     fn attach(
         &mut self,
         key: StreamKey,
-        last_event_id: Option<u64>,
-    ) -> Result<mpsc::Receiver<(u64, String)>, StreamError> {
-        if !self.streams.contains_key(&key) && self.streams.len() >= MAX_STREAMS {
+        last_event_id: Option<String>,
+    ) -> Result<StreamOpen, StreamError> {
+        let exists = self.streams.contains_key(&key);
+        if !exists && self.streams.len() >= MAX_STREAMS {
             return Err(StreamError::TooMany);
         }
+        let mut resume = None;
+        let from = match (&key, last_event_id) {
+            (_, None) => None,
+            (None, Some(id)) => Some(id.parse::<u64>().map_err(|_| Gone)?),
+            (Some(_), Some(id)) if exists => Some(self.streams[&key].log.find(&id).ok_or(Gone)?),
+            (Some(session), Some(id)) => {
+                // Not on this connection yet: the journal has what came after the seq.
+                if self.seen.contains(session) {
+                    return Err(Gone.into());
+                }
+                let seq = id
+                    .split('.')
+                    .next()
+                    .and_then(|s| s.parse::<i64>().ok())
+                    .ok_or(Gone)?;
+                resume = Some((self.routes.attach_request(session, seq), seq));
+                None
+            }
+        };
+        if let Some(session) = key.clone() {
+            self.see(&session);
+        }
         let stream = self.streams.entry(key).or_insert_with(Stream::new);
-        stream.log.resume(last_event_id)?;
+        stream.log.resume(from)?;
+        if let Some((_, seq)) = resume {
+            stream.seq = seq;
+        }
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         stream.tx = Some(tx);
         stream.flush();
-        Ok(rx)
+        Ok(StreamOpen {
+            events: rx,
+            resume: resume.map(|(text, _)| text),
+        })
     }
 
     /// Waits until an attached response has room for more, or is gone.
@@ -296,6 +387,7 @@ impl Pump {
                     Some(Cmd::Posted { route }) => {
                         idle_since = Instant::now();
                         if let Some(r) = route {
+                            self.see(&r.1);
                             self.routes.posted(r);
                         }
                     }

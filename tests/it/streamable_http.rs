@@ -10,7 +10,7 @@ use crate::support::http::{Resp, Sse, post, request};
 use crate::support::security_support::{bearer, local_token};
 use crate::support::{Daemon, DaemonOptions, agent_texts, session_update_params};
 
-fn initialize(id: i64) -> Value {
+pub(crate) fn initialize(id: i64) -> Value {
     json!({
         "jsonrpc": "2.0", "id": id, "method": "initialize",
         "params": {
@@ -21,12 +21,12 @@ fn initialize(id: i64) -> Value {
     })
 }
 
-fn rpc(id: i64, method: &str, params: Value) -> Value {
+pub(crate) fn rpc(id: i64, method: &str, params: Value) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
 }
 
 /// `initialize` over POST: the 200 and its connection id.
-async fn open(addr: SocketAddr, extra: &[(&str, &str)]) -> (Resp, String) {
+pub(crate) async fn open(addr: SocketAddr, extra: &[(&str, &str)]) -> (Resp, String) {
     let resp = post(addr, extra, &initialize(1)).await;
     assert_eq!(resp.status, 200, "{resp:?}");
     let id = resp
@@ -36,7 +36,7 @@ async fn open(addr: SocketAddr, extra: &[(&str, &str)]) -> (Resp, String) {
     (resp, id)
 }
 
-const SSE: (&str, &str) = ("accept", "text/event-stream");
+pub(crate) const SSE: (&str, &str) = ("accept", "text/event-stream");
 
 #[tokio::test]
 async fn a_full_session_over_post_and_the_connection_stream() {
@@ -83,14 +83,14 @@ async fn a_full_session_over_post_and_the_connection_stream() {
         .collect();
     assert_eq!(agent_texts(&updates), ["hi"], "{events:?}");
     // Every event is numbered, in order, with no gap.
-    let ids: Vec<u64> = events.iter().map(|e| e.id.expect("an SSE id")).collect();
+    let ids: Vec<u64> = events.iter().map(|e| e.num().expect("an SSE id")).collect();
     assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
 
     // Another stream with Last-Event-ID replays what came after it (the old one ends).
     let last = ids[ids.len() - 2].to_string();
     let mut again = Sse::open(addr, &[c, SSE, ("last-event-id", &last)]).await;
     let replayed = again.next().await.expect("the replayed answer");
-    assert_eq!(replayed.id, ids.last().copied());
+    assert_eq!(replayed.num(), ids.last().copied());
     assert_eq!(replayed.data["id"], 3);
     assert!(stream.next().await.is_none(), "the replaced stream ends");
 

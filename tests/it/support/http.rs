@@ -152,14 +152,43 @@ pub struct Sse {
 /// One SSE event: its `id:` and its data as JSON.
 #[derive(Debug, Clone)]
 pub struct SseEvent {
-    pub id: Option<u64>,
+    pub id: Option<String>,
     pub data: Value,
+}
+
+impl SseEvent {
+    /// The id as a number (the connection stream's, or a session stream's update seq).
+    pub fn num(&self) -> Option<u64> {
+        self.id.as_deref()?.parse().ok()
+    }
 }
 
 impl Sse {
     /// `GET /acp` expecting a 200 stream; panics with the answer otherwise.
     pub async fn open(addr: SocketAddr, headers: &[(&str, &str)]) -> Sse {
         let s = send_head(addr, "GET", "/acp", headers, b"").await;
+        Sse::read_open(s).await
+    }
+
+    /// Like `open`, with a small socket receive buffer: a reader that stops reading backs
+    /// up to acpd soon.
+    pub async fn open_small(addr: SocketAddr, headers: &[(&str, &str)]) -> Sse {
+        let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+        sock.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let mut s = tokio::time::timeout(TIMEOUT, sock.connect(addr))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        let mut head = format!("GET /acp HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        s.write_all(head.as_bytes()).await.expect("write head");
+        Sse::read_open(s).await
+    }
+
+    async fn read_open(s: TcpStream) -> Sse {
         let mut r = BufReader::new(s);
         let (status, h) = tokio::time::timeout(TIMEOUT, read_head(&mut r))
             .await
@@ -187,7 +216,7 @@ impl Sse {
                 let mut data = String::new();
                 for line in block.lines() {
                     if let Some(v) = line.strip_prefix("id:") {
-                        id = v.trim().parse().ok();
+                        id = Some(v.trim().to_owned());
                     } else if let Some(v) = line.strip_prefix("data:") {
                         data.push_str(v.strip_prefix(' ').unwrap_or(v));
                     }
