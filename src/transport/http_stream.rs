@@ -38,7 +38,7 @@ const MAX_SEEN: usize = 4096;
 /// Events queued towards one SSE response before the pump waits for it.
 const STREAM_QUEUE: usize = 64;
 /// Bytes of undelivered events a connection holds before it stops reading its link.
-pub const MAX_HELD_BYTES: usize = 16 * 1024 * 1024;
+pub const MAX_HELD_BYTES: usize = 4 * 1024 * 1024;
 
 /// Why a request cannot reach a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
