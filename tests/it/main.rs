@@ -48,6 +48,7 @@ mod slowloris;
 mod store;
 mod store_failures;
 mod streamable_http;
+mod streamable_http_flow;
 mod streamable_http_h2;
 mod streamable_http_resume;
 mod tcp_gate;

@@ -16,7 +16,7 @@ use crate::support::{Daemon, chunk_text, kind, seq, session_update_params};
 const N: usize = 3000;
 
 /// An HTTP connection with a session: `(connection id, session id, connection stream)`.
-async fn session(daemon: &Daemon) -> (String, String, Sse) {
+pub(crate) async fn session(daemon: &Daemon) -> (String, String, Sse) {
     let addr = daemon.addr;
     let (_, conn) = open(addr, &[]).await;
     let c = ("acp-connection-id", conn.as_str());
@@ -35,7 +35,7 @@ async fn session(daemon: &Daemon) -> (String, String, Sse) {
     (conn, sid, main)
 }
 
-async fn prompt(addr: SocketAddr, conn: &str, sid: &str, id: i64, text: &str) {
+pub(crate) async fn prompt(addr: SocketAddr, conn: &str, sid: &str, id: i64, text: &str) {
     let msg = rpc(
         id,
         "session/prompt",
@@ -46,7 +46,11 @@ async fn prompt(addr: SocketAddr, conn: &str, sid: &str, id: i64, text: &str) {
 }
 
 /// Events until one whose update is the streamed chunk `i` (`i:` prefix), or the answer `id`.
-async fn until(stream: &mut Sse, chunk: Option<usize>, id: Option<i64>) -> Vec<SseEvent> {
+pub(crate) async fn until(
+    stream: &mut Sse,
+    chunk: Option<usize>,
+    id: Option<i64>,
+) -> Vec<SseEvent> {
     let mut out = Vec::new();
     loop {
         let e = stream.next().await.expect("the stream ended early");
@@ -64,7 +68,7 @@ async fn until(stream: &mut Sse, chunk: Option<usize>, id: Option<i64>) -> Vec<S
 }
 
 /// The streamed chunks' updates among `events`, each event's SSE id checked to be its seq.
-fn chunks(events: &[SseEvent]) -> Vec<Value> {
+pub(crate) fn chunks(events: &[SseEvent]) -> Vec<Value> {
     events
         .iter()
         .filter_map(|e| {
@@ -76,7 +80,7 @@ fn chunks(events: &[SseEvent]) -> Vec<Value> {
 }
 
 /// `updates` are the chunks `0..n` in order, each once.
-fn assert_exactly_once(updates: &[Value], n: usize) {
+pub(crate) fn assert_exactly_once(updates: &[Value], n: usize) {
     let seqs: Vec<i64> = updates.iter().map(seq).collect();
     assert_eq!(
         seqs.iter().collect::<HashSet<_>>().len(),

@@ -208,27 +208,46 @@ impl Sse {
             .expect("SSE event in time")
     }
 
-    async fn next_untimed(&mut self) -> Option<SseEvent> {
+    /// Reads until a comment-only block (a keep-alive); panics on an event before it.
+    pub async fn keepalive(&mut self) {
+        let block = tokio::time::timeout(TIMEOUT, self.next_block())
+            .await
+            .expect("a keep-alive in time")
+            .expect("the stream ended");
+        assert!(
+            block.lines().all(|l| l.is_empty() || l.starts_with(':')),
+            "an event, not a keep-alive: {block:?}"
+        );
+    }
+
+    /// The next raw block up to its blank line; `None` when the stream ended.
+    async fn next_block(&mut self) -> Option<String> {
         loop {
             if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let mut id = None;
-                let mut data = String::new();
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("id:") {
-                        id = Some(v.trim().to_owned());
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                    }
-                }
-                if data.is_empty() {
-                    continue;
-                }
-                let data = serde_json::from_str(&data).expect("SSE data is JSON");
-                return Some(SseEvent { id, data });
+                return Some(self.buf.drain(..end + 2).collect());
             }
             let chunk = read_chunk(&mut self.r).await?;
             self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    async fn next_untimed(&mut self) -> Option<SseEvent> {
+        loop {
+            let block = self.next_block().await?;
+            let mut id = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = Some(v.trim().to_owned());
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                }
+            }
+            if data.is_empty() {
+                continue;
+            }
+            let data = serde_json::from_str(&data).expect("SSE data is JSON");
+            return Some(SseEvent { id, data });
         }
     }
 
