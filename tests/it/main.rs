@@ -50,6 +50,7 @@ mod store_failures;
 mod streamable_http;
 mod streamable_http_flow;
 mod streamable_http_h2;
+mod streamable_http_requests;
 mod streamable_http_resume;
 mod tcp_gate;
 mod tidy;
