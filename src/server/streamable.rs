@@ -161,10 +161,10 @@ async fn initialize(
         Err(refused) => return refused,
     };
     let principal = identity.principal.clone();
-    let ctx = super::connection_ctx(&conn_id, identity, profile, &st.config, &st.hub);
-    let (link, opened) = st
-        .conns
-        .open(conn_id.clone(), principal, kick.clone(), &st.tasks);
+    let ctx = super::connection_ctx(&conn_id, identity, profile.clone(), &st.config, &st.hub);
+    let (link, opened) =
+        st.conns
+            .open(conn_id.clone(), principal, profile, kick.clone(), &st.tasks);
     st.tasks.spawn(async move {
         let _registration = registration;
         connection::run(link, ctx, kick).await;
@@ -238,6 +238,17 @@ pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
             );
         }
     };
+    // The RFD's 404 for a session the caller does not have (another principal's, another
+    // profile's, or none): answered before any stream exists for it.
+    if let Some(sid) = &session
+        && st
+            .hub
+            .open(sid, &identity.principal, Some(&handle.profile))
+            .await
+            .is_err()
+    {
+        return plain(StatusCode::NOT_FOUND, "unknown Acp-Session-Id\n");
+    }
     let open = match handle.attach(session, last).await {
         Ok(open) => open,
         Err(StreamError::Closed) => {

@@ -157,6 +157,17 @@ async fn every_error_status() {
     assert_eq!(request(addr, "GET", &[c], "").await.status, 406);
     assert_eq!(request(addr, "GET", &[SSE], "").await.status, 400);
     assert_eq!(request(addr, "DELETE", &[], "").await.status, 400);
+    // A session stream of a session that does not exist.
+    let r = request(
+        addr,
+        "GET",
+        &[c, SSE, ("acp-session-id", "no-such-session")],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 404, "{r:?}");
+    let r = request(addr, "GET", &[c, SSE, ("acp-session-id", "")], "").await;
+    assert_eq!(r.status, 400, "{r:?}");
     // Last-Event-ID of events never sent.
     let r = request(addr, "GET", &[c, SSE, ("last-event-id", "99")], "").await;
     assert_eq!(r.status, 410, "{r:?}");
