@@ -249,6 +249,7 @@ pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
     {
         return plain(StatusCode::NOT_FOUND, "unknown Acp-Session-Id\n");
     }
+    let scoped = session.is_some();
     let open = match handle.attach(session, last).await {
         Ok(open) => open,
         Err(StreamError::Closed) => {
@@ -260,10 +261,18 @@ pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
                 "too many session streams on this connection\n",
             );
         }
+        // A session's: 409, which the SDK's client reads as "reattach this session"
+        // (session/load), leaving the connection and its other sessions alone.
+        Err(StreamError::Gone(_)) if scoped => {
+            return plain(
+                StatusCode::CONFLICT,
+                "Last-Event-ID: this connection cannot resume that session stream from there; session/load here, or open a new connection (initialize) and GET the session's stream with this Last-Event-ID there\n",
+            );
+        }
         Err(StreamError::Gone(_)) => {
             return plain(
                 StatusCode::GONE,
-                "Last-Event-ID: those events are not held by this connection any more; open a new connection (initialize) and GET the session's stream with this Last-Event-ID there, or session/load\n",
+                "Last-Event-ID: those events are not held any more; session/load what you need\n",
             );
         }
     };

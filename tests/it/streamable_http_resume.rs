@@ -222,12 +222,13 @@ async fn last_event_id_where_the_connection_cannot_resume_is_answered() {
     // stream was never opened: nothing to resume from here.
     prompt(addr, &conn, &sid, 3, "echo one").await;
     main.until_answer(3).await;
-    assert_eq!(get(vec![("last-event-id", "1".into())]).await, 410);
+    // 409, the SDK's "reattach this session": the connection and its other sessions go on.
+    assert_eq!(get(vec![("last-event-id", "1".into())]).await, 409);
     let mut stream = Sse::open(addr, &[c, SSE, s]).await;
     prompt(addr, &conn, &sid, 4, "echo two").await;
     until(&mut stream, None, Some(4)).await;
     // An id this stream never had.
-    assert_eq!(get(vec![("last-event-id", "999".into())]).await, 410);
+    assert_eq!(get(vec![("last-event-id", "999".into())]).await, 409);
     // On a fresh connection, a seq beyond the journal: the stream ends at once.
     let (_, conn2) = open(addr, &[]).await;
     let c2 = ("acp-connection-id", conn2.as_str());
