@@ -238,6 +238,46 @@ impl Stream {
     }
 }
 
+/// How a GET's `Last-Event-ID` is served.
+#[derive(Debug, PartialEq, Eq)]
+enum Resume {
+    /// No id: the stream goes on where the last one stopped.
+    Continue,
+    /// After this event (its number) of what the connection holds.
+    Held(u64),
+    /// A fresh session stream, replayed from the journal after this seq.
+    Journal(i64),
+}
+
+/// Pure: the plan for a GET on a session stream (`session`) or the connection's, given the
+/// stream's log if it exists, whether the connection has seen the session, and the id.
+fn resume_plan(
+    session: bool,
+    held: Option<&log::EventLog>,
+    seen: bool,
+    last_event_id: Option<&str>,
+) -> Result<Resume, Gone> {
+    let Some(id) = last_event_id else {
+        return Ok(Resume::Continue);
+    };
+    if !session {
+        return id.parse().map(Resume::Held).map_err(|_| Gone);
+    }
+    if let Some(log) = held {
+        return log.find(id).map(Resume::Held).ok_or(Gone);
+    }
+    // A session the connection has used is attached here from some point on: the outbox
+    // would not send it those seqs again.
+    if seen {
+        return Err(Gone);
+    }
+    id.split('.')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .map(Resume::Journal)
+        .ok_or(Gone)
+}
+
 struct Pump {
     /// The connection's stream (`None`), created at the first event, and the session
     /// streams the client opened.
@@ -315,40 +355,28 @@ impl Pump {
         if !exists && self.streams.len() >= MAX_STREAMS {
             return Err(StreamError::TooMany);
         }
-        let mut resume = None;
-        let from = match (&key, last_event_id) {
-            (_, None) => None,
-            (None, Some(id)) => Some(id.parse::<u64>().map_err(|_| Gone)?),
-            (Some(_), Some(id)) if exists => Some(self.streams[&key].log.find(&id).ok_or(Gone)?),
-            (Some(session), Some(id)) => {
-                // Not on this connection yet: the journal has what came after the seq.
-                if self.seen.contains(session) {
-                    return Err(Gone.into());
-                }
-                let seq = id
-                    .split('.')
-                    .next()
-                    .and_then(|s| s.parse::<i64>().ok())
-                    .ok_or(Gone)?;
-                resume = Some((self.routes.attach_request(session, seq), seq));
-                None
+        let seen = key.as_ref().is_some_and(|s| self.seen.contains(s));
+        let held = self.streams.get(&key).map(|s| &s.log);
+        let plan = resume_plan(key.is_some(), held, seen, last_event_id.as_deref())?;
+        let resume = match (&plan, &key) {
+            (Resume::Journal(seq), Some(session)) => {
+                Some(self.routes.attach_request(session, *seq))
             }
+            _ => None,
         };
         if let Some(session) = key.clone() {
             self.see(&session);
         }
         let stream = self.streams.entry(key).or_insert_with(Stream::new);
-        stream.log.resume(from)?;
-        if let Some((_, seq)) = resume {
-            stream.seq = seq;
+        match plan {
+            Resume::Continue => {}
+            Resume::Held(n) => stream.log.resume(Some(n))?,
+            Resume::Journal(seq) => stream.seq = seq,
         }
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         stream.tx = Some(tx);
         stream.flush();
-        Ok(StreamOpen {
-            events: rx,
-            resume: resume.map(|(text, _)| text),
-        })
+        Ok(StreamOpen { events: rx, resume })
     }
 
     /// Waits until an attached response has room for more, or is gone.
@@ -425,5 +453,41 @@ impl Pump {
             }
         }
         kick.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_event_id_is_served_from_what_is_held_or_from_the_journal() {
+        let plan = resume_plan;
+        assert_eq!(plan(false, None, false, None), Ok(Resume::Continue));
+        assert_eq!(plan(true, None, true, None), Ok(Resume::Continue));
+        // The connection stream: event numbers only.
+        assert_eq!(plan(false, None, false, Some("7")), Ok(Resume::Held(7)));
+        assert_eq!(plan(false, None, false, Some("7.1")), Err(Gone));
+        // A session stream the connection holds: by label.
+        let mut log = log::EventLog::new(1000);
+        log.push(Some("12".into()), "u".into());
+        log.push(Some("12.2".into()), "answer".into());
+        assert_eq!(
+            plan(true, Some(&log), true, Some("12")),
+            Ok(Resume::Held(1))
+        );
+        assert_eq!(
+            plan(true, Some(&log), false, Some("12.2")),
+            Ok(Resume::Held(2))
+        );
+        assert_eq!(plan(true, Some(&log), false, Some("11")), Err(Gone));
+        // A session stream not open here: from the journal, unless the session is in use.
+        assert_eq!(plan(true, None, false, Some("12")), Ok(Resume::Journal(12)));
+        assert_eq!(
+            plan(true, None, false, Some("12.2")),
+            Ok(Resume::Journal(12))
+        );
+        assert_eq!(plan(true, None, true, Some("12")), Err(Gone));
+        assert_eq!(plan(true, None, false, Some("x")), Err(Gone));
     }
 }
