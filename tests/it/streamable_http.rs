@@ -262,7 +262,8 @@ async fn a_connection_nobody_uses_ends_after_the_grace() {
     assert_eq!(r.status, 404, "{r:?}");
 }
 
-/// The official npm SDK's http-client (`tests/interop/http-client.mjs`) runs a session. Needs
+/// The official npm SDK's http-client (`tests/interop/http-client.mjs`) runs a session and
+/// reconnects to it the way the SDK documents (new transport, `session/load`). Needs
 /// `ACPD_TEST_SDK_DIR`: a directory with `node_modules/@agentclientprotocol/sdk` (2.4.0:
 /// `npm install @agentclientprotocol/sdk@2.4.0` there) and `node` on the PATH; ignored
 /// without (`.ci/run` installs it).
@@ -290,6 +291,8 @@ async fn the_official_sdk_http_client_runs_a_session() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("ok: session"), "{stderr}");
+    // And the SDK's ACP v1 reconnect: a new transport, initialize, session/load.
+    assert!(stderr.contains("reloaded on a new connection"), "{stderr}");
 }
 
 #[tokio::test]
