@@ -147,7 +147,7 @@ async fn a_session_stream_resumes_from_the_journal_after_a_daemon_kill() {
         &conn,
         &sid,
         3,
-        "stream 200 32; sleep 5000; stream 200 32",
+        "stream 200 32; sleep 30000; stream 200 32",
     )
     .await;
     let before = until(&mut first, Some(150), None).await;
