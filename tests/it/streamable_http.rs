@@ -233,6 +233,30 @@ async fn tokens_are_required_and_connections_are_their_principals() {
     let mut stream = Sse::open(addr, &[c, SSE, (name, &value)]).await;
     assert_eq!(post(addr, &[c, (name, &value)], &list).await.status, 202);
     assert!(stream.until_answer(2).await.pop().unwrap().data["result"].is_object());
+
+    // A session's stream, even resumed from the journal, is its principal's only.
+    let new = rpc(
+        3,
+        "session/new",
+        json!({ "cwd": daemon.work_dir(), "mcpServers": [] }),
+    );
+    assert_eq!(post(addr, &[c, (name, &value)], &new).await.status, 202);
+    let answer = stream.until_answer(3).await.pop().unwrap();
+    let sid = answer.data["result"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, conn2) = open(addr, &[(n2, &v2)]).await;
+    let theirs = [
+        ("acp-connection-id", conn2.as_str()),
+        ("acp-session-id", sid.as_str()),
+        SSE,
+        (n2, v2.as_str()),
+    ];
+    assert_eq!(request(addr, "GET", &theirs, "").await.status, 404);
+    let mut resumed = theirs.to_vec();
+    resumed.push(("last-event-id", "0"));
+    assert_eq!(request(addr, "GET", &resumed, "").await.status, 404);
 }
 
 #[tokio::test]
