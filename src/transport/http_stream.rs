@@ -15,7 +15,7 @@
 pub mod log;
 pub mod route;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -182,7 +182,7 @@ impl Connections {
         let pump = Pump {
             streams: HashMap::new(),
             routes: route::Routes::default(),
-            seen: HashSet::new(),
+            seen: HashMap::new(),
             out_rx,
             cmd_rx,
             first: Some(first_tx),
@@ -285,7 +285,9 @@ struct Pump {
     routes: route::Routes,
     /// Sessions this connection has sent or been sent something about (it is attached, or
     /// will be): their streams cannot resume from the journal, the outbox would not resend.
-    seen: HashSet<String>,
+    /// With the last seq the connection was sent of each, on whichever stream: a session
+    /// stream opened later labels its first unjournaled events after it.
+    seen: HashMap<String, i64>,
     out_rx: mpsc::Receiver<String>,
     cmd_rx: mpsc::Receiver<Cmd>,
     first: Option<oneshot::Sender<String>>,
@@ -301,9 +303,15 @@ impl Pump {
         self.streams.values().all(|s| s.log.has_room())
     }
 
-    fn see(&mut self, session: &str) {
-        if self.seen.len() < MAX_SEEN && !self.seen.contains(session) {
-            self.seen.insert(session.to_owned());
+    fn see(&mut self, session: &str, seq: Option<i64>) {
+        let seq = seq.unwrap_or(0);
+        let room = self.seen.len() < MAX_SEEN;
+        match self.seen.get_mut(session) {
+            Some(last) => *last = (*last).max(seq),
+            None if room => {
+                self.seen.insert(session.to_owned(), seq);
+            }
+            None => {}
         }
     }
 
@@ -312,7 +320,7 @@ impl Pump {
         let (key, seq) = match self.routes.dest(&text) {
             Dest::Connection => (None, None),
             Dest::Session { id, seq } => {
-                self.see(&id);
+                self.see(&id, seq);
                 let key = Some(id);
                 if self.streams.contains_key(&key) {
                     (key, seq)
@@ -355,9 +363,14 @@ impl Pump {
         if !exists && self.streams.len() >= MAX_STREAMS {
             return Err(StreamError::TooMany);
         }
-        let seen = key.as_ref().is_some_and(|s| self.seen.contains(s));
+        let seen = key.as_ref().and_then(|s| self.seen.get(s)).copied();
         let held = self.streams.get(&key).map(|s| &s.log);
-        let plan = resume_plan(key.is_some(), held, seen, last_event_id.as_deref())?;
+        let plan = resume_plan(
+            key.is_some(),
+            held,
+            seen.is_some(),
+            last_event_id.as_deref(),
+        )?;
         let resume = match (&plan, &key) {
             (Resume::Journal(seq), Some(session)) => {
                 Some(self.routes.attach_request(session, *seq))
@@ -365,9 +378,13 @@ impl Pump {
             _ => None,
         };
         if let Some(session) = key.clone() {
-            self.see(&session);
+            self.see(&session, None);
         }
-        let stream = self.streams.entry(key).or_insert_with(Stream::new);
+        let stream = self.streams.entry(key).or_insert_with(|| {
+            let mut s = Stream::new();
+            s.seq = seen.unwrap_or(0);
+            s
+        });
         match plan {
             Resume::Continue => {}
             Resume::Held(n) => stream.log.resume(Some(n))?,
@@ -419,7 +436,7 @@ impl Pump {
                     Some(Cmd::Posted { route }) => {
                         idle_since = Instant::now();
                         if let Some(r) = route {
-                            self.see(&r.1);
+                            self.see(&r.1, None);
                             self.routes.posted(r);
                         }
                     }

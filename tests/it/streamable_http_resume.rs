@@ -221,10 +221,25 @@ async fn last_event_id_where_the_connection_cannot_resume_is_answered() {
     // The session is in use here (a prompt, its updates on the connection stream) and its
     // stream was never opened: nothing to resume from here.
     prompt(addr, &conn, &sid, 3, "echo one").await;
-    main.until_answer(3).await;
+    let on_main = main.until_answer(3).await;
     // 409, the SDK's "reattach this session": the connection and its other sessions go on.
     assert_eq!(get(vec![("last-event-id", "1".into())]).await, 409);
     let mut stream = Sse::open(addr, &[c, SSE, s]).await;
+    // What is not journaled is labelled after the last update the connection got of the
+    // session, even on the connection stream: resuming from that label doubles nothing.
+    let last_seq = on_main
+        .iter()
+        .filter_map(|e| session_update_params(&e.data).map(seq))
+        .max()
+        .unwrap();
+    let echo = rpc(9, "_scripted/echo", json!({ "sessionId": sid }));
+    assert_eq!(post(addr, &[c, s], &echo).await.status, 202);
+    let answer = until(&mut stream, None, Some(9)).await.pop().unwrap();
+    let label = answer.id.unwrap();
+    assert!(
+        label.starts_with(&format!("{last_seq}.")),
+        "{label} after {last_seq}"
+    );
     prompt(addr, &conn, &sid, 4, "echo two").await;
     until(&mut stream, None, Some(4)).await;
     // An id this stream never had.
