@@ -1,6 +1,6 @@
 //! HTTP connections on the daemon's own accept loop (plain and TLS alike): hyper-util's
-//! HTTP/1 builder with a header read timeout, and a cap on connections that have not been
-//! upgraded yet. A slowloris client (half a request line, or nothing at all) holds one
+//! HTTP/1 builder with a header read timeout (HTTP/2 where TLS negotiated `h2`), and a cap on
+//! connections that have not been upgraded yet. A slowloris client (half a request line, or nothing at all) holds one
 //! pending slot for at most `header_read_timeout`; beyond `max_pending_connections` new
 //! connections are closed at accept, so descriptors and memory stay bounded while
 //! established WebSockets (which left the pending set at their 101) go on.
@@ -20,6 +20,19 @@ use tokio_util::task::TaskTracker;
 
 /// Pause after a failed `accept` (e.g. out of file descriptors) instead of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// HTTP/2 PINGs on a quiet connection, and how long an answer may take: a peer that is gone
+/// is noticed (its SSE streams end) even when nothing else is sent.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(20);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Which HTTP a connection speaks: TLS's ALPN chose it; plain TCP is HTTP/1.1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    /// Streamable HTTP (POST, SSE, DELETE) only: WebSockets over HTTP/2 (RFC 8441) are not
+    /// offered, WebSocket clients negotiate `http/1.1`.
+    Http2,
+}
 
 /// The accept-time limits, shared by the plain and the TLS listener.
 #[derive(Clone)]
@@ -92,6 +105,7 @@ pub async fn serve_plain(
         };
         tasks.spawn(serve_connection(
             TokioIo::new(stream),
+            Protocol::Http1,
             peer,
             slot,
             app.clone(),
@@ -109,10 +123,13 @@ pub fn refused(peer: SocketAddr) {
     tracing::warn!(%peer, "too many connections not yet upgraded: closed at accept");
 }
 
-/// HTTP/1 (with upgrades) on one connection; `slot` is released once hyper is done with it,
-/// which for a WebSocket is right after the 101.
+/// HTTP/1 (with upgrades) or HTTP/2 on one connection; `slot` is released once hyper is done
+/// with it, which for a WebSocket is right after the 101 (an HTTP/2 connection, like a
+/// kept-alive HTTP/1.1 one, holds it for its life).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve_connection<I>(
     io: TokioIo<I>,
+    protocol: Protocol,
     peer: SocketAddr,
     slot: Slot,
     app: Router,
@@ -123,14 +140,28 @@ pub async fn serve_connection<I>(
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let builder = auto::Builder::new(Tracked(tasks));
-    // HTTP/1 only: WebSockets need it, and `auto`'s protocol sniffing would wait for bytes
-    // without a deadline. The timer makes the header read timeout work; it also runs while
-    // a kept-alive connection waits for its next request.
-    let mut builder = builder.http1_only();
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
+    // One protocol, chosen before: `auto`'s sniffing would wait for bytes without a deadline.
+    let builder = match protocol {
+        // WebSockets need HTTP/1. The timer makes the header read timeout work; it also runs
+        // while a kept-alive connection waits for its next request.
+        Protocol::Http1 => {
+            let mut builder = builder.http1_only();
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout);
+            builder
+        }
+        Protocol::Http2 => {
+            let mut builder = builder.http2_only();
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(H2_PING_INTERVAL)
+                .keep_alive_timeout(H2_PING_TIMEOUT);
+            builder
+        }
+    };
     let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(app));
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {

@@ -161,10 +161,10 @@ async fn initialize(
         Err(refused) => return refused,
     };
     let principal = identity.principal.clone();
-    let ctx = super::connection_ctx(&conn_id, identity, profile, &st.config, &st.hub);
-    let (link, opened) = st
-        .conns
-        .open(conn_id.clone(), principal, kick.clone(), &st.tasks);
+    let ctx = super::connection_ctx(&conn_id, identity, profile.clone(), &st.config, &st.hub);
+    let (link, opened) =
+        st.conns
+            .open(conn_id.clone(), principal, profile, kick.clone(), &st.tasks);
     st.tasks.spawn(async move {
         let _registration = registration;
         connection::run(link, ctx, kick).await;
@@ -230,24 +230,28 @@ pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
     };
     let last = match headers.get("last-event-id").map(|v| v.to_str()) {
         None => None,
-        Some(Ok(v)) => match v.trim().parse::<u64>() {
-            Ok(n) => Some(n),
-            Err(_) => {
-                return plain(
-                    StatusCode::BAD_REQUEST,
-                    "Last-Event-ID: expected a number\n",
-                );
-            }
-        },
-        Some(Err(_)) => {
+        Some(Ok(v)) if event_id(v.trim()) => Some(v.trim().to_owned()),
+        Some(_) => {
             return plain(
                 StatusCode::BAD_REQUEST,
-                "Last-Event-ID: expected a number\n",
+                "Last-Event-ID: expected an event id of this endpoint (<n> or <seq>.<n>)\n",
             );
         }
     };
-    let rx = match handle.attach(session, last).await {
-        Ok(rx) => rx,
+    // The RFD's 404 for a session the caller does not have (another principal's, another
+    // profile's, or none): answered before any stream exists for it.
+    if let Some(sid) = &session
+        && st
+            .hub
+            .open(sid, &identity.principal, Some(&handle.profile))
+            .await
+            .is_err()
+    {
+        return plain(StatusCode::NOT_FOUND, "unknown Acp-Session-Id\n");
+    }
+    let scoped = session.is_some();
+    let open = match handle.attach(session, last).await {
+        Ok(open) => open,
         Err(StreamError::Closed) => {
             return plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n");
         }
@@ -257,21 +261,45 @@ pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
                 "too many session streams on this connection\n",
             );
         }
+        // A session's: 409, which the SDK's client reads as "reattach this session"
+        // (session/load), leaving the connection and its other sessions alone.
+        Err(StreamError::Gone(_)) if scoped => {
+            return plain(
+                StatusCode::CONFLICT,
+                "Last-Event-ID: this connection cannot resume that session stream from there; session/load here, or open a new connection (initialize) and GET the session's stream with this Last-Event-ID there\n",
+            );
+        }
         Err(StreamError::Gone(_)) => {
             return plain(
                 StatusCode::GONE,
-                "Last-Event-ID: those events are not held any more; reconnect and session/load\n",
+                "Last-Event-ID: those events are not held any more; session/load what you need\n",
             );
         }
     };
-    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+    // Resuming from the journal: the connection attaches the session after the seq, as
+    // `_acpd/session/attach` would; its answer goes to no stream.
+    if let Some(attach) = open.resume
+        && handle.post(InFrame::Text(attach), None).await.is_err()
+    {
+        return plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n");
+    }
+    let events = futures_util::stream::unfold(open.events, |mut rx| async move {
         let (id, text) = rx.recv().await?;
-        let event = Event::default().id(id.to_string()).data(text);
+        let event = Event::default().id(id).data(text);
         Some((Ok::<_, Infallible>(event), rx))
     });
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(st.config.keepalive))
         .into_response()
+}
+
+/// Whether `v` can be one of our SSE ids: `<n>` or `<seq>.<n>`.
+fn event_id(v: &str) -> bool {
+    let digits = |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
+    match v.split_once('.') {
+        None => digits(v),
+        Some((a, b)) => digits(a) && digits(b),
+    }
 }
 
 /// `DELETE /acp`: ends the connection (202).

@@ -1,4 +1,5 @@
-//! TLS on the WebSocket listener: rustls from PEM files, re-read on SIGHUP.
+//! TLS on the HTTP listener: rustls from PEM files, re-read on SIGHUP; ALPN offers `h2`
+//! (Streamable HTTP) beside `http/1.1` (WebSockets, and clients without ALPN).
 //!
 //! `axum::serve` only takes plain TCP, so with TLS the daemon runs its own accept loop (axum's
 //! low-level-rustls pattern): a rustls handshake, then hyper serving the same `Router` with
@@ -75,8 +76,9 @@ pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(certs, key)?;
-    // HTTP/1.1 only: WebSockets need it (RFC 8441 over HTTP/2 is not offered).
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // HTTP/2 for Streamable HTTP (the RFD requires it), HTTP/1.1 for WebSockets (RFC 8441
+    // over HTTP/2 is not offered) and for clients without ALPN.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
@@ -204,8 +206,13 @@ async fn connection(
             }
         },
     };
+    let protocol = match tls.get_ref().1.alpn_protocol() {
+        Some(b"h2") => super::http::Protocol::Http2,
+        _ => super::http::Protocol::Http1,
+    };
     super::http::serve_connection(
         TokioIo::new(tls),
+        protocol,
         peer,
         slot,
         app,
@@ -236,7 +243,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let files = write_pair(dir.path(), "a");
         let config = load(&files).expect("load");
-        assert_eq!(config.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        assert_eq!(
+            config.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
     }
 
     #[test]

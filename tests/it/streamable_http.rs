@@ -10,7 +10,7 @@ use crate::support::http::{Resp, Sse, post, request};
 use crate::support::security_support::{bearer, local_token};
 use crate::support::{Daemon, DaemonOptions, agent_texts, session_update_params};
 
-fn initialize(id: i64) -> Value {
+pub(crate) fn initialize(id: i64) -> Value {
     json!({
         "jsonrpc": "2.0", "id": id, "method": "initialize",
         "params": {
@@ -21,12 +21,12 @@ fn initialize(id: i64) -> Value {
     })
 }
 
-fn rpc(id: i64, method: &str, params: Value) -> Value {
+pub(crate) fn rpc(id: i64, method: &str, params: Value) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
 }
 
 /// `initialize` over POST: the 200 and its connection id.
-async fn open(addr: SocketAddr, extra: &[(&str, &str)]) -> (Resp, String) {
+pub(crate) async fn open(addr: SocketAddr, extra: &[(&str, &str)]) -> (Resp, String) {
     let resp = post(addr, extra, &initialize(1)).await;
     assert_eq!(resp.status, 200, "{resp:?}");
     let id = resp
@@ -36,7 +36,7 @@ async fn open(addr: SocketAddr, extra: &[(&str, &str)]) -> (Resp, String) {
     (resp, id)
 }
 
-const SSE: (&str, &str) = ("accept", "text/event-stream");
+pub(crate) const SSE: (&str, &str) = ("accept", "text/event-stream");
 
 #[tokio::test]
 async fn a_full_session_over_post_and_the_connection_stream() {
@@ -83,14 +83,14 @@ async fn a_full_session_over_post_and_the_connection_stream() {
         .collect();
     assert_eq!(agent_texts(&updates), ["hi"], "{events:?}");
     // Every event is numbered, in order, with no gap.
-    let ids: Vec<u64> = events.iter().map(|e| e.id.expect("an SSE id")).collect();
+    let ids: Vec<u64> = events.iter().map(|e| e.num().expect("an SSE id")).collect();
     assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
 
     // Another stream with Last-Event-ID replays what came after it (the old one ends).
     let last = ids[ids.len() - 2].to_string();
     let mut again = Sse::open(addr, &[c, SSE, ("last-event-id", &last)]).await;
     let replayed = again.next().await.expect("the replayed answer");
-    assert_eq!(replayed.id, ids.last().copied());
+    assert_eq!(replayed.num(), ids.last().copied());
     assert_eq!(replayed.data["id"], 3);
     assert!(stream.next().await.is_none(), "the replaced stream ends");
 
@@ -157,6 +157,17 @@ async fn every_error_status() {
     assert_eq!(request(addr, "GET", &[c], "").await.status, 406);
     assert_eq!(request(addr, "GET", &[SSE], "").await.status, 400);
     assert_eq!(request(addr, "DELETE", &[], "").await.status, 400);
+    // A session stream of a session that does not exist.
+    let r = request(
+        addr,
+        "GET",
+        &[c, SSE, ("acp-session-id", "no-such-session")],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 404, "{r:?}");
+    let r = request(addr, "GET", &[c, SSE, ("acp-session-id", "")], "").await;
+    assert_eq!(r.status, 400, "{r:?}");
     // Last-Event-ID of events never sent.
     let r = request(addr, "GET", &[c, SSE, ("last-event-id", "99")], "").await;
     assert_eq!(r.status, 410, "{r:?}");
@@ -222,6 +233,30 @@ async fn tokens_are_required_and_connections_are_their_principals() {
     let mut stream = Sse::open(addr, &[c, SSE, (name, &value)]).await;
     assert_eq!(post(addr, &[c, (name, &value)], &list).await.status, 202);
     assert!(stream.until_answer(2).await.pop().unwrap().data["result"].is_object());
+
+    // A session's stream, even resumed from the journal, is its principal's only.
+    let new = rpc(
+        3,
+        "session/new",
+        json!({ "cwd": daemon.work_dir(), "mcpServers": [] }),
+    );
+    assert_eq!(post(addr, &[c, (name, &value)], &new).await.status, 202);
+    let answer = stream.until_answer(3).await.pop().unwrap();
+    let sid = answer.data["result"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, conn2) = open(addr, &[(n2, &v2)]).await;
+    let theirs = [
+        ("acp-connection-id", conn2.as_str()),
+        ("acp-session-id", sid.as_str()),
+        SSE,
+        (n2, v2.as_str()),
+    ];
+    assert_eq!(request(addr, "GET", &theirs, "").await.status, 404);
+    let mut resumed = theirs.to_vec();
+    resumed.push(("last-event-id", "0"));
+    assert_eq!(request(addr, "GET", &resumed, "").await.status, 404);
 }
 
 #[tokio::test]
@@ -251,7 +286,8 @@ async fn a_connection_nobody_uses_ends_after_the_grace() {
     assert_eq!(r.status, 404, "{r:?}");
 }
 
-/// The official npm SDK's http-client (`tests/interop/http-client.mjs`) runs a session. Needs
+/// The official npm SDK's http-client (`tests/interop/http-client.mjs`) runs a session and
+/// reconnects to it the way the SDK documents (new transport, `session/load`). Needs
 /// `ACPD_TEST_SDK_DIR`: a directory with `node_modules/@agentclientprotocol/sdk` (2.4.0:
 /// `npm install @agentclientprotocol/sdk@2.4.0` there) and `node` on the PATH; ignored
 /// without (`.ci/run` installs it).
@@ -279,6 +315,8 @@ async fn the_official_sdk_http_client_runs_a_session() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("ok: session"), "{stderr}");
+    // And the SDK's ACP v1 reconnect: a new transport, initialize, session/load.
+    assert!(stderr.contains("reloaded on a new connection"), "{stderr}");
 }
 
 #[tokio::test]

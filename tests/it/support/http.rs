@@ -152,14 +152,43 @@ pub struct Sse {
 /// One SSE event: its `id:` and its data as JSON.
 #[derive(Debug, Clone)]
 pub struct SseEvent {
-    pub id: Option<u64>,
+    pub id: Option<String>,
     pub data: Value,
+}
+
+impl SseEvent {
+    /// The id as a number (the connection stream's, or a session stream's update seq).
+    pub fn num(&self) -> Option<u64> {
+        self.id.as_deref()?.parse().ok()
+    }
 }
 
 impl Sse {
     /// `GET /acp` expecting a 200 stream; panics with the answer otherwise.
     pub async fn open(addr: SocketAddr, headers: &[(&str, &str)]) -> Sse {
         let s = send_head(addr, "GET", "/acp", headers, b"").await;
+        Sse::read_open(s).await
+    }
+
+    /// Like `open`, with a small socket receive buffer: a reader that stops reading backs
+    /// up to acpd soon.
+    pub async fn open_small(addr: SocketAddr, headers: &[(&str, &str)]) -> Sse {
+        let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+        sock.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let mut s = tokio::time::timeout(TIMEOUT, sock.connect(addr))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        let mut head = format!("GET /acp HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        s.write_all(head.as_bytes()).await.expect("write head");
+        Sse::read_open(s).await
+    }
+
+    async fn read_open(s: TcpStream) -> Sse {
         let mut r = BufReader::new(s);
         let (status, h) = tokio::time::timeout(TIMEOUT, read_head(&mut r))
             .await
@@ -179,27 +208,46 @@ impl Sse {
             .expect("SSE event in time")
     }
 
-    async fn next_untimed(&mut self) -> Option<SseEvent> {
+    /// Reads until a comment-only block (a keep-alive); panics on an event before it.
+    pub async fn keepalive(&mut self) {
+        let block = tokio::time::timeout(TIMEOUT, self.next_block())
+            .await
+            .expect("a keep-alive in time")
+            .expect("the stream ended");
+        assert!(
+            block.lines().all(|l| l.is_empty() || l.starts_with(':')),
+            "an event, not a keep-alive: {block:?}"
+        );
+    }
+
+    /// The next raw block up to its blank line; `None` when the stream ended.
+    async fn next_block(&mut self) -> Option<String> {
         loop {
             if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let mut id = None;
-                let mut data = String::new();
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("id:") {
-                        id = v.trim().parse().ok();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                    }
-                }
-                if data.is_empty() {
-                    continue;
-                }
-                let data = serde_json::from_str(&data).expect("SSE data is JSON");
-                return Some(SseEvent { id, data });
+                return Some(self.buf.drain(..end + 2).collect());
             }
             let chunk = read_chunk(&mut self.r).await?;
             self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    async fn next_untimed(&mut self) -> Option<SseEvent> {
+        loop {
+            let block = self.next_block().await?;
+            let mut id = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = Some(v.trim().to_owned());
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                }
+            }
+            if data.is_empty() {
+                continue;
+            }
+            let data = serde_json::from_str(&data).expect("SSE data is JSON");
+            return Some(SseEvent { id, data });
         }
     }
 
