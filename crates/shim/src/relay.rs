@@ -26,6 +26,7 @@ use super::bad_line;
 use super::connect::{self, ConnectError, Connected, Target, Ws};
 use super::editor::{FromDaemon, Tracker};
 use super::frame;
+use super::map::PathMap;
 use super::stdout::{OutLine, write_stdout};
 use acpd_wire::lines::{Line, LineDecoder};
 use acpd_wire::resume::window::{self, Frame, Window};
@@ -76,6 +77,8 @@ struct Relay {
     /// The link to resume; `None` until the first upgrade, and after the daemon forgot it.
     conn_id: Option<String>,
     tracker: Tracker,
+    /// `--map`: paths rewritten between the editor's machine and the agent's.
+    paths: PathMap,
     socket: Option<Socket>,
     sock_no: u64,
     events: mpsc::Sender<SockEvent>,
@@ -99,7 +102,7 @@ struct Relay {
 }
 
 /// Runs the shim until stdin closes (exit 0) or something fatal happens.
-pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
+pub async fn run(target: Target, paths: PathMap, keepalive: Duration, max_line: usize) -> Exit {
     let tasks = TaskTracker::new();
     let cancel = CancellationToken::new();
     let (stdin_tx, mut stdin_rx) = mpsc::channel::<Line>(64);
@@ -115,6 +118,7 @@ pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
         window: Window::new(),
         conn_id: None,
         tracker: Tracker::new(),
+        paths,
         socket: None,
         sock_no: 0,
         events: events_tx,
@@ -230,6 +234,7 @@ impl Relay {
                 .push_back(bad_line::parse_error(&line, &e).into());
             return;
         }
+        let line = self.paths.editor_to_daemon(&line).unwrap_or(line);
         let Some(line) = self.tracker.note_editor(line) else {
             return;
         };
@@ -308,8 +313,15 @@ impl Relay {
 
     fn deliver(&mut self, m: OutLine) -> Result<(), window::WindowError> {
         match self.tracker.note_daemon(m.as_str()) {
-            FromDaemon::Forward(None) => self.to_stdout.push_back(m.one_line()),
-            FromDaemon::Forward(Some(rewritten)) => self.to_stdout.push_back(rewritten.into()),
+            FromDaemon::Forward(None) => match self.paths.daemon_to_editor(m.as_str()) {
+                None => self.to_stdout.push_back(m.one_line()),
+                Some(mapped) => self.to_stdout.push_back(mapped.into()),
+            },
+            FromDaemon::Forward(Some(rewritten)) => {
+                let mapped = self.paths.daemon_to_editor(&rewritten);
+                self.to_stdout
+                    .push_back(mapped.unwrap_or(rewritten).into());
+            }
             FromDaemon::NotJson => {
                 let e = format!("a message that is not JSON: {:.200}", m.as_str());
                 return Err(window::WindowError::Malformed(e));
