@@ -142,7 +142,11 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             start_mcp_servers(&params);
             let sid = agent.create_session();
             let cwd = params["cwd"].as_str().unwrap_or_default().to_owned();
-            agent.with_session(&sid, |s| s.cwd = cwd)?;
+            let dirs = params["additionalDirectories"].clone();
+            agent.with_session(&sid, |s| {
+                s.cwd = cwd;
+                s.dirs = dirs;
+            })?;
             // Sent before the response on purpose: the daemon must hold it until the client
             // knows the session (Zed drops updates for sessions it has not registered yet).
             agent.emit(
@@ -309,6 +313,7 @@ fn prompt(agent: &Arc<Agent>, id: Value, params: Value) {
             .collect();
         let commands = script::parse(&text.join("\n")).map_err(RpcError::invalid_params)?;
         agent.with_session(&sid, |s| {
+            s.last_prompt = blocks.clone();
             for block in &blocks {
                 s.history.push(state::History::Update(
                     json!({ "sessionUpdate": "user_message_chunk", "content": block }),

@@ -46,6 +46,10 @@ pub struct Session {
     /// The title its own `session/list` shows (`--list`), and the cwd it was made in.
     pub title: Option<String>,
     pub cwd: String,
+    /// `additionalDirectories` as `session/new` gave them, and the last prompt's blocks
+    /// (`where` and `links` report them, for path-mapping tests).
+    pub dirs: Value,
+    pub last_prompt: Vec<Value>,
     /// Counter stamped into `agent_message_chunk`s (`_meta.scripted.n`).
     chunk_n: u64,
     /// Counter for tool call and permission ids.
@@ -64,6 +68,8 @@ impl Session {
             history: Vec::new(),
             title: None,
             cwd: String::new(),
+            dirs: Value::Null,
+            last_prompt: Vec::new(),
             chunk_n: 0,
             tool_n: 0,
             mode: "default".into(),

@@ -129,9 +129,8 @@ struct FileConfig {
 fn path_map(cli: &Cli) -> Result<map::PathMap, Exit> {
     let mut specs = Vec::new();
     if let Some(path) = &cli.config {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Exit::Usage(format!("cannot read config file {}: {e}", path.display()))
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Exit::Usage(format!("cannot read config file {}: {e}", path.display())))?;
         let file: FileConfig = toml::from_str(&text)
             .map_err(|e| Exit::Usage(format!("config file {}: {e}", path.display())))?;
         specs.extend(file.map);

@@ -201,7 +201,8 @@ impl PathMap {
     fn message(&mut self, dir: Dir, v: &mut Value) -> bool {
         let answer_to_list = dir == Dir::ToLocal
             && v.get("method").is_none()
-            && v.get("id").is_some_and(|id| self.lists.remove(&id.to_string()));
+            && v.get("id")
+                .is_some_and(|id| self.lists.remove(&id.to_string()));
         let mut w = Walk {
             map: self,
             dir,
@@ -211,7 +212,9 @@ impl PathMap {
         match (method.as_deref(), v.get_mut("params")) {
             (Some(m), Some(params)) => w.params(m, params),
             (None, _) if answer_to_list => {
-                let sessions = v.pointer_mut("/result/sessions").and_then(Value::as_array_mut);
+                let sessions = v
+                    .pointer_mut("/result/sessions")
+                    .and_then(Value::as_array_mut);
                 for s in sessions.into_iter().flatten() {
                     w.dirs(s);
                 }
@@ -263,15 +266,19 @@ impl PathMap {
         let (mut i, mut n) = (0, 0);
         while n < from.len() {
             let escaped = bytes[i] == b'%'
-                && bytes.get(i + 1..i + 3).is_some_and(|h| {
-                    h.iter().all(u8::is_ascii_hexdigit)
-                });
+                && bytes
+                    .get(i + 1..i + 3)
+                    .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
             i += if escaped { 3 } else { 1 };
             n += 1;
         }
         let to = utf8_percent_encode(to, PATH_SET).to_string();
         let tail = &raw[i..];
-        let path = if to.is_empty() && tail.is_empty() { "/" } else { "" };
+        let path = if to.is_empty() && tail.is_empty() {
+            "/"
+        } else {
+            ""
+        };
         Some(format!("file://{auth}{to}{path}{tail}{suffix}"))
     }
 }
@@ -316,7 +323,12 @@ impl Walk<'_> {
             "session/new" | "session/load" | "session/resume" | "session/fork" => self.dirs(p),
             "session/list" => self.path(p.get_mut("cwd")),
             "session/prompt" => {
-                for b in p.get_mut("prompt").and_then(Value::as_array_mut).into_iter().flatten() {
+                for b in p
+                    .get_mut("prompt")
+                    .and_then(Value::as_array_mut)
+                    .into_iter()
+                    .flatten()
+                {
                     self.block(b);
                 }
             }
@@ -357,10 +369,20 @@ impl Walk<'_> {
     }
 
     fn tool_call(&mut self, t: &mut Value) {
-        for l in t.get_mut("locations").and_then(Value::as_array_mut).into_iter().flatten() {
+        for l in t
+            .get_mut("locations")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
             self.path(l.get_mut("path"));
         }
-        for c in t.get_mut("content").and_then(Value::as_array_mut).into_iter().flatten() {
+        for c in t
+            .get_mut("content")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
             match c.get("type").and_then(Value::as_str) {
                 Some("diff") => self.path(c.get_mut("path")),
                 Some("content") => {

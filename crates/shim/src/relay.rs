@@ -319,8 +319,7 @@ impl Relay {
             },
             FromDaemon::Forward(Some(rewritten)) => {
                 let mapped = self.paths.daemon_to_editor(&rewritten);
-                self.to_stdout
-                    .push_back(mapped.unwrap_or(rewritten).into());
+                self.to_stdout.push_back(mapped.unwrap_or(rewritten).into());
             }
             FromDaemon::NotJson => {
                 let e = format!("a message that is not JSON: {:.200}", m.as_str());

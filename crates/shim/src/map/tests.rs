@@ -33,13 +33,22 @@ fn longest_prefix_wins_component_wise() {
     let m = map();
     let r = |p| m.path(Dir::ToRemote, p);
     assert_eq!(r("/Users/me/src/app").as_deref(), Some("/home/me/app"));
-    assert_eq!(r("/Users/me/src/app/a.rs").as_deref(), Some("/home/me/app/a.rs"));
-    assert_eq!(r("/Users/me/src/app/vendor/x").as_deref(), Some("/srv/vendor/x"));
+    assert_eq!(
+        r("/Users/me/src/app/a.rs").as_deref(),
+        Some("/home/me/app/a.rs")
+    );
+    assert_eq!(
+        r("/Users/me/src/app/vendor/x").as_deref(),
+        Some("/srv/vendor/x")
+    );
     assert_eq!(r("/Users/me/src/application"), None);
     assert_eq!(r("/Users/me/src"), None);
     assert_eq!(r("relative/path"), None);
     let l = |p| m.path(Dir::ToLocal, p);
-    assert_eq!(l("/srv/vendor/y").as_deref(), Some("/Users/me/src/app/vendor/y"));
+    assert_eq!(
+        l("/srv/vendor/y").as_deref(),
+        Some("/Users/me/src/app/vendor/y")
+    );
     assert_eq!(l("/home/me/app2"), None);
     assert_eq!(l("/etc/hosts"), None);
 }
@@ -47,30 +56,48 @@ fn longest_prefix_wins_component_wise() {
 #[test]
 fn specs_are_checked_and_normalized() {
     assert!(matches!(PathMap::new(&["/a"]), Err(MapError::Syntax(_))));
-    assert!(matches!(PathMap::new(&["a=/b"]), Err(MapError::Path { side: "LOCAL", .. })));
-    assert!(matches!(PathMap::new(&["/a=/b/../c"]), Err(MapError::Path { side: "REMOTE", .. })));
-    assert!(matches!(PathMap::new(&["/a=/b", "/a/=/c"]), Err(MapError::Conflict(_))));
+    assert!(matches!(
+        PathMap::new(&["a=/b"]),
+        Err(MapError::Path { side: "LOCAL", .. })
+    ));
+    assert!(matches!(
+        PathMap::new(&["/a=/b/../c"]),
+        Err(MapError::Path { side: "REMOTE", .. })
+    ));
+    assert!(matches!(
+        PathMap::new(&["/a=/b", "/a/=/c"]),
+        Err(MapError::Conflict(_))
+    ));
     let m = PathMap::new(&["/a//b/=/c/"]).unwrap();
     assert_eq!(m.path(Dir::ToRemote, "/a/b/x").as_deref(), Some("/c/x"));
     let root = PathMap::new(&["/=/mnt/laptop"]).unwrap();
-    assert_eq!(root.path(Dir::ToRemote, "/etc").as_deref(), Some("/mnt/laptop/etc"));
+    assert_eq!(
+        root.path(Dir::ToRemote, "/etc").as_deref(),
+        Some("/mnt/laptop/etc")
+    );
     assert_eq!(root.path(Dir::ToLocal, "/mnt/laptop").as_deref(), Some("/"));
-    assert_eq!(root.uri(Dir::ToLocal, "file:///mnt/laptop").as_deref(), Some("file:///"));
+    assert_eq!(
+        root.uri(Dir::ToLocal, "file:///mnt/laptop").as_deref(),
+        Some("file:///")
+    );
 }
 
 #[test]
 fn file_uris_keep_their_spelling_past_the_prefix() {
     let m = map();
     assert_eq!(
-        m.uri(Dir::ToRemote, "file:///Users/me/src/app/a%20b.rs#L3").as_deref(),
+        m.uri(Dir::ToRemote, "file:///Users/me/src/app/a%20b.rs#L3")
+            .as_deref(),
         Some("file:///home/me/app/a%20b.rs#L3")
     );
     assert_eq!(
-        m.uri(Dir::ToRemote, "file:///Users/me/My%20Files/n.txt").as_deref(),
+        m.uri(Dir::ToRemote, "file:///Users/me/My%20Files/n.txt")
+            .as_deref(),
         Some("file:///data/my%20files/n.txt")
     );
     assert_eq!(
-        m.uri(Dir::ToLocal, "file://localhost/data/my%20files").as_deref(),
+        m.uri(Dir::ToLocal, "file://localhost/data/my%20files")
+            .as_deref(),
         Some("file://localhost/Users/me/My%20Files")
     );
     assert_eq!(m.uri(Dir::ToRemote, "file://host/Users/me/src/app"), None);
@@ -81,7 +108,12 @@ fn file_uris_keep_their_spelling_past_the_prefix() {
 #[test]
 fn session_setup_and_list_filter_go_remote() {
     let mut m = map();
-    for method in ["session/new", "session/load", "session/resume", "session/fork"] {
+    for method in [
+        "session/new",
+        "session/load",
+        "session/resume",
+        "session/fork",
+    ] {
         let v = to_remote(
             &mut m,
             json!({"jsonrpc":"2.0","id":1,"method":method,"params":{
@@ -89,7 +121,10 @@ fn session_setup_and_list_filter_go_remote() {
                 "additionalDirectories":["/Users/me/src/app/vendor","/opt/x"],"mcpServers":[]}}),
         );
         assert_eq!(v["params"]["cwd"], "/home/me/app", "{method}");
-        assert_eq!(v["params"]["additionalDirectories"], json!(["/srv/vendor", "/opt/x"]));
+        assert_eq!(
+            v["params"]["additionalDirectories"],
+            json!(["/srv/vendor", "/opt/x"])
+        );
     }
     let v = to_remote(
         &mut m,
@@ -117,7 +152,10 @@ fn a_list_with_nothing_mapped_is_forgotten() {
         m.editor_to_daemon(r#"{"jsonrpc":"2.0","id":"l","method":"session/list","params":{}}"#),
         None
     );
-    assert_eq!(m.daemon_to_editor(r#"{"jsonrpc":"2.0","id":"l","result":{"sessions":[]}}"#), None);
+    assert_eq!(
+        m.daemon_to_editor(r#"{"jsonrpc":"2.0","id":"l","result":{"sessions":[]}}"#),
+        None
+    );
     assert!(m.lists.is_empty());
 }
 
@@ -132,7 +170,10 @@ fn prompt_links_go_remote() {
             {"type":"resource","resource":{"uri":"file:///Users/me/src/app/b.rs","text":"x"}}]}}),
     );
     let p = &v["params"]["prompt"];
-    assert_eq!(p[0]["text"], "see /Users/me/src/app/a.rs", "prose is not a path");
+    assert_eq!(
+        p[0]["text"], "see /Users/me/src/app/a.rs",
+        "prose is not a path"
+    );
     assert_eq!(p[1]["uri"], "file:///home/me/app/a.rs");
     assert_eq!(p[2]["resource"]["uri"], "file:///home/me/app/b.rs");
 }
@@ -153,19 +194,32 @@ fn tool_calls_and_chunks_come_back_local() {
         );
         let u = &v["params"]["update"];
         assert_eq!(u["title"], "edit /home/me/app/a.rs");
-        assert_eq!(u["locations"][0], json!({"path":"/Users/me/src/app/a.rs","line":3}));
+        assert_eq!(
+            u["locations"][0],
+            json!({"path":"/Users/me/src/app/a.rs","line":3})
+        );
         assert_eq!(u["locations"][1]["path"], "/etc/hosts");
         assert_eq!(u["content"][0]["path"], "/Users/me/src/app/vendor/v.rs");
-        assert_eq!(u["content"][1]["content"]["uri"], "file:///Users/me/src/app/a.rs");
+        assert_eq!(
+            u["content"][1]["content"]["uri"],
+            "file:///Users/me/src/app/a.rs"
+        );
         assert_eq!(u["content"][2]["terminalId"], "/home/me/app");
     }
-    for kind in ["agent_message_chunk", "user_message_chunk", "agent_thought_chunk"] {
+    for kind in [
+        "agent_message_chunk",
+        "user_message_chunk",
+        "agent_thought_chunk",
+    ] {
         let v = to_local(
             &mut m,
             json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{
                 "sessionUpdate":kind,"content":{"type":"resource_link","name":"a","uri":"file:///home/me/app/a.rs"}}}}),
         );
-        assert_eq!(v["params"]["update"]["content"]["uri"], "file:///Users/me/src/app/a.rs");
+        assert_eq!(
+            v["params"]["update"]["content"]["uri"],
+            "file:///Users/me/src/app/a.rs"
+        );
     }
 }
 
@@ -188,7 +242,10 @@ fn client_requests_come_back_local() {
         json!({"jsonrpc":"2.0","id":6,"method":"session/request_permission","params":{"sessionId":"s",
             "toolCall":{"toolCallId":"t","locations":[{"path":"/home/me/app/x"}]},"options":[]}}),
     );
-    assert_eq!(v["params"]["toolCall"]["locations"][0]["path"], "/Users/me/src/app/x");
+    assert_eq!(
+        v["params"]["toolCall"]["locations"][0]["path"],
+        "/Users/me/src/app/x"
+    );
 }
 
 #[test]
@@ -211,7 +268,8 @@ fn a_prefix_an_encoder_may_spell_otherwise_makes_every_message_a_candidate() {
     let mut m = PathMap::new(&["/Ünï/x=/u"]).unwrap();
     assert!(m.to_remote.always);
     // JSON may escape non-ASCII; the walk still finds it.
-    let line = r#"{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/\u00dcn\u00ef/x/y"}}"#;
+    let line =
+        r#"{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/\u00dcn\u00ef/x/y"}}"#;
     let v: Value = serde_json::from_str(&m.editor_to_daemon(line).unwrap()).unwrap();
     assert_eq!(v["params"]["cwd"], "/u/y");
 }
