@@ -293,3 +293,39 @@ async fn path_mapping_refuses_a_bad_spec() -> Result<()> {
     );
     Ok(())
 }
+
+/// The official npm SDK's stdio stream in front of acp-shim (`tests/interop/shim-paths.mjs`):
+/// the mapped paths both ways, as an SDK-built editor sees them. Needs `ACPD_TEST_SDK_DIR`
+/// (see `streamable_http::the_official_sdk_http_client_runs_a_session`).
+#[tokio::test]
+#[cfg_attr(
+    not(acpd_sdk),
+    ignore = "set ACPD_TEST_SDK_DIR to a directory with @agentclientprotocol/sdk installed"
+)]
+async fn path_mapping_with_the_official_sdk_in_front_of_the_shim() -> Result<()> {
+    let dir = std::env::var("ACPD_TEST_SDK_DIR")?;
+    let script = Path::new(&dir).join("acpd-shim-paths.mjs");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/shim-paths.mjs");
+    std::fs::copy(source, &script)?;
+    let d = Daemon::start(false).await?;
+    let tree = tempfile::tempdir()?;
+    let remote = tree.path().join("app");
+    std::fs::create_dir_all(&remote)?;
+    let run = tokio::process::Command::new("node")
+        .arg(&script)
+        .env("ACPD_SHIM", crate::support::shim_bin())
+        .env("ACPD_URL", d.url())
+        .env("LOCAL", LOCAL_APP)
+        .env("REMOTE", &remote)
+        .env("XDG_DATA_HOME", d.dir.path().join("no-such-dir"))
+        .env_remove("ACPD_TOKEN")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(crate::shim_support::WAIT, run)
+        .await
+        .context("node in time")??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("ok: session"), "{stderr}");
+    Ok(())
+}
