@@ -14,6 +14,7 @@
 //! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes).
 
 mod io;
+mod mcp_http;
 mod script;
 mod state;
 
@@ -146,6 +147,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             agent.with_session(&sid, |s| {
                 s.cwd = cwd;
                 s.dirs = dirs;
+                s.mcp_servers = params["mcpServers"].clone();
             })?;
             // Sent before the response on purpose: the daemon must hold it until the client
             // knows the session (Zed drops updates for sessions it has not registered yet).
@@ -197,7 +199,10 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             start_mcp_servers(&params);
             let sid = session_id(&params)?;
             agent.ensure_session(&sid);
-            agent.with_session(&sid, |s| s.setup_result())
+            agent.with_session(&sid, |s| {
+                s.mcp_servers = params["mcpServers"].clone();
+                s.setup_result()
+            })
         }
         "session/set_mode" => {
             let sid = session_id(&params)?;

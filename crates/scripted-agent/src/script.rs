@@ -26,6 +26,12 @@ pub enum Command {
     Locate(String),
     /// Says the session's `cwd` and `additionalDirectories`.
     Where,
+    /// `mcp NAME TOOL TEXT`: calls TOOL of the session's http MCP server NAME.
+    Mcp {
+        server: String,
+        tool: String,
+        text: String,
+    },
     /// Says the `file://` URIs of the prompt's `resource_link` and `resource` blocks.
     Links,
     Read(String),
@@ -93,6 +99,14 @@ fn parse_line(line: &str) -> Result<Command, String> {
         "locate" => Command::Locate(path("locate")?),
         "where" => Command::Where,
         "links" => Command::Links,
+        "mcp" => match args.as_slice() {
+            [server, tool, text @ ..] => Command::Mcp {
+                server: server.to_string(),
+                tool: tool.to_string(),
+                text: text.join(" "),
+            },
+            _ => return Err(bad("needs a server and a tool")),
+        },
         "read" => Command::Read(path("read")?),
         "write" => {
             let path = path("write")?;
@@ -282,6 +296,32 @@ async fn run_one(
                 .with_session(sid, |s| (s.cwd.clone(), s.dirs.clone()))
                 .unwrap_or_default();
             agent.say(sid, format!("cwd: {cwd} dirs: {dirs}"));
+        }
+        Command::Mcp { server, tool, text } => {
+            let servers = agent
+                .with_session(sid, |s| s.mcp_servers.clone())
+                .unwrap_or_default();
+            let url = servers
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|s| s["name"] == server.as_str() && s["type"] == "http")
+                .and_then(|s| s["url"].as_str())
+                .map(str::to_owned);
+            let said = match url {
+                None => format!("mcp error: no http server {server}"),
+                Some(url) => {
+                    let call = crate::mcp_http::call_tool(&url, &tool, &text);
+                    tokio::select! {
+                        r = call => match r {
+                            Ok((tools, out)) => format!("mcp: tools={} result={out}", tools.join(",")),
+                            Err(e) => format!("mcp error: {e}"),
+                        },
+                        _ = cancel.cancelled() => return Err(cancelled()),
+                    }
+                }
+            };
+            agent.say(sid, said);
         }
         Command::Links => {
             let blocks = agent

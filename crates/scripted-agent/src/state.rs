@@ -50,6 +50,8 @@ pub struct Session {
     /// (`where` and `links` report them, for path-mapping tests).
     pub dirs: Value,
     pub last_prompt: Vec<Value>,
+    /// The `mcpServers` of its last `session/new|load|resume` (`mcp` uses the http ones).
+    pub mcp_servers: Value,
     /// Counter stamped into `agent_message_chunk`s (`_meta.scripted.n`).
     chunk_n: u64,
     /// Counter for tool call and permission ids.
@@ -69,6 +71,7 @@ impl Session {
             title: None,
             cwd: String::new(),
             dirs: Value::Null,
+            mcp_servers: Value::Null,
             last_prompt: Vec::new(),
             chunk_n: 0,
             tool_n: 0,

@@ -27,6 +27,7 @@ use super::connect::{self, ConnectError, Connected, Target, Ws};
 use super::editor::{FromDaemon, Tracker};
 use super::frame;
 use super::map::PathMap;
+use super::mcp::{self, LocalMcp};
 use super::stdout::{OutLine, write_stdout};
 use acpd_wire::lines::{Line, LineDecoder};
 use acpd_wire::resume::window::{self, Frame, Window};
@@ -79,6 +80,8 @@ struct Relay {
     tracker: Tracker,
     /// `--map`: paths rewritten between the editor's machine and the agent's.
     paths: PathMap,
+    /// `--mcp local`: the editor's stdio MCP servers, run here for the agent.
+    mcp: LocalMcp,
     socket: Option<Socket>,
     sock_no: u64,
     events: mpsc::Sender<SockEvent>,
@@ -102,7 +105,13 @@ struct Relay {
 }
 
 /// Runs the shim until stdin closes (exit 0) or something fatal happens.
-pub async fn run(target: Target, paths: PathMap, keepalive: Duration, max_line: usize) -> Exit {
+pub async fn run(
+    target: Target,
+    paths: PathMap,
+    mcp_policy: mcp::Policy,
+    keepalive: Duration,
+    max_line: usize,
+) -> Exit {
     let tasks = TaskTracker::new();
     let cancel = CancellationToken::new();
     let (stdin_tx, mut stdin_rx) = mpsc::channel::<Line>(64);
@@ -110,6 +119,7 @@ pub async fn run(target: Target, paths: PathMap, keepalive: Duration, max_line: 
     let (stdout_tx, stdout_rx) = mpsc::channel::<OutLine>(STDOUT_MAX);
     let stdout_task = tokio::spawn(write_stdout(stdout_rx));
     let (events_tx, mut events) = mpsc::channel::<SockEvent>(64);
+    let (mcp_tx, mut mcp_rx) = mpsc::channel::<String>(64);
     let mut r = Relay {
         target: Arc::new(target),
         keepalive,
@@ -119,6 +129,7 @@ pub async fn run(target: Target, paths: PathMap, keepalive: Duration, max_line: 
         conn_id: None,
         tracker: Tracker::new(),
         paths,
+        mcp: LocalMcp::new(mcp_policy, mcp_tx, tasks.clone(), cancel.clone()),
         socket: None,
         sock_no: 0,
         events: events_tx,
@@ -157,6 +168,11 @@ pub async fn run(target: Target, paths: PathMap, keepalive: Duration, max_line: 
                 }
             },
             Some(ev) = events.recv(), if r.to_stdout.len() < STDOUT_MAX => r.on_socket(ev),
+            // Answers of the editor's MCP servers, for the daemon.
+            Some(answer) = mcp_rx.recv(), if r.window.buffered_bytes() < BUFFER_MAX => {
+                r.window.push(answer);
+                Ok(())
+            }
             permit = writer_permit(writer), if r.window.has_unwritten() && r.socket.is_some() => {
                 if let (Some(p), Some(f)) = (permit, r.window.next_frame()) {
                     p.send(WsOut::Text(f));
@@ -235,6 +251,7 @@ impl Relay {
             return;
         }
         let line = self.paths.editor_to_daemon(&line).unwrap_or(line);
+        let line = self.mcp.editor_to_daemon(&line).unwrap_or(line);
         let Some(line) = self.tracker.note_editor(line) else {
             return;
         };
@@ -312,6 +329,12 @@ impl Relay {
     }
 
     fn deliver(&mut self, m: OutLine) -> Result<(), window::WindowError> {
+        if let mcp::FromDaemon::Handled(answer) = self.mcp.daemon_to_editor(m.as_str()) {
+            if let Some(a) = answer {
+                self.window.push(a);
+            }
+            return Ok(());
+        }
         match self.tracker.note_daemon(m.as_str()) {
             FromDaemon::Forward(None) => match self.paths.daemon_to_editor(m.as_str()) {
                 None => self.to_stdout.push_back(m.one_line()),
