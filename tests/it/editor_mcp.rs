@@ -189,3 +189,49 @@ async fn editor_mcp_call_survives_a_link_cut() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn editor_mcp_server_serves_the_builtin_agent() -> Result<()> {
+    use crate::builtin_support::model::{text, tool};
+    use crate::builtin_support::{Acpd, ModelServer, builtin_config};
+    let model = ModelServer::start().await;
+    let acpd = Acpd::start(&builtin_config(model.addr, "")).await;
+    let url = format!("ws://{}/acp", acpd.addr);
+    let mut shim = Shim::spawn(&url, &[], acpd.dir())?;
+    init(&mut shim).await?;
+    let sid = new_session(&mut shim, &acpd.work(), json!([server("tools", &[])])).await?;
+    model.push_stream(vec![tool(
+        "mcp__tools__echo",
+        json!({ "text": "from the laptop" }),
+    )]);
+    model.push_stream(vec![text("done")]);
+    let id = shim
+        .request("session/prompt", prompt(&sid, "echo it"))
+        .await?;
+    loop {
+        let m = shim.recv().await?;
+        if m["method"] == "session/request_permission" {
+            let answer = json!({"outcome": {"outcome": "selected", "optionId": "allow-once"}});
+            shim.send(&json!({"jsonrpc": "2.0", "id": m["id"], "result": answer}))
+                .await?;
+        } else if m.get("method").is_none() && m["id"] == json!(id) {
+            assert_eq!(m["result"]["stopReason"], "end_turn", "{m}");
+            break;
+        }
+    }
+    let reqs = model.wait_requests(2).await;
+    assert!(
+        reqs[0]
+            .tool_names()
+            .contains(&"mcp__tools__echo".to_owned()),
+        "{:?}",
+        reqs[0].tool_names()
+    );
+    assert!(
+        reqs[1].text().contains("from the laptop"),
+        "{}\n{}",
+        reqs[1].text(),
+        acpd.log()
+    );
+    Ok(())
+}

@@ -386,3 +386,75 @@ async fn serve(
     let _ = child.start_kill();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), child.wait()).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local(policy: Policy) -> (LocalMcp, mpsc::Receiver<String>) {
+        let (tx, rx) = mpsc::channel(4);
+        let m = LocalMcp::new(policy, tx, TaskTracker::new(), CancellationToken::new());
+        (m, rx)
+    }
+
+    const NEW: &str = r#"{"jsonrpc":"2.0","id":4,"method":"session/new","params":{"cwd":"/w","mcpServers":[
+        {"name":"git","command":"uvx","args":["mcp-server-git"],"env":[{"name":"K","value":"v"}]},
+        {"type":"http","name":"web","url":"https://x/mcp","headers":[]}]}}"#;
+
+    #[test]
+    fn stdio_servers_become_tunnel_entries_and_http_ones_pass() {
+        let (mut m, _rx) = local(Policy::Local);
+        let v: Value = serde_json::from_str(&m.editor_to_daemon(NEW).unwrap()).unwrap();
+        let s = &v["params"]["mcpServers"];
+        assert_eq!(
+            s[0],
+            json!({"type":"http","name":"git","url":"acpd-mcp:1-git","headers":[]})
+        );
+        assert_eq!(s[1]["url"], "https://x/mcp");
+        let spec = &m.specs["1-git"];
+        assert_eq!(
+            (spec.command.as_str(), spec.args.as_slice()),
+            ("uvx", &["mcp-server-git".to_owned()][..])
+        );
+        assert_eq!(spec.env, [("K".to_owned(), "v".to_owned())]);
+        // The answer binds the tokens to the session; closing it closes them.
+        m.daemon_to_editor(r#"{"jsonrpc":"2.0","id":4,"result":{"sessionId":"s1"}}"#);
+        assert_eq!(m.by_session["s1"], ["1-git"]);
+        m.editor_to_daemon(
+            r#"{"jsonrpc":"2.0","id":5,"method":"session/close","params":{"sessionId":"s1"}}"#,
+        );
+        assert!(m.closed.contains("1-git"));
+        let FromDaemon::Handled(Some(e)) = m.daemon_to_editor(
+            r#"{"jsonrpc":"2.0","id":9,"method":"_acpd/mcp/message","params":{"server":"1-git","message":{"jsonrpc":"2.0","id":1,"method":"tools/list"}}}"#,
+        ) else {
+            panic!("not answered")
+        };
+        assert!(
+            e.contains(r#""id":9"#) && e.contains("closed session"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn drop_and_remote_policies() {
+        let (mut m, _rx) = local(Policy::Drop);
+        let v: Value = serde_json::from_str(&m.editor_to_daemon(NEW).unwrap()).unwrap();
+        assert_eq!(v["params"]["mcpServers"].as_array().unwrap().len(), 1);
+        assert_eq!(v["params"]["mcpServers"][0]["name"], "web");
+        let (mut m, _rx) = local(Policy::Remote);
+        assert_eq!(m.editor_to_daemon(NEW), None);
+    }
+
+    #[test]
+    fn unknown_servers_and_other_messages() {
+        let (mut m, _rx) = local(Policy::Local);
+        let FromDaemon::Handled(Some(e)) = m.daemon_to_editor(
+            r#"{"jsonrpc":"2.0","id":"x","method":"_acpd/mcp/message","params":{"server":"nope","message":{}}}"#,
+        ) else {
+            panic!("not answered")
+        };
+        assert!(e.contains("no MCP server `nope`"), "{e}");
+        let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s"}}"#;
+        assert!(matches!(m.daemon_to_editor(chunk), FromDaemon::Relay));
+    }
+}
