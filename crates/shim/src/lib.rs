@@ -14,6 +14,7 @@ mod frame;
 mod map;
 mod mcp;
 mod relay;
+mod stdin;
 mod stdout;
 mod tls;
 

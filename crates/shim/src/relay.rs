@@ -16,7 +16,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
-use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -28,8 +27,9 @@ use super::editor::{FromDaemon, Tracker};
 use super::frame;
 use super::map::PathMap;
 use super::mcp::{self, LocalMcp};
+use super::stdin::read_stdin;
 use super::stdout::{OutLine, write_stdout};
-use acpd_wire::lines::{Line, LineDecoder};
+use acpd_wire::lines::Line;
 use acpd_wire::resume::window::{self, Frame, Window};
 
 /// Editor messages buffered for the daemon before stdin stops being read.
@@ -585,30 +585,5 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Editor lines to the loop, bad ones included (the loop answers them); ends (dropping `tx`)
-/// at end of input. The daemon's own decoder: an overlong or non-UTF-8 line is one item, and
-/// the stream goes on after it.
-async fn read_stdin(tx: mpsc::Sender<Line>, max_line: usize, cancel: CancellationToken) {
-    let mut lines = FramedRead::new(tokio::io::stdin(), LineDecoder::new(max_line));
-    loop {
-        let line = tokio::select! {
-            _ = cancel.cancelled() => return,
-            l = lines.next() => l,
-        };
-        match line {
-            Some(Ok(l)) => {
-                if tx.send(l).await.is_err() {
-                    return;
-                }
-            }
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "stdin read failed");
-                return;
-            }
-            None => return,
-        }
     }
 }

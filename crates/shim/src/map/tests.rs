@@ -293,7 +293,7 @@ fn measure_chunk_fast_path() {
         assert!(!m.message(Dir::ToLocal, &mut v));
     }
     let full = t.elapsed();
-    println!(
+    eprintln!(
         "per chunk: needle check {:?}, full parse and walk {:?}",
         fast / n,
         full / n
