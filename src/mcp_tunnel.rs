@@ -3,8 +3,9 @@
 //!
 //! acp-shim replaces each stdio server it runs locally by an `http` entry whose `url` is
 //! `acpd-mcp:NAME`; `rewrite` turns that into `http://127.0.0.1:PORT/mcp/SECRET` (a loopback
-//! listener of its own, so TLS, bearer tokens and the origin check of the main listener do not
-//! apply; the unguessable path is the capability) and remembers which connection it belongs to.
+//! listener of its own, bound on first use so a daemon nobody tunnels through holds no extra
+//! port; TLS, bearer tokens and the origin check of the main listener do not apply; the
+//! unguessable path is the capability) and remembers which connection it belongs to.
 //! A POST there is one MCP JSON-RPC message: a request becomes `_acpd/mcp/message {server,
 //! message}` to that connection's client, and the `message` of its answer is the HTTP answer
 //! (`application/json`); a notification or response becomes `_acpd/mcp/notify` and is answered
@@ -37,7 +38,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// The tunnel endpoint and its routes; cheap to clone.
 #[derive(Clone)]
 pub struct McpTunnels {
-    base: Arc<str>,
+    /// `http://127.0.0.1:PORT/mcp/` once the listener is bound.
+    base: Arc<tokio::sync::OnceCell<Arc<str>>>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
     /// A std Mutex: held only to insert, remove or clone one route, never across an await.
     routes: Arc<Mutex<HashMap<String, Route>>>,
 }
@@ -49,32 +53,61 @@ struct Route {
 }
 
 impl McpTunnels {
-    /// Binds the loopback listener and serves it on `tasks` until `stop`.
-    pub async fn start(tasks: &TaskTracker, stop: CancellationToken) -> std::io::Result<Self> {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
-        let addr = listener.local_addr()?;
-        let tunnels = McpTunnels {
-            base: format!("http://{addr}/mcp/").into(),
+    /// The tunnels of a daemon whose tasks are `tasks`; the listener is served until `stop`.
+    pub fn new(tasks: &TaskTracker, stop: CancellationToken) -> Self {
+        McpTunnels {
+            base: Arc::default(),
+            tasks: tasks.clone(),
+            stop,
             routes: Arc::default(),
+        }
+    }
+
+    /// The endpoint's base URL, binding the loopback listener the first time.
+    async fn base(&self) -> std::io::Result<Arc<str>> {
+        let bind = async {
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+            let addr = listener.local_addr()?;
+            let app = axum::Router::new()
+                .route("/mcp/{secret}", post(on_post).get(not_allowed))
+                .with_state(self.clone());
+            let stop = self.stop.clone();
+            self.tasks.spawn(async move {
+                let serve =
+                    axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
+                if let Err(e) = serve.await {
+                    tracing::warn!(error = %e, "the MCP tunnel listener failed");
+                }
+            });
+            tracing::info!(%addr, "MCP tunnel listening");
+            Ok::<_, std::io::Error>(Arc::from(format!("http://{addr}/mcp/")))
         };
-        let app = axum::Router::new()
-            .route("/mcp/{secret}", post(on_post).get(not_allowed))
-            .with_state(tunnels.clone());
-        tasks.spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
-            if let Err(e) = serve.await {
-                tracing::warn!(error = %e, "the MCP tunnel listener failed");
-            }
-        });
-        tracing::debug!(%addr, "MCP tunnel listening");
-        Ok(tunnels)
+        self.base.get_or_try_init(|| bind).await.cloned()
     }
 
     /// Points the `acpd-mcp:` entries of `params.mcpServers` at this daemon's endpoint, for
-    /// the client on `peer`.
-    pub fn rewrite(&self, params: &mut Value, conn: &Arc<str>, peer: &PeerHandle) {
-        let servers = params.get_mut("mcpServers").and_then(Value::as_array_mut);
-        for s in servers.into_iter().flatten() {
+    /// the client on `peer`. Without a listener they stay as they are (the agent reports an
+    /// address it cannot use).
+    pub async fn rewrite(&self, params: &mut Value, conn: &Arc<str>, peer: &PeerHandle) {
+        let tunnelled = |s: &Value| {
+            s.get("url")
+                .and_then(Value::as_str)
+                .is_some_and(|u| u.starts_with(SCHEME))
+        };
+        let Some(servers) = params.get_mut("mcpServers").and_then(Value::as_array_mut) else {
+            return;
+        };
+        if !servers.iter().any(tunnelled) {
+            return;
+        }
+        let base = match self.base().await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for the MCP tunnel");
+                return;
+            }
+        };
+        for s in servers.iter_mut() {
             let Some(server) = s
                 .get("url")
                 .and_then(Value::as_str)
@@ -84,7 +117,7 @@ impl McpTunnels {
                 continue;
             };
             let secret = uuid::Uuid::new_v4().simple().to_string();
-            s["url"] = json!(format!("{}{secret}", self.base));
+            s["url"] = json!(format!("{base}{secret}"));
             let route = Route {
                 conn: conn.clone(),
                 server,

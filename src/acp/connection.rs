@@ -231,7 +231,8 @@ impl Connection {
             "session/new" | "session/load" | "session/resume"
         ) && let Some(mcp) = &self.ctx.mcp
         {
-            mcp.rewrite(&mut params, &self.ctx.conn_id, &self.peer);
+            mcp.rewrite(&mut params, &self.ctx.conn_id, &self.peer)
+                .await;
         }
         let hub = self.ctx.hub.clone();
         let principal = self.ctx.principal.clone();

@@ -48,8 +48,6 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Tls(#[from] tls::TlsError),
-    #[error("the MCP tunnel's loopback listener: {0}")]
-    McpTunnel(std::io::Error),
 }
 
 /// Everything the request handlers share.
@@ -116,9 +114,7 @@ impl Core {
             tasks.clone(),
             stop.clone(),
         );
-        let mcp = crate::mcp_tunnel::McpTunnels::start(&tasks, stop.clone())
-            .await
-            .map_err(ServeError::McpTunnel)?;
+        let mcp = crate::mcp_tunnel::McpTunnels::new(&tasks, stop.clone());
         Ok(Core {
             config,
             store,

@@ -98,7 +98,11 @@ impl LocalMcp {
 
     /// An editor message; `Some` when its `mcpServers` were rewritten.
     pub fn editor_to_daemon(&mut self, line: &str) -> Option<String> {
-        if !line.contains("\"session/") {
+        // Prompts (which may be large) and everything else are not parsed here.
+        let ours = line.contains("\"mcpServers\"")
+            || line.contains("\"session/close\"")
+            || line.contains("\"session/delete\"");
+        if self.policy == Policy::Remote || !ours {
             return None;
         }
         let mut v: Value = serde_json::from_str(line).ok()?;
