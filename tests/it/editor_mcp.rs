@@ -141,16 +141,24 @@ async fn editor_mcp_server_that_fails_is_a_clear_error() -> Result<()> {
 async fn editor_mcp_policy_drop_and_remote_keep_servers_off_the_tunnel() -> Result<()> {
     let d = Daemon::start(false).await?;
     let work = tempfile::tempdir()?;
-    for (policy, seen) in [
-        ("drop", "mcp error: no http server tools"),
-        ("remote", "mcp error: no http server tools"),
+    let config = d.dir.path().join("shim.toml");
+    std::fs::write(&config, "mcp = \"drop\"\n")?;
+    let config = config.to_str().context("utf-8")?;
+    // drop from the config file, remote by the flag (acpd's mcp_stdio policy then drops it
+    // for the hosted agent: not in mcp_stdio_allow).
+    for (args, seen) in [
+        (["--config", config], "mcp error: no http server tools"),
+        (["--mcp", "remote"], "mcp error: no http server tools"),
     ] {
-        let mut shim = Shim::spawn(&d.url(), &["--mcp", policy], d.dir.path())?;
+        let mut shim = Shim::spawn(&d.url(), &args, d.dir.path())?;
         init(&mut shim).await?;
         let sid = new_session(&mut shim, work.path(), json!([server("tools", &[])])).await?;
         let said = say(&mut shim, &sid, "mcp tools echo x").await?;
-        assert_eq!(said, [seen], "--mcp {policy}");
+        assert_eq!(said, [seen], "{args:?}");
     }
+    // Only the remote one reached acpd as a stdio server (and was refused there).
+    d.wait_log("stdio MCP server dropped").await?;
+    assert_eq!(d.log().matches("stdio MCP server dropped").count(), 1);
     Ok(())
 }
 

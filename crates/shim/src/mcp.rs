@@ -140,7 +140,13 @@ impl LocalMcp {
                     }
                 }
                 match (sid, v.get("id")) {
-                    (Some(sid), _) => self.by_session.entry(sid).or_default().extend(tokens),
+                    (Some(sid), _) => {
+                        // A load or resume gives the agent this list instead of the last one.
+                        for t in self.by_session.insert(sid, tokens).unwrap_or_default() {
+                            self.stop(&t);
+                            self.closed.insert(t);
+                        }
+                    }
                     (None, Some(id)) => {
                         self.by_new.insert(id.to_string(), tokens);
                     }
