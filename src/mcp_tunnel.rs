@@ -48,7 +48,12 @@ pub struct McpTunnels {
 
 struct Route {
     conn: Arc<str>,
+    /// The shim's token for the server, on `conn`.
     server: String,
+    /// The entry's `name`: what a later load of the same session names it by.
+    name: String,
+    /// The acpd session it was given to, once known.
+    session: Option<String>,
     peer: PeerHandle,
 }
 
@@ -86,27 +91,41 @@ impl McpTunnels {
     }
 
     /// Points the `acpd-mcp:` entries of `params.mcpServers` at this daemon's endpoint, for
-    /// the client on `peer`. Without a listener they stay as they are (the agent reports an
-    /// address it cannot use).
-    pub async fn rewrite(&self, params: &mut Value, conn: &Arc<str>, peer: &PeerHandle) {
+    /// the client on `peer`, and returns their secrets (for `bind`). Without a listener they
+    /// stay as they are (the agent reports an address it cannot use).
+    ///
+    /// A `session/load|resume` (`params.sessionId`) also re-points the routes the session's
+    /// agent already holds, by server name, at this client: an agent side that lives on keeps
+    /// the URLs it was first given.
+    pub async fn rewrite(
+        &self,
+        params: &mut Value,
+        conn: &Arc<str>,
+        peer: &PeerHandle,
+    ) -> Vec<String> {
+        let session = params
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         let tunnelled = |s: &Value| {
             s.get("url")
                 .and_then(Value::as_str)
                 .is_some_and(|u| u.starts_with(SCHEME))
         };
         let Some(servers) = params.get_mut("mcpServers").and_then(Value::as_array_mut) else {
-            return;
+            return vec![];
         };
         if !servers.iter().any(tunnelled) {
-            return;
+            return vec![];
         }
         let base = match self.base().await {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot listen for the MCP tunnel");
-                return;
+                return vec![];
             }
         };
+        let mut secrets = vec![];
         for s in servers.iter_mut() {
             let Some(server) = s
                 .get("url")
@@ -116,26 +135,54 @@ impl McpTunnels {
             else {
                 continue;
             };
+            let name = s
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
             let secret = uuid::Uuid::new_v4().simple().to_string();
             s["url"] = json!(format!("{base}{secret}"));
             let route = Route {
                 conn: conn.clone(),
-                server,
+                server: server.clone(),
+                name: name.clone(),
+                session: session.clone(),
                 peer: peer.clone(),
             };
-            self.routes
-                .lock()
-                .expect("tunnel routes")
-                .insert(secret, route);
+            let mut routes = self.routes.lock().expect("tunnel routes");
+            if session.is_some() {
+                for r in routes.values_mut() {
+                    if r.session == session && r.name == name {
+                        r.conn = conn.clone();
+                        r.server = server.clone();
+                        r.peer = peer.clone();
+                    }
+                }
+            }
+            routes.insert(secret.clone(), route);
+            secrets.push(secret);
+        }
+        secrets
+    }
+
+    /// `session/new` made `session`: the routes `rewrite` returned are its.
+    pub fn bind(&self, secrets: &[String], session: &str) {
+        let mut routes = self.routes.lock().expect("tunnel routes");
+        for s in secrets {
+            if let Some(r) = routes.get_mut(s) {
+                r.session = Some(session.to_owned());
+            }
         }
     }
 
-    /// The connection ended: its routes go (the shim stops its servers itself).
+    /// The connection ended. Routes of a session stay (a later load re-points them; until
+    /// then a call is answered "the editor disconnected"); the others go. The shim stops its
+    /// servers itself.
     pub fn forget(&self, conn: &Arc<str>) {
         self.routes
             .lock()
             .expect("tunnel routes")
-            .retain(|_, r| &r.conn != conn);
+            .retain(|_, r| &r.conn != conn || r.session.is_some());
     }
 }
 

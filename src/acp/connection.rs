@@ -226,12 +226,14 @@ impl Connection {
                 .respond(Err(AcpError::InvalidParams(why).into()))
                 .await;
         }
+        let mut tunnelled = vec![];
         if matches!(
             method.as_str(),
             "session/new" | "session/load" | "session/resume"
         ) && let Some(mcp) = &self.ctx.mcp
         {
-            mcp.rewrite(&mut params, &self.ctx.conn_id, &self.peer)
+            tunnelled = mcp
+                .rewrite(&mut params, &self.ctx.conn_id, &self.peer)
                 .await;
         }
         let hub = self.ctx.hub.clone();
@@ -240,12 +242,18 @@ impl Connection {
             "session/new" => {
                 let client = self.client(&init);
                 let profile = self.ctx.profile.clone();
+                let mcp = self.ctx.mcp.clone();
                 self.handlers.spawn(async move {
                     match hub
                         .create(&principal, &profile, client, params, responder)
                         .await
                     {
-                        Ok(h) => Done::Created(h),
+                        Ok(h) => {
+                            if let Some(mcp) = mcp {
+                                mcp.bind(&tunnelled, &h.id);
+                            }
+                            Done::Created(h)
+                        }
                         Err((e, r)) => {
                             r.respond(Err(e.into())).await;
                             Done::Nothing

@@ -243,3 +243,39 @@ async fn editor_mcp_server_serves_the_builtin_agent() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn editor_mcp_servers_follow_a_session_loaded_by_another_shim() -> Result<()> {
+    let d = Daemon::start(false).await?;
+    let work = tempfile::tempdir()?;
+    let mut first = Shim::spawn(&d.url(), &[], d.dir.path())?;
+    init(&mut first).await?;
+    let servers = json!([server("tools", &[])]);
+    let sid = new_session(&mut first, work.path(), servers.clone()).await?;
+    let said = say(&mut first, &sid, "mcp tools echo one").await?;
+    assert!(
+        said.contains(&"mcp: tools=echo result=one".to_owned()),
+        "{said:?}"
+    );
+    first.close_stdin();
+    assert_eq!(first.wait_exit().await?, 0);
+    // The editor comes back with another shim: the load names the servers again.
+    let mut second = Shim::spawn(&d.url(), &[], d.dir.path())?;
+    init(&mut second).await?;
+    let id = second
+        .request(
+            "session/load",
+            json!({"sessionId": sid, "cwd": work.path(), "mcpServers": servers}),
+        )
+        .await?;
+    let (r, _) = second.until_response(id).await?;
+    if r.get("result").is_none() {
+        bail!("load failed: {r}");
+    }
+    let said = say(&mut second, &sid, "mcp tools echo two").await?;
+    assert!(
+        said.contains(&"mcp: tools=echo result=two".to_owned()),
+        "{said:?}"
+    );
+    Ok(())
+}
