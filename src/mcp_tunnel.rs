@@ -90,7 +90,8 @@ impl McpTunnels {
         self.base.get_or_try_init(|| bind).await.cloned()
     }
 
-    /// Points the `acpd-mcp:` entries of `params.mcpServers` at this daemon's endpoint, for
+    /// For `session/new|load|resume` (other methods: nothing to do), points the `acpd-mcp:`
+    /// entries of `params.mcpServers` at this daemon's endpoint, for
     /// the client on `peer`, and returns their secrets (for `bind`). Without a listener they
     /// stay as they are (the agent reports an address it cannot use).
     ///
@@ -99,10 +100,14 @@ impl McpTunnels {
     /// the URLs it was first given.
     pub async fn rewrite(
         &self,
+        method: &str,
         params: &mut Value,
         conn: &Arc<str>,
         peer: &PeerHandle,
     ) -> Vec<String> {
+        if !matches!(method, "session/new" | "session/load" | "session/resume") {
+            return vec![];
+        }
         let session = params
             .get("sessionId")
             .and_then(Value::as_str)

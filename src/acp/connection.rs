@@ -226,16 +226,13 @@ impl Connection {
                 .respond(Err(AcpError::InvalidParams(why).into()))
                 .await;
         }
-        let mut tunnelled = vec![];
-        if matches!(
-            method.as_str(),
-            "session/new" | "session/load" | "session/resume"
-        ) && let Some(mcp) = &self.ctx.mcp
-        {
-            tunnelled = mcp
-                .rewrite(&mut params, &self.ctx.conn_id, &self.peer)
-                .await;
-        }
+        let tunnelled = match &self.ctx.mcp {
+            Some(mcp) => {
+                mcp.rewrite(&method, &mut params, &self.ctx.conn_id, &self.peer)
+                    .await
+            }
+            None => vec![],
+        };
         let hub = self.ctx.hub.clone();
         let principal = self.ctx.principal.clone();
         match method.as_str() {
@@ -249,9 +246,7 @@ impl Connection {
                         .await
                     {
                         Ok(h) => {
-                            if let Some(mcp) = mcp {
-                                mcp.bind(&tunnelled, &h.id);
-                            }
+                            mcp.iter().for_each(|m| m.bind(&tunnelled, &h.id));
                             Done::Created(h)
                         }
                         Err((e, r)) => {
