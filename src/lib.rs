@@ -8,6 +8,7 @@ mod agent;
 mod cli;
 mod config;
 mod error;
+mod mcp_tunnel;
 mod metrics;
 mod server;
 mod session;

@@ -41,6 +41,9 @@ pub struct ConnectionCtx {
     pub hub: SessionHub,
     /// Sustained requests per second this connection may send (0: no limit).
     pub max_requests_per_second: u32,
+    /// Where acp-shim's `acpd-mcp:` servers are tunnelled (WebSocket upgrades only: the
+    /// transport acp-shim uses).
+    pub mcp: Option<crate::mcp_tunnel::McpTunnels>,
 }
 
 /// Runs one connection until its link closes or `shutdown` fires.
@@ -95,6 +98,9 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
         }
     }
     conn.handlers.abort_all();
+    if let Some(mcp) = &conn.ctx.mcp {
+        mcp.forget(&conn.ctx.conn_id);
+    }
     let _ = peer_task.await;
     metrics::gauge!(crate::metrics::CONNECTIONS_LIVE).decrement(1);
     tracing::debug!("disconnected");
@@ -187,7 +193,7 @@ impl Connection {
             responder,
             cancelled: _,
         } = req;
-        let params = params.unwrap_or_else(|| json!({}));
+        let mut params = params.unwrap_or_else(|| json!({}));
         tracing::debug!(%method, "request");
         if !self.rate.admit() {
             let e = ResponseError::new(RATE_LIMITED, "Rate limit exceeded; slow down");
@@ -220,18 +226,29 @@ impl Connection {
                 .respond(Err(AcpError::InvalidParams(why).into()))
                 .await;
         }
+        let tunnelled = match &self.ctx.mcp {
+            Some(mcp) => {
+                mcp.rewrite(&method, &mut params, &self.ctx.conn_id, &self.peer)
+                    .await
+            }
+            None => vec![],
+        };
         let hub = self.ctx.hub.clone();
         let principal = self.ctx.principal.clone();
         match method.as_str() {
             "session/new" => {
                 let client = self.client(&init);
                 let profile = self.ctx.profile.clone();
+                let mcp = self.ctx.mcp.clone();
                 self.handlers.spawn(async move {
                     match hub
                         .create(&principal, &profile, client, params, responder)
                         .await
                     {
-                        Ok(h) => Done::Created(h),
+                        Ok(h) => {
+                            mcp.iter().for_each(|m| m.bind(&tunnelled, &h.id));
+                            Done::Created(h)
+                        }
                         Err((e, r)) => {
                             r.respond(Err(e.into())).await;
                             Done::Nothing

@@ -20,6 +20,8 @@ mod cancel;
 mod client_requests;
 mod config;
 mod durability;
+mod editor_mcp;
+mod editor_paths;
 mod fork;
 mod fs_roots;
 mod handshake;

@@ -14,6 +14,7 @@
 //! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes).
 
 mod io;
+mod mcp_http;
 mod script;
 mod state;
 
@@ -142,7 +143,12 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             start_mcp_servers(&params);
             let sid = agent.create_session();
             let cwd = params["cwd"].as_str().unwrap_or_default().to_owned();
-            agent.with_session(&sid, |s| s.cwd = cwd)?;
+            let dirs = params["additionalDirectories"].clone();
+            agent.with_session(&sid, |s| {
+                s.cwd = cwd;
+                s.dirs = dirs;
+                s.mcp_servers = params["mcpServers"].clone();
+            })?;
             // Sent before the response on purpose: the daemon must hold it until the client
             // knows the session (Zed drops updates for sessions it has not registered yet).
             agent.emit(
@@ -193,7 +199,10 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             start_mcp_servers(&params);
             let sid = session_id(&params)?;
             agent.ensure_session(&sid);
-            agent.with_session(&sid, |s| s.setup_result())
+            agent.with_session(&sid, |s| {
+                s.mcp_servers = params["mcpServers"].clone();
+                s.setup_result()
+            })
         }
         "session/set_mode" => {
             let sid = session_id(&params)?;
@@ -309,6 +318,7 @@ fn prompt(agent: &Arc<Agent>, id: Value, params: Value) {
             .collect();
         let commands = script::parse(&text.join("\n")).map_err(RpcError::invalid_params)?;
         agent.with_session(&sid, |s| {
+            s.last_prompt = blocks.clone();
             for block in &blocks {
                 s.history.push(state::History::Update(
                     json!({ "sessionUpdate": "user_message_chunk", "content": block }),

@@ -19,13 +19,28 @@ pub enum Command {
     },
     Thought(String),
     Tool,
-    Permission,
+    /// `permission [PATH]`: the tool call asked about names PATH in its `locations`.
+    Permission(Option<String>),
+    /// A tool call naming PATH in every place ACP carries a path (locations, a diff, a
+    /// `file://` link), its update, and a message chunk linking it.
+    Locate(String),
+    /// Says the session's `cwd` and `additionalDirectories`.
+    Where,
+    /// `mcp NAME TOOL TEXT`: calls TOOL of the session's http MCP server NAME.
+    Mcp {
+        server: String,
+        tool: String,
+        text: String,
+    },
+    /// Says the `file://` URIs of the prompt's `resource_link` and `resource` blocks.
+    Links,
     Read(String),
     Write {
         path: String,
         text: String,
     },
     Terminal {
+        cwd: Option<String>,
         command: String,
         args: Vec<String>,
     },
@@ -80,7 +95,18 @@ fn parse_line(line: &str) -> Result<Command, String> {
         },
         "thought" => Command::Thought(rest.to_string()),
         "tool" => Command::Tool,
-        "permission" => Command::Permission,
+        "permission" => Command::Permission(args.first().map(|s| s.to_string())),
+        "locate" => Command::Locate(path("locate")?),
+        "where" => Command::Where,
+        "links" => Command::Links,
+        "mcp" => match args.as_slice() {
+            [server, tool, text @ ..] => Command::Mcp {
+                server: server.to_string(),
+                tool: tool.to_string(),
+                text: text.join(" "),
+            },
+            _ => return Err(bad("needs a server and a tool")),
+        },
         "read" => Command::Read(path("read")?),
         "write" => {
             let path = path("write")?;
@@ -90,10 +116,19 @@ fn parse_line(line: &str) -> Result<Command, String> {
         "terminal" => {
             let (command, args) = args.split_first().ok_or_else(|| bad("needs a command"))?;
             Command::Terminal {
+                cwd: None,
                 command: command.to_string(),
                 args: args.iter().map(|s| s.to_string()).collect(),
             }
         }
+        "terminal_at" => match args.as_slice() {
+            [cwd, command, args @ ..] => Command::Terminal {
+                cwd: Some(cwd.to_string()),
+                command: command.to_string(),
+                args: args.iter().map(|s| s.to_string()).collect(),
+            },
+            _ => return Err(bad("needs a directory and a command")),
+        },
         "ext" => Command::Ext,
         "wait_for_cancel" => Command::WaitForCancel,
         "ignore_cancel" => Command::IgnoreCancel,
@@ -225,7 +260,83 @@ async fn run_one(
                 json!({ "sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed" }),
             );
         }
-        Command::Permission => permission(agent, sid, cancel).await?,
+        Command::Permission(path) => permission(agent, sid, path, cancel).await?,
+        Command::Locate(path) => {
+            let id = format!("tool-{}", next_tool(agent, sid));
+            let uri = format!("file://{path}");
+            agent.emit(
+                sid,
+                json!({
+                    "sessionUpdate": "tool_call", "toolCallId": id, "title": format!("Edit {path}"),
+                    "kind": "edit", "status": "pending",
+                    "locations": [{ "path": path, "line": 1 }],
+                    "content": [
+                        { "type": "diff", "path": path, "oldText": "old", "newText": "new" },
+                        { "type": "content", "content": { "type": "resource_link", "name": "file", "uri": uri } },
+                    ],
+                }),
+            );
+            agent.emit(
+                sid,
+                json!({
+                    "sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed",
+                    "locations": [{ "path": path }],
+                }),
+            );
+            agent.emit(
+                sid,
+                json!({
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": { "type": "resource_link", "name": "file", "uri": uri },
+                }),
+            );
+        }
+        Command::Where => {
+            let (cwd, dirs) = agent
+                .with_session(sid, |s| (s.cwd.clone(), s.dirs.clone()))
+                .unwrap_or_default();
+            agent.say(sid, format!("cwd: {cwd} dirs: {dirs}"));
+        }
+        Command::Mcp { server, tool, text } => {
+            let servers = agent
+                .with_session(sid, |s| s.mcp_servers.clone())
+                .unwrap_or_default();
+            let url = servers
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|s| s["name"] == server.as_str() && s["type"] == "http")
+                .and_then(|s| s["url"].as_str())
+                .map(str::to_owned);
+            let said = match url {
+                None => format!("mcp error: no http server {server}"),
+                Some(url) => {
+                    let call = crate::mcp_http::call_tool(&url, &tool, &text);
+                    tokio::select! {
+                        r = call => match r {
+                            Ok((tools, out)) => format!("mcp: tools={} result={out}", tools.join(",")),
+                            Err(e) => format!("mcp error: {e}"),
+                        },
+                        _ = cancel.cancelled() => return Err(cancelled()),
+                    }
+                }
+            };
+            agent.say(sid, said);
+        }
+        Command::Links => {
+            let blocks = agent
+                .with_session(sid, |s| s.last_prompt.clone())
+                .unwrap_or_default();
+            let uris: Vec<&str> = blocks
+                .iter()
+                .filter_map(|b| match b["type"].as_str() {
+                    Some("resource_link") => b["uri"].as_str(),
+                    Some("resource") => b["resource"]["uri"].as_str(),
+                    _ => None,
+                })
+                .collect();
+            agent.say(sid, format!("links: {}", uris.join(" ")));
+        }
         Command::Read(path) => {
             let params = json!({ "sessionId": sid, "path": path });
             let Some(result) = call(agent, sid, "fs/read_text_file", params, cancel).await? else {
@@ -240,7 +351,9 @@ async fn run_one(
                 agent.say(sid, format!("wrote: {path}"));
             }
         }
-        Command::Terminal { command, args } => terminal(agent, sid, command, args, cancel).await?,
+        Command::Terminal { cwd, command, args } => {
+            terminal(agent, sid, cwd, command, args, cancel).await?
+        }
         Command::Ext => {
             if let Some(result) = call(agent, sid, "_scripted/ping", json!({ "n": 1 }), cancel).await? {
                 agent.say(sid, format!("ext: {result}"));
@@ -315,7 +428,12 @@ async fn call(
     }
 }
 
-async fn permission(agent: &Arc<Agent>, sid: &str, cancel: &CancellationToken) -> Flow {
+async fn permission(
+    agent: &Arc<Agent>,
+    sid: &str,
+    path: Option<String>,
+    cancel: &CancellationToken,
+) -> Flow {
     let id = format!("perm-{}", next_tool(agent, sid));
     let options: Vec<Value> = [
         ("allow-once", "Allow once", "allow_once"),
@@ -326,11 +444,14 @@ async fn permission(agent: &Arc<Agent>, sid: &str, cancel: &CancellationToken) -
     .iter()
     .map(|(id, name, kind)| json!({ "optionId": id, "name": name, "kind": kind }))
     .collect();
-    let params = json!({
+    let mut params = json!({
         "sessionId": sid,
         "toolCall": { "toolCallId": id, "title": "Run a scripted action", "kind": "other", "status": "pending" },
         "options": options,
     });
+    if let Some(path) = path {
+        params["toolCall"]["locations"] = json!([{ "path": path }]);
+    }
     match agent
         .peer
         .call(&agent.out, "session/request_permission", params, cancel)
@@ -370,11 +491,15 @@ async fn permission(agent: &Arc<Agent>, sid: &str, cancel: &CancellationToken) -
 async fn terminal(
     agent: &Arc<Agent>,
     sid: &str,
+    cwd: Option<String>,
     command: String,
     args: Vec<String>,
     cancel: &CancellationToken,
 ) -> Flow {
-    let params = json!({ "sessionId": sid, "command": command, "args": args });
+    let mut params = json!({ "sessionId": sid, "command": command, "args": args });
+    if let Some(cwd) = cwd {
+        params["cwd"] = json!(cwd);
+    }
     let Some(created) = call(agent, sid, "terminal/create", params, cancel).await? else {
         return Ok(());
     };

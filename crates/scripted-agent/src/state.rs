@@ -46,6 +46,12 @@ pub struct Session {
     /// The title its own `session/list` shows (`--list`), and the cwd it was made in.
     pub title: Option<String>,
     pub cwd: String,
+    /// `additionalDirectories` as `session/new` gave them, and the last prompt's blocks
+    /// (`where` and `links` report them, for path-mapping tests).
+    pub dirs: Value,
+    pub last_prompt: Vec<Value>,
+    /// The `mcpServers` of its last `session/new|load|resume` (`mcp` uses the http ones).
+    pub mcp_servers: Value,
     /// Counter stamped into `agent_message_chunk`s (`_meta.scripted.n`).
     chunk_n: u64,
     /// Counter for tool call and permission ids.
@@ -64,6 +70,9 @@ impl Session {
             history: Vec::new(),
             title: None,
             cwd: String::new(),
+            dirs: Value::Null,
+            mcp_servers: Value::Null,
+            last_prompt: Vec::new(),
             chunk_n: 0,
             tool_n: 0,
             mode: "default".into(),

@@ -11,7 +11,10 @@ mod bad_line;
 mod connect;
 mod editor;
 mod frame;
+mod map;
+mod mcp;
 mod relay;
+mod stdin;
 mod stdout;
 mod tls;
 
@@ -105,8 +108,54 @@ struct Cli {
         default_value_t = 256 << 20
     )]
     max_line_bytes: usize,
+    /// Map a path prefix of the editor's machine to the agent's: LOCAL=REMOTE (repeatable;
+    /// longest prefix wins). Rewrites cwd, fs/terminal paths, tool call locations, diffs and
+    /// file:// links both ways; other paths pass unchanged.
+    #[arg(long = "map", value_name = "LOCAL=REMOTE")]
+    maps: Vec<String>,
+    /// Where the editor's stdio MCP servers run: local (on this machine, tunnelled to the
+    /// agent through acpd), remote (where the agent runs), drop. Default: local.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    mcp: Option<mcp::Policy>,
+    /// TOML file with more settings: `map = ["LOCAL=REMOTE", ...]` (added to --map),
+    /// `mcp = "local" | "remote" | "drop"` (--mcp wins).
+    #[arg(long, value_name = "FILE", env = "ACP_SHIM_CONFIG")]
+    config: Option<PathBuf>,
     /// The daemon: ws://HOST:PORT[/acp] or wss://HOST[:PORT][/acp].
     url: String,
+}
+
+/// The `--config` file: what is better written down once than in every editor's settings.
+#[derive(serde::Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct FileConfig {
+    /// `LOCAL=REMOTE` specs, as `--map` takes them.
+    map: Vec<String>,
+    mcp: Option<mcp::Policy>,
+}
+
+/// The settings of flags and `--config` file together.
+struct Settings {
+    paths: map::PathMap,
+    mcp: mcp::Policy,
+}
+
+fn settings(cli: &Cli) -> Result<Settings, Exit> {
+    let mut specs = Vec::new();
+    let mut mcp = None;
+    if let Some(path) = &cli.config {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Exit::Usage(format!("cannot read config file {}: {e}", path.display())))?;
+        let file: FileConfig = toml::from_str(&text)
+            .map_err(|e| Exit::Usage(format!("config file {}: {e}", path.display())))?;
+        specs.extend(file.map);
+        mcp = file.mcp;
+    }
+    specs.extend(cli.maps.iter().cloned());
+    Ok(Settings {
+        paths: map::PathMap::new(&specs).map_err(|e| Exit::Usage(e.to_string()))?,
+        mcp: cli.mcp.or(mcp).unwrap_or(mcp::Policy::Local),
+    })
 }
 
 /// The whole program; `src/bin/acp-shim.rs` only calls this.
@@ -120,16 +169,22 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging();
-    let exit = match target(&cli) {
+    let exit = match target(&cli).and_then(|t| Ok((t, settings(&cli)?))) {
         Err(e) => e,
-        Ok(target) => match tokio::runtime::Builder::new_current_thread()
+        Ok((target, settings)) => match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
         {
             Ok(rt) => {
                 let keepalive = Duration::from_millis(cli.keepalive_ms.max(50));
                 let max_line = cli.max_line_bytes.max(1024);
-                let exit = rt.block_on(relay::run(target, keepalive, max_line));
+                let exit = rt.block_on(relay::run(
+                    target,
+                    settings.paths,
+                    settings.mcp,
+                    keepalive,
+                    max_line,
+                ));
                 // stdin is read on a blocking thread that cannot be interrupted: don't wait.
                 rt.shutdown_background();
                 exit

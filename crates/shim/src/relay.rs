@@ -16,7 +16,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
-use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -26,8 +25,11 @@ use super::bad_line;
 use super::connect::{self, ConnectError, Connected, Target, Ws};
 use super::editor::{FromDaemon, Tracker};
 use super::frame;
+use super::map::PathMap;
+use super::mcp::{self, LocalMcp};
+use super::stdin::read_stdin;
 use super::stdout::{OutLine, write_stdout};
-use acpd_wire::lines::{Line, LineDecoder};
+use acpd_wire::lines::Line;
 use acpd_wire::resume::window::{self, Frame, Window};
 
 /// Editor messages buffered for the daemon before stdin stops being read.
@@ -76,6 +78,10 @@ struct Relay {
     /// The link to resume; `None` until the first upgrade, and after the daemon forgot it.
     conn_id: Option<String>,
     tracker: Tracker,
+    /// `--map`: paths rewritten between the editor's machine and the agent's.
+    paths: PathMap,
+    /// `--mcp local`: the editor's stdio MCP servers, run here for the agent.
+    mcp: LocalMcp,
     socket: Option<Socket>,
     sock_no: u64,
     events: mpsc::Sender<SockEvent>,
@@ -99,7 +105,13 @@ struct Relay {
 }
 
 /// Runs the shim until stdin closes (exit 0) or something fatal happens.
-pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
+pub async fn run(
+    target: Target,
+    paths: PathMap,
+    mcp_policy: mcp::Policy,
+    keepalive: Duration,
+    max_line: usize,
+) -> Exit {
     let tasks = TaskTracker::new();
     let cancel = CancellationToken::new();
     let (stdin_tx, mut stdin_rx) = mpsc::channel::<Line>(64);
@@ -107,6 +119,7 @@ pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
     let (stdout_tx, stdout_rx) = mpsc::channel::<OutLine>(STDOUT_MAX);
     let stdout_task = tokio::spawn(write_stdout(stdout_rx));
     let (events_tx, mut events) = mpsc::channel::<SockEvent>(64);
+    let (mcp_tx, mut mcp_rx) = mpsc::channel::<String>(64);
     let mut r = Relay {
         target: Arc::new(target),
         keepalive,
@@ -115,6 +128,8 @@ pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
         window: Window::new(),
         conn_id: None,
         tracker: Tracker::new(),
+        paths,
+        mcp: LocalMcp::new(mcp_policy, mcp_tx, tasks.clone(), cancel.clone()),
         socket: None,
         sock_no: 0,
         events: events_tx,
@@ -153,6 +168,11 @@ pub async fn run(target: Target, keepalive: Duration, max_line: usize) -> Exit {
                 }
             },
             Some(ev) = events.recv(), if r.to_stdout.len() < STDOUT_MAX => r.on_socket(ev),
+            // Answers of the editor's MCP servers, for the daemon.
+            Some(answer) = mcp_rx.recv(), if r.window.buffered_bytes() < BUFFER_MAX => {
+                r.window.push(answer);
+                Ok(())
+            }
             permit = writer_permit(writer), if r.window.has_unwritten() && r.socket.is_some() => {
                 if let (Some(p), Some(f)) = (permit, r.window.next_frame()) {
                     p.send(WsOut::Text(f));
@@ -230,6 +250,8 @@ impl Relay {
                 .push_back(bad_line::parse_error(&line, &e).into());
             return;
         }
+        let line = self.paths.editor_to_daemon(&line).unwrap_or(line);
+        let line = self.mcp.editor_to_daemon(&line).unwrap_or(line);
         let Some(line) = self.tracker.note_editor(line) else {
             return;
         };
@@ -307,9 +329,21 @@ impl Relay {
     }
 
     fn deliver(&mut self, m: OutLine) -> Result<(), window::WindowError> {
+        if let mcp::FromDaemon::Handled(answer) = self.mcp.daemon_to_editor(m.as_str()) {
+            if let Some(a) = answer {
+                self.window.push(a);
+            }
+            return Ok(());
+        }
         match self.tracker.note_daemon(m.as_str()) {
-            FromDaemon::Forward(None) => self.to_stdout.push_back(m.one_line()),
-            FromDaemon::Forward(Some(rewritten)) => self.to_stdout.push_back(rewritten.into()),
+            FromDaemon::Forward(None) => match self.paths.daemon_to_editor(m.as_str()) {
+                None => self.to_stdout.push_back(m.one_line()),
+                Some(mapped) => self.to_stdout.push_back(mapped.into()),
+            },
+            FromDaemon::Forward(Some(rewritten)) => {
+                let mapped = self.paths.daemon_to_editor(&rewritten);
+                self.to_stdout.push_back(mapped.unwrap_or(rewritten).into());
+            }
             FromDaemon::NotJson => {
                 let e = format!("a message that is not JSON: {:.200}", m.as_str());
                 return Err(window::WindowError::Malformed(e));
@@ -551,30 +585,5 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Editor lines to the loop, bad ones included (the loop answers them); ends (dropping `tx`)
-/// at end of input. The daemon's own decoder: an overlong or non-UTF-8 line is one item, and
-/// the stream goes on after it.
-async fn read_stdin(tx: mpsc::Sender<Line>, max_line: usize, cancel: CancellationToken) {
-    let mut lines = FramedRead::new(tokio::io::stdin(), LineDecoder::new(max_line));
-    loop {
-        let line = tokio::select! {
-            _ = cancel.cancelled() => return,
-            l = lines.next() => l,
-        };
-        match line {
-            Some(Ok(l)) => {
-                if tx.send(l).await.is_err() {
-                    return;
-                }
-            }
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "stdin read failed");
-                return;
-            }
-            None => return,
-        }
     }
 }

@@ -116,6 +116,12 @@ pub fn scripted_agent_bin() -> &'static str {
     PATH.get_or_init(|| workspace_bin("acpd-scripted-agent"))
 }
 
+/// Path of the scripted stdio MCP server (`acpd-scripted-mcp`).
+pub fn scripted_mcp_bin() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| workspace_bin("acpd-scripted-mcp"))
+}
+
 /// Path of the acp-shim binary.
 pub fn shim_bin() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
