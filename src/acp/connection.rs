@@ -19,6 +19,7 @@ use super::rate::{RATE_LIMITED, RateLimit};
 use crate::agent::{AgentHandle, AgentKey};
 use crate::config::Config;
 use crate::error::AcpError;
+use crate::session::roles::{BusyPrompts, Role};
 use crate::session::{AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub};
 use acpd_wire::{
     Incoming, IncomingRequest, Link, Notification, PeerHandle, Responder, ResponseError,
@@ -60,6 +61,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
         peer,
         init: None,
         sessions: HashMap::new(),
+        roles: HashMap::new(),
         handlers: JoinSet::new(),
         flooded: false,
     };
@@ -134,6 +136,9 @@ struct Connection {
     /// The client's `initialize` params, once received.
     init: Option<Arc<Value>>,
     sessions: HashMap<String, Slot>,
+    /// The role this connection last attached to each session with (an implicit attach
+    /// keeps it; an observer does not become a controller by prompting).
+    roles: HashMap<String, Role>,
     handlers: JoinSet<Done>,
     /// Notifications came faster than the rate limit (they cannot be refused one by one):
     /// the loop ends and the connection is closed.
@@ -165,12 +170,19 @@ impl Connection {
             })
     }
 
-    fn client(&self, init: &Arc<Value>) -> Client {
+    fn client(&self, init: &Arc<Value>, role: Role) -> Client {
         Client {
             conn: self.ctx.conn_id.clone(),
             peer: self.peer.clone(),
             init: init.clone(),
+            role,
+            principal_name: Arc::from(self.ctx.principal_name.as_str()),
         }
+    }
+
+    /// The role this connection has in `sid` (a controller unless it attached otherwise).
+    fn role_in(&self, sid: &str) -> Role {
+        self.roles.get(sid).copied().unwrap_or(Role::Controller)
     }
 
     fn agent_key(&self) -> AgentKey {
@@ -224,7 +236,7 @@ impl Connection {
         let principal = self.ctx.principal.clone();
         match method.as_str() {
             "session/new" => {
-                let client = self.client(&init);
+                let client = self.client(&init, Role::Controller);
                 let profile = self.ctx.profile.clone();
                 self.handlers.spawn(async move {
                     match hub
@@ -265,6 +277,20 @@ impl Connection {
                         ))
                         .await;
                 };
+                // The editor's load/resume attaches a controller; `_acpd/session/attach` says.
+                let role = match params.get("role") {
+                    _ if method != "_acpd/session/attach" => Role::Controller,
+                    None | Some(Value::Null) => Role::Controller,
+                    Some(r) => match r.as_str().and_then(Role::parse) {
+                        Some(r) => r,
+                        None => {
+                            let e = AcpError::InvalidParams(
+                                "role must be \"controller\" or \"observer\"".into(),
+                            );
+                            return responder.respond(Err(e.into())).await;
+                        }
+                    },
+                };
                 let mode = match method.as_str() {
                     "session/load" => AttachMode::Load { params },
                     "session/resume" => AttachMode::Resume { params },
@@ -279,8 +305,9 @@ impl Connection {
                         }
                     },
                 };
+                self.roles.insert(sid.clone(), role);
                 let cmd = SessionCommand::Attach {
-                    client: self.client(&init),
+                    client: self.client(&init, role),
                     mode,
                     responder: Some(responder),
                 };
@@ -303,20 +330,28 @@ impl Connection {
                     });
                     return;
                 };
+                let conn = self.ctx.conn_id.clone();
                 let cmd = match method.as_str() {
                     "session/prompt" => SessionCommand::Prompt {
-                        conn: self.ctx.conn_id.clone(),
+                        conn,
                         params,
                         responder,
                     },
                     "session/fork" => SessionCommand::Fork {
-                        client: self.client(&init),
+                        client: self.client(&init, self.role_in(&sid)),
                         params,
                         responder,
                     },
-                    "session/close" => SessionCommand::Close { responder },
-                    "session/delete" => SessionCommand::Delete { responder },
+                    "session/close" => SessionCommand::Close {
+                        conn: Some(conn),
+                        responder,
+                    },
+                    "session/delete" => SessionCommand::Delete {
+                        conn: Some(conn),
+                        responder,
+                    },
                     _ => SessionCommand::Relay {
+                        conn,
                         method,
                         params,
                         responder,
@@ -344,10 +379,12 @@ impl Connection {
         }
         match session_id(&params) {
             Some(sid) => {
+                let conn = self.ctx.conn_id.clone();
                 let cmd = if n.method == "session/cancel" {
-                    SessionCommand::Cancel
+                    SessionCommand::Cancel { conn: Some(conn) }
                 } else {
                     SessionCommand::RelayNotification {
+                        conn,
                         method: n.method,
                         params,
                     }
@@ -395,7 +432,7 @@ impl Connection {
             SessionCommand::Attach { .. } | SessionCommand::Delete { .. }
         ) {
             queue.push_back(SessionCommand::Attach {
-                client: self.client(init),
+                client: self.client(init, self.role_in(&sid)),
                 mode: AttachMode::Implicit,
                 responder: None,
             });
@@ -442,7 +479,7 @@ impl Connection {
                 for cmd in queue {
                     match cmd {
                         // Deleting what does not exist succeeds (ACP session-delete).
-                        SessionCommand::Delete { responder } if not_found => {
+                        SessionCommand::Delete { responder, .. } if not_found => {
                             responder.respond(Ok(json!({}))).await
                         }
                         cmd => cmd.reject(e.clone()).await,
@@ -483,9 +520,13 @@ impl Connection {
         self.init = Some(init.clone());
         let agent = self.agent(init);
         let conn_id = self.ctx.conn_id.clone();
+        let busy = match self.ctx.config.sessions.busy_prompts {
+            BusyPrompts::Queue => "queue",
+            BusyPrompts::Refuse => "refuse",
+        };
         self.handlers.spawn(async move {
             let result = match agent.await {
-                Ok(agent) => Ok(initialize_result(&agent, &conn_id)),
+                Ok(agent) => Ok(initialize_result(&agent, &conn_id, busy)),
                 Err(e) => Err(e.into()),
             };
             responder.respond(result).await;
@@ -523,7 +564,7 @@ fn session_id(params: &Value) -> Option<String> {
 
 /// What acpd tells the client it can do: the agent's own capabilities, plus the session
 /// methods acpd answers from its journal for every agent.
-fn initialize_result(agent: &AgentHandle, conn_id: &str) -> Value {
+fn initialize_result(agent: &AgentHandle, conn_id: &str, busy_prompts: &str) -> Value {
     let theirs = agent
         .init
         .get("agentCapabilities")
@@ -571,7 +612,22 @@ fn initialize_result(agent: &AgentHandle, conn_id: &str) -> Value {
         "protocolVersion": PROTOCOL_VERSION,
         "agentCapabilities": caps,
         "authMethods": auth_methods,
-        "_meta": { "acpd": { "version": env!("CARGO_PKG_VERSION"), "connectionId": conn_id, "attach": true } },
+        "_meta": { "acpd": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "connectionId": conn_id,
+            "attach": true,
+            // Shared sessions (README "Shared sessions"): the names of RFD #533 and the ACP
+            // Remote drafts where they are clear, acpd's own otherwise.
+            "sharedSessions": {
+                "roles": ["controller", "observer"],
+                "historyPolicy": ["full", "afterSeq"],
+                "presence": true,
+                "permissionResolved": true,
+                "leasedControl": false,
+                "busyPrompts": busy_prompts,
+                "share": true,
+            },
+        } },
     });
     if let Some(info) = agent.init.get("agentInfo") {
         result["agentInfo"] = info.clone();

@@ -116,6 +116,8 @@ pub struct SessionSettings {
     /// `mcp_stdio` / `mcp_stdio_allow`, applied to what hosted agents are sent
     /// (`session::mcp`).
     pub mcp_policy: acpd_builtin::McpPolicy,
+    /// `busy_prompts`: a prompt while a turn runs is queued or refused.
+    pub busy_prompts: crate::session::roles::BusyPrompts,
 }
 
 #[derive(Debug, Clone)]
@@ -245,6 +247,13 @@ impl Config {
                 what: "mcp_stdio",
                 message,
             })?;
+        let busy_prompts =
+            crate::session::roles::BusyPrompts::parse(&s.busy_prompts).ok_or_else(|| {
+                ConfigError::Invalid {
+                    what: "busy_prompts",
+                    message: format!("{:?}: must be \"queue\" or \"refuse\"", s.busy_prompts),
+                }
+            })?;
         let mut builtin = s.builtin;
         // One policy for every agent: the built-in one reads it from its own table.
         for key in acpd_builtin::McpPolicy::KEYS {
@@ -291,6 +300,7 @@ impl Config {
                 journal_max_bytes: s.journal_max_bytes,
                 max_live_per_principal: s.max_sessions_per_principal,
                 mcp_policy: mcp_policy.clone(),
+                busy_prompts,
             },
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
             builtin,

@@ -109,7 +109,7 @@ impl HubTask {
                         self.live.values().map(|(_, h)| h.clone()).collect();
                     self.shared.tasks.spawn(async move {
                         for h in live {
-                            let _ = h.send(SessionCommand::Cancel).await;
+                            let _ = h.send(SessionCommand::Cancel { conn: None }).await;
                         }
                     });
                 }
@@ -224,7 +224,7 @@ impl HubTask {
         let pool = self.shared.pool.clone();
         self.shared.tasks.spawn(async move {
             for h in live {
-                let _ = h.send(SessionCommand::Cancel).await;
+                let _ = h.send(SessionCommand::Cancel { conn: None }).await;
             }
             if stop_agents {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
