@@ -20,7 +20,9 @@ use crate::agent::{AgentHandle, AgentKey};
 use crate::config::Config;
 use crate::error::AcpError;
 use crate::session::roles::{BusyPrompts, Role};
-use crate::session::{AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub};
+use crate::session::{
+    AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub, ShareRequest,
+};
 use acpd_wire::{
     Incoming, IncomingRequest, Link, Notification, PeerHandle, Responder, ResponseError,
 };
@@ -62,6 +64,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
         init: None,
         sessions: HashMap::new(),
         roles: HashMap::new(),
+        caps: HashMap::new(),
         handlers: JoinSet::new(),
         flooded: false,
     };
@@ -76,7 +79,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
             Some(done) = conn.handlers.join_next() => match done {
                 Ok(Done::Created(handle)) => {
                     let sid = handle.id.to_string();
-                    conn.opened(sid, Ok(handle)).await;
+                    conn.opened(sid, Ok((handle, None))).await;
                 }
                 Ok(Done::Opened { sid, result }) => conn.opened(sid, result).await,
                 Ok(Done::Nothing) | Err(_) => {}
@@ -125,7 +128,8 @@ enum Done {
     /// The hub opened (or could not open) a session this connection has commands for.
     Opened {
         sid: String,
-        result: Result<SessionHandle, AcpError>,
+        /// The handle, and the grant's role when the session is another principal's.
+        result: Result<(SessionHandle, Option<Role>), AcpError>,
     },
 }
 
@@ -139,6 +143,9 @@ struct Connection {
     /// The role this connection last attached to each session with (an implicit attach
     /// keeps it; an observer does not become a controller by prompting).
     roles: HashMap<String, Role>,
+    /// The most this connection's principal may be in a session it does not own (its
+    /// grant's role); absent for its own sessions.
+    caps: HashMap<String, Role>,
     handlers: JoinSet<Done>,
     /// Notifications came faster than the rate limit (they cannot be refused one by one):
     /// the loop ends and the connection is closed.
@@ -176,13 +183,19 @@ impl Connection {
             peer: self.peer.clone(),
             init: init.clone(),
             role,
+            principal: Arc::from(self.ctx.principal.as_str()),
             principal_name: Arc::from(self.ctx.principal_name.as_str()),
         }
     }
 
-    /// The role this connection has in `sid` (a controller unless it attached otherwise).
+    /// The role this connection has in `sid` (a controller unless it attached otherwise),
+    /// never above what its principal was granted there.
     fn role_in(&self, sid: &str) -> Role {
-        self.roles.get(sid).copied().unwrap_or(Role::Controller)
+        let role = self.roles.get(sid).copied().unwrap_or(Role::Controller);
+        match self.caps.get(sid) {
+            Some(cap) => role.capped(*cap),
+            None => role,
+        }
     }
 
     fn agent_key(&self) -> AgentKey {
@@ -269,6 +282,23 @@ impl Connection {
                     Done::Nothing
                 });
             }
+            "_acpd/session/share" => {
+                let req = match share_request(&params) {
+                    Ok(r) => r,
+                    Err(e) => return responder.respond(Err(e.into())).await,
+                };
+                self.handlers.spawn(async move {
+                    let (sid, with, role) = req;
+                    let req = ShareRequest {
+                        session_id: &sid,
+                        with: &with,
+                        role,
+                    };
+                    let result = hub.share(&principal, req).await.map_err(Into::into);
+                    responder.respond(result).await;
+                    Done::Nothing
+                });
+            }
             "session/load" | "session/resume" | "_acpd/session/attach" => {
                 let Some(sid) = session_id(&params) else {
                     return responder
@@ -307,7 +337,7 @@ impl Connection {
                 };
                 self.roles.insert(sid.clone(), role);
                 let cmd = SessionCommand::Attach {
-                    client: self.client(&init, role),
+                    client: self.client(&init, self.role_in(&sid)),
                     mode,
                     responder: Some(responder),
                 };
@@ -453,7 +483,14 @@ impl Connection {
         let principal = self.ctx.principal.clone();
         let profile = (!all).then(|| self.ctx.profile.clone());
         self.handlers.spawn(async move {
-            let result = hub.open(&sid, &principal, profile.as_deref()).await;
+            let result = match hub.open(&sid, &principal, profile.as_deref()).await {
+                // Not ours: maybe shared with us (`share.rs`).
+                Err(AcpError::SessionNotFound(_)) => hub
+                    .open_shared(&sid, &principal)
+                    .await
+                    .map(|(h, role)| (h, Some(role))),
+                r => r.map(|h| (h, None)),
+            };
             Done::Opened { sid, result }
         });
     }
@@ -461,7 +498,11 @@ impl Connection {
     /// The hub answered for a session being opened, or `session/new` made one: the commands
     /// queued for it go, in order. (The client may use a new session's id before the handler
     /// that made it is back: its commands then wait for whichever answer comes first.)
-    async fn opened(&mut self, sid: String, result: Result<SessionHandle, AcpError>) {
+    async fn opened(
+        &mut self,
+        sid: String,
+        result: Result<(SessionHandle, Option<Role>), AcpError>,
+    ) {
         let queue = match self.sessions.remove(&sid) {
             Some(Slot::Opening(queue)) => queue,
             Some(attached) => {
@@ -472,7 +513,13 @@ impl Connection {
             None => VecDeque::new(),
         };
         let handle = match result {
-            Ok(h) => h,
+            Ok((h, cap)) => {
+                match cap {
+                    Some(cap) => self.caps.insert(sid.clone(), cap),
+                    None => self.caps.remove(&sid),
+                };
+                h
+            }
             Err(e) => {
                 let not_found = matches!(e, AcpError::SessionNotFound(_));
                 let e: ResponseError = e.into();
@@ -488,6 +535,15 @@ impl Connection {
                 return;
             }
         };
+        // What was queued before the grant was known attaches within it.
+        let mut queue = queue;
+        if let Some(cap) = self.caps.get(&sid).copied() {
+            for cmd in queue.iter_mut() {
+                if let SessionCommand::Attach { client, .. } = cmd {
+                    client.role = client.role.capped(cap);
+                }
+            }
+        }
         let mut queue = queue.into_iter();
         for cmd in queue.by_ref() {
             if let Err(cmd) = handle.send(cmd).await {
@@ -553,6 +609,25 @@ async fn reject(cmd: SessionCommand, e: AcpError) {
 /// the connection's.
 fn all_profiles(params: &Value) -> bool {
     params.pointer("/_meta/acpd/allProfiles") == Some(&Value::Bool(true))
+}
+
+/// `_acpd/session/share {sessionId, with, role}` or `{sessionId, with, revoke: true}`.
+fn share_request(params: &Value) -> Result<(String, String, Option<Role>), AcpError> {
+    let bad = |m: &str| AcpError::InvalidParams(m.into());
+    let sid = session_id(params).ok_or_else(|| bad("sessionId is required"))?;
+    let with = params
+        .get("with")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("with (a principal name) is required"))?;
+    if params.get("revoke") == Some(&Value::Bool(true)) {
+        return Ok((sid, with.to_owned(), None));
+    }
+    let role = params
+        .get("role")
+        .and_then(Value::as_str)
+        .and_then(Role::parse)
+        .ok_or_else(|| bad("role must be \"controller\" or \"observer\" (or revoke: true)"))?;
+    Ok((sid, with.to_owned(), Some(role)))
 }
 
 fn session_id(params: &Value) -> Option<String> {

@@ -355,6 +355,7 @@ impl Session {
                 responder,
             } => self.attach(client, mode, responder),
             SessionCommand::Detach { conn } => self.detach(conn).await,
+            SessionCommand::Revoke { principal } => self.revoke(&principal).await,
             SessionCommand::Prompt {
                 conn,
                 params,

@@ -104,6 +104,15 @@ impl HubTask {
                     let _ = reply.send(admitted);
                 }
                 HubCommand::Release { principal } => self.release(&principal),
+                HubCommand::GrantRevoked { session, principal } => {
+                    if let Some((_, h)) = self.live.get(session.as_str()) {
+                        let h = h.clone();
+                        // Sent by a task: the hub never waits on a session.
+                        self.shared.tasks.spawn(async move {
+                            let _ = h.send(SessionCommand::Revoke { principal }).await;
+                        });
+                    }
+                }
                 HubCommand::CancelAll => {
                     let live: Vec<SessionHandle> =
                         self.live.values().map(|(_, h)| h.clone()).collect();

@@ -12,6 +12,8 @@ mod outbox;
 mod pending;
 mod retention;
 pub mod roles;
+mod share;
+pub use share::{ShareRequest, share_in_store};
 mod titles;
 
 use std::collections::HashMap;
@@ -41,6 +43,8 @@ pub struct Client {
     /// What it may do in the session (`roles.rs`); the connection has capped it already by
     /// what its principal was granted.
     pub role: roles::Role,
+    /// Its principal (id): a revoked grant cuts off that principal's clients.
+    pub principal: Arc<str>,
     /// The name of its principal, for presence.
     pub principal_name: Arc<str>,
 }
@@ -131,6 +135,10 @@ pub enum SessionCommand {
         conn: Option<ConnId>,
         responder: Responder,
     },
+    /// `principal`'s grant on the session was revoked: its clients are cut off.
+    Revoke {
+        principal: String,
+    },
 }
 
 impl SessionCommand {
@@ -166,7 +174,9 @@ impl SessionCommand {
             SessionCommand::Cancel { conn }
             | SessionCommand::Close { conn, .. }
             | SessionCommand::Delete { conn, .. } => conn.as_ref(),
-            SessionCommand::Attach { .. } | SessionCommand::Detach { .. } => None,
+            SessionCommand::Attach { .. }
+            | SessionCommand::Detach { .. }
+            | SessionCommand::Revoke { .. } => None,
         }
     }
 }
@@ -232,6 +242,11 @@ pub(crate) enum HubCommand {
     Revoked {
         principal: String,
         stop_agents: bool,
+    },
+    /// A grant on a session was revoked: its live actor cuts the grantee's clients off.
+    GrantRevoked {
+        session: String,
+        principal: String,
     },
     /// Whether a principal may start one more live session; yes reserves the place (given
     /// back by `Spawn` or `Release`).

@@ -3,8 +3,11 @@
 //! valid answer wins; a request whose client drops moves on; prompts from several controllers
 //! queue (or are refused); presence tells the others who comes and goes.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
+use crate::support::security_support::{self as sec, bearer};
 use crate::support::{Client, Daemon, DaemonOptions, agent_texts, kind, seq};
 
 /// Attaches `c` to `sid` with `role` after `after`; returns the answer.
@@ -275,4 +278,105 @@ async fn any_controller_cancels_and_a_busy_prompt_can_be_refused() {
     a.notify("session/cancel", json!({ "sessionId": sid })).await;
     let (_, r) = b.collect_updates_until_response(&b_id).await;
     assert_eq!(r.expect("b's prompt")["stopReason"], "cancelled");
+}
+
+/// A client of `secret`'s principal, initialized.
+async fn client_as(daemon: &Daemon, secret: &str) -> Client {
+    let (h, v) = bearer(secret);
+    sec::client(&daemon.ws_url(), &[(h, &v)], None).await
+}
+
+async fn share_cli(daemon: &Daemon, args: &[&str]) -> sec::Run {
+    let data = daemon.dir().join("data").display().to_string();
+    let store = daemon.store_url();
+    let mut all = vec!["share"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--data-dir", &data, "--store", &store]);
+    sec::acpd(&all).await
+}
+
+#[tokio::test]
+async fn sharing_and_revoking_across_two_principals() {
+    let daemon = Daemon::start_with(DaemonOptions::default().auth()).await;
+    let alice = sec::token_create(&daemon, "alice").await;
+    let bob = sec::token_create(&daemon, "bob").await;
+    let mut a = client_as(&daemon, &alice).await;
+    let sid = a.open_session(&daemon.work_dir()).await;
+    let attach_params = json!({ "sessionId": sid, "afterSeq": 0, "role": "controller" });
+
+    // Not shared: bob sees no such session.
+    let mut b = client_as(&daemon, &bob).await;
+    let e = b
+        .request("_acpd/session/attach", attach_params.clone())
+        .await
+        .expect_err("not shared");
+    assert_eq!(e.code, -32002, "{e:?}");
+    // Only the owner shares.
+    let e = b
+        .request(
+            "_acpd/session/share",
+            json!({ "sessionId": sid, "with": "bob", "role": "controller" }),
+        )
+        .await
+        .expect_err("bob does not own it");
+    assert_eq!(e.code, -32002, "{e:?}");
+
+    let r = a
+        .request(
+            "_acpd/session/share",
+            json!({ "sessionId": sid, "with": "bob", "role": "observer" }),
+        )
+        .await
+        .expect("share");
+    assert_eq!(r["role"], "observer");
+    // Bob asks to control; the grant makes him an observer.
+    let mut b = client_as(&daemon, &bob).await;
+    let r = attach(&mut b, &sid, "controller", 0).await;
+    assert_eq!(r["role"], "observer");
+    let p = next_of(&mut a, "_acpd/session/presence").await["params"].clone();
+    assert_eq!(p["client"]["principal"], "bob");
+    assert_eq!(p["client"]["role"], "observer");
+    let e = b
+        .request(
+            "session/prompt",
+            json!({ "sessionId": sid, "prompt": [{ "type": "text", "text": "echo no" }] }),
+        )
+        .await
+        .expect_err("an observer's prompt");
+    assert_eq!(e.code, -32010);
+    let (_, r) = a.prompt(&sid, "echo for bob").await;
+    r.expect("prompt");
+    assert_eq!(agent_texts(&b.updates_until_text("for bob").await), ["for bob"]);
+
+    // The administrator makes bob a controller; a new connection of his steers.
+    let run = share_cli(&daemon, &[&sid, "--with", "bob", "--role", "controller"]).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let mut b2 = client_as(&daemon, &bob).await;
+    assert_eq!(attach(&mut b2, &sid, "controller", 0).await["role"], "controller");
+    let (ups, r) = b2.prompt(&sid, "echo from bob").await;
+    r.expect("bob's prompt");
+    assert_eq!(agent_texts(&ups), ["from bob"]);
+
+    // Revoked in another process: both of bob's clients are cut off within a second.
+    let run = share_cli(&daemon, &[&sid, "--with", "bob", "--revoke"]).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    for x in [&mut b, &mut b2] {
+        tokio::time::timeout(Duration::from_secs(1), x.wait_closed())
+            .await
+            .expect("the revoked client is cut off within a second");
+    }
+    let mut b3 = client_as(&daemon, &bob).await;
+    let e = b3
+        .request("_acpd/session/attach", attach_params)
+        .await
+        .expect_err("revoked");
+    assert_eq!(e.code, -32002, "{e:?}");
+    // Alice goes on (she saw bob's turn).
+    let ups = a.updates_until_text("from bob").await;
+    assert_eq!(agent_texts(&ups), ["from bob"]);
+    let (ups, _) = a.prompt(&sid, "echo still mine").await;
+    assert_eq!(agent_texts(&ups), ["still mine"]);
+    let log = std::fs::read_to_string(daemon.log_path()).unwrap();
+    assert!(log.contains("session shared"), "audit line");
+    assert!(log.contains("grant revoked: client cut off"), "audit line");
 }

@@ -33,7 +33,9 @@ impl Session {
             SessionCommand::Fork { .. } => "session/fork",
             SessionCommand::Close { .. } => "session/close",
             SessionCommand::Delete { .. } => "session/delete",
-            SessionCommand::Attach { .. } | SessionCommand::Detach { .. } => return None,
+            SessionCommand::Attach { .. }
+            | SessionCommand::Detach { .. }
+            | SessionCommand::Revoke { .. } => return None,
         };
         tracing::info!(session = %self.id, conn = %conn, %method, "refused: the client is an observer");
         Some(AcpError::Observer(method.to_owned()))
@@ -93,6 +95,22 @@ impl Session {
         }
         if let Some(c) = gone {
             self.presence("detached", &c);
+        }
+    }
+
+    /// A grant was revoked: the grantee's clients are closed (their connections end) and
+    /// detached now, so nothing more reaches them and nothing of theirs is taken.
+    pub(super) async fn revoke(&mut self, principal: &str) {
+        let theirs: Vec<(ConnId, acpd_wire::PeerHandle)> = self
+            .outbox
+            .clients()
+            .filter(|c| &*c.principal == principal)
+            .map(|c| (c.conn.clone(), c.peer.clone()))
+            .collect();
+        for (conn, peer) in theirs {
+            tracing::warn!(target: "acpd::audit", session = %self.id, conn = %conn, %principal, "grant revoked: client cut off");
+            peer.close();
+            self.detach(conn).await;
         }
     }
 
