@@ -52,7 +52,9 @@ pub struct Client {
 impl Client {
     /// `initialize.clientInfo.name`, if it sent one.
     pub fn name(&self) -> Option<&str> {
-        self.init.pointer("/clientInfo/name").and_then(Value::as_str)
+        self.init
+            .pointer("/clientInfo/name")
+            .and_then(Value::as_str)
     }
 
     /// `initialize.clientCapabilities`.

@@ -28,7 +28,10 @@ impl SessionHub {
     ) -> Result<(SessionHandle, Role), AcpError> {
         let store = &self.shared.store;
         let not_found = || AcpError::SessionNotFound(id.to_owned());
-        let grant = store.live_grant(id, principal).await?.ok_or_else(not_found)?;
+        let grant = store
+            .live_grant(id, principal)
+            .await?
+            .ok_or_else(not_found)?;
         let role = Role::parse(&grant.role).ok_or_else(not_found)?;
         let row = store.session(id).await?.ok_or_else(not_found)?;
         // Any profile: the owner's agent runs the session whatever the grantee connected to.
@@ -88,7 +91,8 @@ pub async fn share_in_store(
                 .grant(&row.id, &grantee.id, role.as_str(), owner)
                 .await?;
             tracing::info!(target: "acpd::audit", session = %row.id, owner = %owner, grantee = %grantee.name, role = role.as_str(), "session shared");
-            let answer = json!({ "sessionId": row.id, "with": grantee.name, "role": role.as_str() });
+            let answer =
+                json!({ "sessionId": row.id, "with": grantee.name, "role": role.as_str() });
             Ok((answer, None))
         }
         None => {

@@ -102,11 +102,15 @@ async fn an_observer_sees_everything_and_steers_nothing() {
     // Its cancel does not end the controller's turn.
     let id = a.send_prompt(&sid, "sleep 300\necho finished").await;
     wait_prompt_seen(&mut o, "sleep 300\necho finished").await;
-    o.notify("session/cancel", json!({ "sessionId": sid })).await;
+    o.notify("session/cancel", json!({ "sessionId": sid }))
+        .await;
     let (ups, r) = a.collect_updates_until_response(&id).await;
     assert_eq!(r.expect("prompt")["stopReason"], "end_turn");
     assert_eq!(agent_texts(&ups), ["finished"]);
-    assert_eq!(agent_texts(&o.updates_until_text("finished").await), ["finished"]);
+    assert_eq!(
+        agent_texts(&o.updates_until_text("finished").await),
+        ["finished"]
+    );
 
     // A permission is never asked of it; it is told how it was decided.
     let (ups, r) = a.prompt(&sid, "permission").await;
@@ -275,7 +279,8 @@ async fn any_controller_cancels_and_a_busy_prompt_can_be_refused() {
         .await
         .expect_err("busy");
     assert_eq!(e.code, -32011, "{e:?}");
-    a.notify("session/cancel", json!({ "sessionId": sid })).await;
+    a.notify("session/cancel", json!({ "sessionId": sid }))
+        .await;
     let (_, r) = b.collect_updates_until_response(&b_id).await;
     assert_eq!(r.expect("b's prompt")["stopReason"], "cancelled");
 }
@@ -346,13 +351,19 @@ async fn sharing_and_revoking_across_two_principals() {
     assert_eq!(e.code, -32010);
     let (_, r) = a.prompt(&sid, "echo for bob").await;
     r.expect("prompt");
-    assert_eq!(agent_texts(&b.updates_until_text("for bob").await), ["for bob"]);
+    assert_eq!(
+        agent_texts(&b.updates_until_text("for bob").await),
+        ["for bob"]
+    );
 
     // The administrator makes bob a controller; a new connection of his steers.
     let run = share_cli(&daemon, &[&sid, "--with", "bob", "--role", "controller"]).await;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let mut b2 = client_as(&daemon, &bob).await;
-    assert_eq!(attach(&mut b2, &sid, "controller", 0).await["role"], "controller");
+    assert_eq!(
+        attach(&mut b2, &sid, "controller", 0).await["role"],
+        "controller"
+    );
     let (ups, r) = b2.prompt(&sid, "echo from bob").await;
     r.expect("bob's prompt");
     assert_eq!(agent_texts(&ups), ["from bob"]);

@@ -100,7 +100,10 @@ pub(super) async fn of_session(pool: &Pool, session_id: &str) -> Result<Vec<Gran
             .fetch_all(p)
             .await
             .map_err(db)?;
-        rows.iter().map(grant_row).collect::<Result<_, _>>().map_err(db)
+        rows.iter()
+            .map(grant_row)
+            .collect::<Result<_, _>>()
+            .map_err(db)
     })
 }
 
@@ -112,7 +115,10 @@ pub(super) async fn revoked_after(pool: &Pool, after_ms: i64) -> Result<Vec<Gran
             .fetch_all(p)
             .await
             .map_err(db)?;
-        rows.iter().map(grant_row).collect::<Result<_, _>>().map_err(db)
+        rows.iter()
+            .map(grant_row)
+            .collect::<Result<_, _>>()
+            .map_err(db)
     })
 }
 

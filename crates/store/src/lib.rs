@@ -459,7 +459,11 @@ impl Store {
     }
 
     /// `false` when that principal had no live grant on the session.
-    pub async fn revoke_grant(&self, session_id: &str, principal_id: &str) -> Result<bool, StoreError> {
+    pub async fn revoke_grant(
+        &self,
+        session_id: &str,
+        principal_id: &str,
+    ) -> Result<bool, StoreError> {
         grants::revoke(&self.inner.pool, session_id, principal_id).await
     }
 

@@ -186,9 +186,7 @@ impl Session {
         let permission = self.pending.is_permission(id);
         let answer = match &result {
             Err(PeerError::Disconnected) => Answer::Gone,
-            Ok(v) if !permission || v.get("outcome").is_some_and(Value::is_object) => {
-                Answer::Valid
-            }
+            Ok(v) if !permission || v.get("outcome").is_some_and(Value::is_object) => Answer::Valid,
             _ => Answer::Invalid,
         };
         let tool_call = self
