@@ -17,18 +17,14 @@ use tracing::Instrument;
 
 use super::rate::{RATE_LIMITED, RateLimit};
 use crate::agent::{AgentHandle, AgentKey};
+use crate::config::BusyPrompts;
 use crate::config::Config;
 use crate::error::AcpError;
-use crate::session::roles::{BusyPrompts, Role};
-use crate::session::{
-    AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub, ShareRequest,
-};
+use crate::session::roles::Role;
+use crate::session::{AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub};
 use acpd_wire::{
     Incoming, IncomingRequest, Link, Notification, PeerHandle, Responder, ResponseError,
 };
-
-/// The protocol version acpd speaks.
-const PROTOCOL_VERSION: u64 = 1;
 
 /// Who is on the other end and what they may reach.
 #[derive(Clone)]
@@ -270,7 +266,8 @@ impl Connection {
                     .get("cursor")
                     .and_then(Value::as_str)
                     .map(str::to_owned);
-                let profile = (!all_profiles(&params)).then(|| self.ctx.profile.clone());
+                let profile =
+                    (!super::params::all_profiles(&params)).then(|| self.ctx.profile.clone());
                 let (agent, name) = (self.agent(init), self.ctx.profile.clone());
                 self.handlers.spawn(async move {
                     // The agent's own list may have titles acpd's journal lacks.
@@ -283,43 +280,26 @@ impl Connection {
                 });
             }
             "_acpd/session/share" => {
-                let req = match share_request(&params) {
-                    Ok(r) => r,
-                    Err(e) => return responder.respond(Err(e.into())).await,
-                };
                 self.handlers.spawn(async move {
-                    let (sid, with, role) = req;
-                    let req = ShareRequest {
-                        session_id: &sid,
-                        with: &with,
-                        role,
-                    };
-                    let result = hub.share(&principal, req).await.map_err(Into::into);
-                    responder.respond(result).await;
+                    super::share::answer(&hub, &principal, &params, responder).await;
                     Done::Nothing
                 });
             }
             "session/load" | "session/resume" | "_acpd/session/attach" => {
-                let Some(sid) = session_id(&params) else {
+                let Some(sid) = super::params::session_id(&params) else {
                     return responder
                         .respond(Err(
                             AcpError::InvalidParams("sessionId is required".into()).into()
                         ))
                         .await;
                 };
-                // The editor's load/resume attaches a controller; `_acpd/session/attach` says.
-                let role = match params.get("role") {
-                    _ if method != "_acpd/session/attach" => Role::Controller,
-                    None | Some(Value::Null) => Role::Controller,
-                    Some(r) => match r.as_str().and_then(Role::parse) {
-                        Some(r) => r,
-                        None => {
-                            let e = AcpError::InvalidParams(
-                                "role must be \"controller\" or \"observer\"".into(),
-                            );
-                            return responder.respond(Err(e.into())).await;
-                        }
-                    },
+                let role = match super::params::attach_role(&method, &params) {
+                    Ok(r) => r,
+                    Err(why) => {
+                        return responder
+                            .respond(Err(AcpError::InvalidParams(why).into()))
+                            .await;
+                    }
                 };
                 let mode = match method.as_str() {
                     "session/load" => AttachMode::Load { params },
@@ -344,7 +324,7 @@ impl Connection {
                 self.send_session(sid, cmd, &init).await;
             }
             _ => {
-                let Some(sid) = session_id(&params) else {
+                let Some(sid) = super::params::session_id(&params) else {
                     // Not about a session: the agent's business (authenticate, logout, extensions).
                     let agent = self.agent(init);
                     self.handlers.spawn(async move {
@@ -407,7 +387,7 @@ impl Connection {
             tracing::debug!(method = %n.method, %why, "notification with bad params ignored");
             return;
         }
-        match session_id(&params) {
+        match super::params::session_id(&params) {
             Some(sid) => {
                 let conn = self.ctx.conn_id.clone();
                 let cmd = if n.method == "session/cancel" {
@@ -475,7 +455,7 @@ impl Connection {
                 Some(SessionCommand::Attach {
                     mode: AttachMode::Load { params } | AttachMode::Resume { params },
                     ..
-                }) => all_profiles(params),
+                }) => super::params::all_profiles(params),
                 _ => false,
             };
         self.sessions.insert(sid.clone(), Slot::Opening(queue));
@@ -582,7 +562,7 @@ impl Connection {
         };
         self.handlers.spawn(async move {
             let result = match agent.await {
-                Ok(agent) => Ok(initialize_result(&agent, &conn_id, busy)),
+                Ok(agent) => Ok(super::initialize::result(&agent, &conn_id, busy)),
                 Err(e) => Err(e.into()),
             };
             responder.respond(result).await;
@@ -603,109 +583,4 @@ impl Connection {
 /// Answers a command that never reached its session.
 async fn reject(cmd: SessionCommand, e: AcpError) {
     cmd.reject(e.into()).await
-}
-
-/// The acpd extension `_meta.acpd.allProfiles: true`: sessions of every profile, not only of
-/// the connection's.
-fn all_profiles(params: &Value) -> bool {
-    params.pointer("/_meta/acpd/allProfiles") == Some(&Value::Bool(true))
-}
-
-/// `_acpd/session/share {sessionId, with, role}` or `{sessionId, with, revoke: true}`.
-fn share_request(params: &Value) -> Result<(String, String, Option<Role>), AcpError> {
-    let bad = |m: &str| AcpError::InvalidParams(m.into());
-    let sid = session_id(params).ok_or_else(|| bad("sessionId is required"))?;
-    let with = params
-        .get("with")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("with (a principal name) is required"))?;
-    if params.get("revoke") == Some(&Value::Bool(true)) {
-        return Ok((sid, with.to_owned(), None));
-    }
-    let role = params
-        .get("role")
-        .and_then(Value::as_str)
-        .and_then(Role::parse)
-        .ok_or_else(|| bad("role must be \"controller\" or \"observer\" (or revoke: true)"))?;
-    Ok((sid, with.to_owned(), Some(role)))
-}
-
-fn session_id(params: &Value) -> Option<String> {
-    params
-        .get("sessionId")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-}
-
-/// What acpd tells the client it can do: the agent's own capabilities, plus the session
-/// methods acpd answers from its journal for every agent.
-fn initialize_result(agent: &AgentHandle, conn_id: &str, busy_prompts: &str) -> Value {
-    let theirs = agent
-        .init
-        .get("agentCapabilities")
-        .cloned()
-        .unwrap_or_else(|| json!({}));
-    let mut caps = match theirs.clone() {
-        Value::Object(m) => Value::Object(m),
-        _ => json!({}),
-    };
-    caps["loadSession"] = json!(true);
-    let mut session_caps = json!({ "list": {}, "resume": {}, "close": {}, "delete": {} });
-    for key in ["additionalDirectories", "systemPrompt"] {
-        if let Some(v) = theirs
-            .pointer(&format!("/sessionCapabilities/{key}"))
-            .filter(|v| !v.is_null())
-        {
-            session_caps[key] = v.clone();
-        }
-    }
-    // Forks are acpd sessions of their own (`actor/fork.rs`); only where the agent forks.
-    if crate::session::agent_forks(agent) {
-        session_caps["fork"] = json!({});
-    }
-    caps["sessionCapabilities"] = session_caps;
-    let auth_methods: Vec<Value> = agent
-        .init
-        .get("authMethods")
-        .and_then(Value::as_array)
-        .map(|methods| {
-            methods
-                .iter()
-                // A remote editor cannot run the agent's binary for a terminal login.
-                .filter(|m| m.get("type").and_then(Value::as_str) != Some("terminal"))
-                .map(|m| {
-                    let mut m = m.clone();
-                    if let Some(meta) = m.get_mut("_meta").and_then(Value::as_object_mut) {
-                        meta.remove("terminal-auth");
-                    }
-                    m
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut result = json!({
-        "protocolVersion": PROTOCOL_VERSION,
-        "agentCapabilities": caps,
-        "authMethods": auth_methods,
-        "_meta": { "acpd": {
-            "version": env!("CARGO_PKG_VERSION"),
-            "connectionId": conn_id,
-            "attach": true,
-            // Shared sessions (README "Shared sessions"): the names of RFD #533 and the ACP
-            // Remote drafts where they are clear, acpd's own otherwise.
-            "sharedSessions": {
-                "roles": ["controller", "observer"],
-                "historyPolicy": ["full", "afterSeq"],
-                "presence": true,
-                "permissionResolved": true,
-                "leasedControl": false,
-                "busyPrompts": busy_prompts,
-                "share": true,
-            },
-        } },
-    });
-    if let Some(info) = agent.init.get("agentInfo") {
-        result["agentInfo"] = info.clone();
-    }
-    result
 }

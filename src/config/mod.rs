@@ -88,6 +88,25 @@ pub struct Limits {
     pub max_pending_connections: usize,
 }
 
+/// `busy_prompts`: what a prompt that comes while a turn runs gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusyPrompts {
+    /// It waits and runs when the turns before it have ended (the default).
+    Queue,
+    /// It is answered an error at once.
+    Refuse,
+}
+
+impl BusyPrompts {
+    pub fn parse(s: &str) -> Option<BusyPrompts> {
+        match s {
+            "queue" => Some(BusyPrompts::Queue),
+            "refuse" => Some(BusyPrompts::Refuse),
+            _ => None,
+        }
+    }
+}
+
 /// Session behaviour knobs.
 #[derive(Debug, Clone)]
 pub struct SessionSettings {
@@ -117,7 +136,7 @@ pub struct SessionSettings {
     /// (`session::mcp`).
     pub mcp_policy: acpd_builtin::McpPolicy,
     /// `busy_prompts`: a prompt while a turn runs is queued or refused.
-    pub busy_prompts: crate::session::roles::BusyPrompts,
+    pub busy_prompts: BusyPrompts,
 }
 
 #[derive(Debug, Clone)]
@@ -248,11 +267,9 @@ impl Config {
                 message,
             })?;
         let busy_prompts =
-            crate::session::roles::BusyPrompts::parse(&s.busy_prompts).ok_or_else(|| {
-                ConfigError::Invalid {
-                    what: "busy_prompts",
-                    message: format!("{:?}: must be \"queue\" or \"refuse\"", s.busy_prompts),
-                }
+            BusyPrompts::parse(&s.busy_prompts).ok_or_else(|| ConfigError::Invalid {
+                what: "busy_prompts",
+                message: format!("{:?}: must be \"queue\" or \"refuse\"", s.busy_prompts),
             })?;
         let mut builtin = s.builtin;
         // One policy for every agent: the built-in one reads it from its own table.

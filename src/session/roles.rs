@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use super::ConnId;
+pub use crate::config::BusyPrompts;
 
 /// What an attached client may do (RFD #533's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -40,25 +41,6 @@ impl Role {
     /// set_mode, set_config_option, close, delete, fork, extension requests).
     pub fn may_steer(self) -> bool {
         self == Role::Controller
-    }
-}
-
-/// `busy_prompts`: what a prompt that comes while a turn runs gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BusyPrompts {
-    /// It waits and runs when the turns before it have ended (the default).
-    Queue,
-    /// It is answered an error at once.
-    Refuse,
-}
-
-impl BusyPrompts {
-    pub fn parse(s: &str) -> Option<BusyPrompts> {
-        match s {
-            "queue" => Some(BusyPrompts::Queue),
-            "refuse" => Some(BusyPrompts::Refuse),
-            _ => None,
-        }
     }
 }
 
