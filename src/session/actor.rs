@@ -72,6 +72,7 @@ pub(super) fn spawn(
             ),
             held: Vec::new(),
             queued: VecDeque::new(),
+            cut_off: std::collections::HashSet::new(),
         },
         pending: PendingRequests::default(),
         deferred: VecDeque::new(),
@@ -161,6 +162,9 @@ struct Turn {
     held: Vec<cancel::HeldPrompt>,
     /// Prompts of (other) controllers waiting for the running turn to end (`busy_prompts`).
     queued: VecDeque<cancel::HeldPrompt>,
+    /// Connections cut off by a revoked grant: what they still send (before their connection
+    /// has ended) is refused.
+    cut_off: std::collections::HashSet<ConnId>,
 }
 
 /// Journal retention passes (`retention.rs`).

@@ -20,7 +20,15 @@ impl Session {
     /// The command is one only a controller may send, and its client is attached as an
     /// observer: the error to answer (a notification is dropped, logged).
     pub(super) fn forbidden(&self, cmd: &SessionCommand) -> Option<AcpError> {
+        if let SessionCommand::Attach { client, .. } = cmd
+            && self.turn.cut_off.contains(&client.conn)
+        {
+            return Some(AcpError::SessionNotFound(self.id.to_string()));
+        }
         let conn = cmd.steered_by()?;
+        if self.turn.cut_off.contains(conn) {
+            return Some(AcpError::SessionNotFound(self.id.to_string()));
+        }
         let client = self.outbox.client(conn)?;
         if client.role.may_steer() {
             return None;
@@ -108,6 +116,7 @@ impl Session {
             .map(|c| (c.conn.clone(), c.peer.clone()))
             .collect();
         for (conn, peer) in theirs {
+            self.turn.cut_off.insert(conn.clone());
             tracing::warn!(target: "acpd::audit", session = %self.id, conn = %conn, %principal, "grant revoked: client cut off");
             peer.close();
             self.detach(conn).await;
