@@ -391,3 +391,39 @@ async fn sharing_and_revoking_across_two_principals() {
     assert!(log.contains("session shared"), "audit line");
     assert!(log.contains("grant revoked: client cut off"), "audit line");
 }
+
+#[tokio::test]
+async fn fs_goes_to_a_controller_that_declared_it_when_the_prompter_did_not() {
+    let daemon = Daemon::start().await;
+    let input = daemon.work_dir().join("notes.txt");
+    std::fs::write(&input, "from the laptop").unwrap();
+    let mut laptop = daemon.client().await;
+    let sid = laptop.open_session(&daemon.work_dir()).await;
+    // A phone: no filesystem, no terminal.
+    let mut phone = daemon.connect().await;
+    let init = json!({
+        "protocolVersion": 1,
+        "clientCapabilities": {},
+        "clientInfo": { "name": "phone", "version": "0" },
+    });
+    phone.request("initialize", init).await.expect("initialize");
+    join(&mut phone, &sid, "controller").await;
+
+    let p = next_of(&mut laptop, "_acpd/session/presence").await["params"].clone();
+    assert_eq!(p["client"]["name"], "phone");
+    // The laptop answers the read while the phone waits for its turn.
+    let script = format!("read {}", input.display());
+    let ((ups, r), _) = tokio::join!(
+        phone.prompt(&sid, &script),
+        laptop.updates_until_text("read: from the laptop")
+    );
+    assert_eq!(r.expect("the phone's prompt")["stopReason"], "end_turn");
+    assert_eq!(agent_texts(&ups), ["read: from the laptop"]);
+    assert!(
+        phone.received_requests.is_empty(),
+        "{:?}",
+        phone.received_requests
+    );
+    assert_eq!(laptop.received_requests.len(), 1);
+    assert_eq!(laptop.received_requests[0]["method"], "fs/read_text_file");
+}
