@@ -211,7 +211,12 @@ async fn a_controller_that_drops_mid_request_hands_it_to_another() {
 #[tokio::test]
 async fn presence_tells_the_others_who_comes_and_goes() {
     let daemon = Daemon::start().await;
-    let mut a = daemon.client().await;
+    let mut a = daemon.connect().await;
+    let init = a.initialize().await;
+    let shared = &init["_meta"]["acpd"]["sharedSessions"];
+    assert_eq!(shared["roles"], json!(["controller", "observer"]), "{init}");
+    assert_eq!(shared["presence"], true);
+    assert_eq!(shared["busyPrompts"], "queue");
     let sid = a.open_session(&daemon.work_dir()).await;
     let mut o = daemon.client().await;
     let r = join(&mut o, &sid, "observer").await;
