@@ -56,6 +56,23 @@ enum Command {
         #[command(subcommand)]
         action: TokenAction,
     },
+    /// Share a session with another principal (or revoke that); audited. A revoked grantee
+    /// is cut off the live session within a second.
+    Share {
+        /// The session id.
+        session: String,
+        /// The principal (token name) to share with.
+        #[arg(long)]
+        with: String,
+        /// What the grantee may do.
+        #[arg(long, value_parser = ["observer", "controller"], required_unless_present = "revoke")]
+        role: Option<String>,
+        /// Revoke the grant instead.
+        #[arg(long, conflicts_with = "role")]
+        revoke: bool,
+        #[command(flatten)]
+        args: Args,
+    },
     /// Write a self-signed TLS certificate and key; print its SHA-256 fingerprint.
     Cert(server::cert::CertArgs),
     /// Hosted agents on this host.
@@ -258,6 +275,13 @@ async fn run(command: Command) -> ExitCode {
             Err(code) => code,
         },
         Command::Token { action } => token(action).await,
+        Command::Share {
+            session,
+            with,
+            role,
+            revoke: _,
+            args,
+        } => share(&args, &session, &with, role.as_deref()).await,
         Command::Cert(args) => server::cert::run(args),
         Command::Agent {
             action: AgentAction::Login { name, args },
@@ -378,6 +402,36 @@ async fn token(action: TokenAction) -> ExitCode {
             Ok(false) => fail(format!("no token {id}")),
             Err(e) => fail(e.to_string()),
         },
+    };
+    store.close().await;
+    code
+}
+
+/// `acpd share SESSION --with NAME --role R` / `acpd share SESSION --with NAME --revoke`:
+/// the store is written here; daemons notice a revocation in their grant poll.
+async fn share(args: &Args, session: &str, with: &str, role: Option<&str>) -> ExitCode {
+    let config = match config_of(args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Err(e) = ensure_data_dir(&config) {
+        return fail(e);
+    }
+    let store = match Store::open(&config.store_url, StoreOptions::default()).await {
+        Ok(s) => s,
+        Err(e) => return fail(e.to_string()),
+    };
+    let req = crate::session::ShareRequest {
+        session_id: session,
+        with,
+        role: role.and_then(crate::session::roles::Role::parse),
+    };
+    let code = match crate::session::share_in_store(&store, None, req).await {
+        Ok((answer, _)) => {
+            println!("{answer}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e.to_string()),
     };
     store.close().await;
     code

@@ -14,6 +14,11 @@ const STDERR_TARGET: &str = "acpd::agent_stderr";
 use acpd_store::StoreError;
 use acpd_wire::{PeerError, ResponseError, code};
 
+/// A client's role does not allow the command (shared sessions: an observer steering).
+pub const FORBIDDEN: i64 = -32010;
+/// A prompt while a turn runs, refused (`busy_prompts = "refuse"`).
+pub const BUSY: i64 = -32011;
+
 #[derive(Debug, thiserror::Error)]
 pub enum AcpError {
     #[error("initialize must come first")]
@@ -35,6 +40,12 @@ pub enum AcpError {
     SessionGone,
     #[error("too many live sessions for this user")]
     TooManySessions,
+    /// A command only a controller may send, from a client attached as an observer.
+    #[error("{0} is not allowed for an observer of this session")]
+    Observer(String),
+    /// A prompt while a turn runs, under `busy_prompts = "refuse"`.
+    #[error("a turn is running in this session")]
+    Busy,
     #[error("{0}")]
     Internal(String),
 }
@@ -103,6 +114,19 @@ impl From<AcpError> for ResponseError {
             AcpError::SessionGone => ResponseError::internal("the session is closing; try again"),
             AcpError::TooManySessions => ResponseError::internal(
                 "too many live sessions for this user; close some (session/close) and retry",
+            ),
+            AcpError::Observer(method) => ResponseError::new(
+                FORBIDDEN,
+                format!(
+                    "{method} is not allowed: this client is attached to the session as an \
+                     observer (read-only); attach as a controller to steer it"
+                ),
+            )
+            .with_data(json!({ "acpd": { "role": "observer" } })),
+            AcpError::Busy => ResponseError::new(
+                BUSY,
+                "a turn is running in this session (busy_prompts = \"refuse\"); send the prompt \
+                 when it has ended, or session/cancel it",
             ),
             AcpError::Internal(m) => {
                 tracing::error!(error = %m, "internal error");

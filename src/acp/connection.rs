@@ -17,15 +17,14 @@ use tracing::Instrument;
 
 use super::rate::{RATE_LIMITED, RateLimit};
 use crate::agent::{AgentHandle, AgentKey};
+use crate::config::BusyPrompts;
 use crate::config::Config;
 use crate::error::AcpError;
+use crate::session::roles::Role;
 use crate::session::{AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub};
 use acpd_wire::{
     Incoming, IncomingRequest, Link, Notification, PeerHandle, Responder, ResponseError,
 };
-
-/// The protocol version acpd speaks.
-const PROTOCOL_VERSION: u64 = 1;
 
 /// Who is on the other end and what they may reach.
 #[derive(Clone)]
@@ -63,6 +62,8 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
         peer,
         init: None,
         sessions: HashMap::new(),
+        roles: HashMap::new(),
+        caps: HashMap::new(),
         handlers: JoinSet::new(),
         flooded: false,
     };
@@ -77,7 +78,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
             Some(done) = conn.handlers.join_next() => match done {
                 Ok(Done::Created(handle)) => {
                     let sid = handle.id.to_string();
-                    conn.opened(sid, Ok(handle)).await;
+                    conn.opened(sid, Ok((handle, None))).await;
                 }
                 Ok(Done::Opened { sid, result }) => conn.opened(sid, result).await,
                 Ok(Done::Nothing) | Err(_) => {}
@@ -129,7 +130,8 @@ enum Done {
     /// The hub opened (or could not open) a session this connection has commands for.
     Opened {
         sid: String,
-        result: Result<SessionHandle, AcpError>,
+        /// The handle, and the grant's role when the session is another principal's.
+        result: Result<(SessionHandle, Option<Role>), AcpError>,
     },
 }
 
@@ -140,6 +142,12 @@ struct Connection {
     /// The client's `initialize` params, once received.
     init: Option<Arc<Value>>,
     sessions: HashMap<String, Slot>,
+    /// The role this connection last attached to each session with (an implicit attach
+    /// keeps it; an observer does not become a controller by prompting).
+    roles: HashMap<String, Role>,
+    /// The most this connection's principal may be in a session it does not own (its
+    /// grant's role); absent for its own sessions.
+    caps: HashMap<String, Role>,
     handlers: JoinSet<Done>,
     /// Notifications came faster than the rate limit (they cannot be refused one by one):
     /// the loop ends and the connection is closed.
@@ -171,11 +179,24 @@ impl Connection {
             })
     }
 
-    fn client(&self, init: &Arc<Value>) -> Client {
+    fn client(&self, init: &Arc<Value>, role: Role) -> Client {
         Client {
             conn: self.ctx.conn_id.clone(),
             peer: self.peer.clone(),
             init: init.clone(),
+            role,
+            principal: Arc::from(self.ctx.principal.as_str()),
+            principal_name: Arc::from(self.ctx.principal_name.as_str()),
+        }
+    }
+
+    /// The role this connection has in `sid` (a controller unless it attached otherwise),
+    /// never above what its principal was granted there.
+    fn role_in(&self, sid: &str) -> Role {
+        let role = self.roles.get(sid).copied().unwrap_or(Role::Controller);
+        match self.caps.get(sid) {
+            Some(cap) => role.capped(*cap),
+            None => role,
         }
     }
 
@@ -237,7 +258,7 @@ impl Connection {
         let principal = self.ctx.principal.clone();
         match method.as_str() {
             "session/new" => {
-                let client = self.client(&init);
+                let client = self.client(&init, Role::Controller);
                 let profile = self.ctx.profile.clone();
                 let mcp = self.ctx.mcp.clone();
                 self.handlers.spawn(async move {
@@ -262,7 +283,8 @@ impl Connection {
                     .get("cursor")
                     .and_then(Value::as_str)
                     .map(str::to_owned);
-                let profile = (!all_profiles(&params)).then(|| self.ctx.profile.clone());
+                let profile =
+                    (!super::params::all_profiles(&params)).then(|| self.ctx.profile.clone());
                 let (agent, name) = (self.agent(init), self.ctx.profile.clone());
                 self.handlers.spawn(async move {
                     // The agent's own list may have titles acpd's journal lacks.
@@ -274,13 +296,27 @@ impl Connection {
                     Done::Nothing
                 });
             }
+            "_acpd/session/share" => {
+                self.handlers.spawn(async move {
+                    super::share::answer(&hub, &principal, &params, responder).await;
+                    Done::Nothing
+                });
+            }
             "session/load" | "session/resume" | "_acpd/session/attach" => {
-                let Some(sid) = session_id(&params) else {
+                let Some(sid) = super::params::session_id(&params) else {
                     return responder
                         .respond(Err(
                             AcpError::InvalidParams("sessionId is required".into()).into()
                         ))
                         .await;
+                };
+                let role = match super::params::attach_role(&method, &params) {
+                    Ok(r) => r,
+                    Err(why) => {
+                        return responder
+                            .respond(Err(AcpError::InvalidParams(why).into()))
+                            .await;
+                    }
                 };
                 let mode = match method.as_str() {
                     "session/load" => AttachMode::Load { params },
@@ -296,15 +332,16 @@ impl Connection {
                         }
                     },
                 };
+                self.roles.insert(sid.clone(), role);
                 let cmd = SessionCommand::Attach {
-                    client: self.client(&init),
+                    client: self.client(&init, self.role_in(&sid)),
                     mode,
                     responder: Some(responder),
                 };
                 self.send_session(sid, cmd, &init).await;
             }
             _ => {
-                let Some(sid) = session_id(&params) else {
+                let Some(sid) = super::params::session_id(&params) else {
                     // Not about a session: the agent's business (authenticate, logout, extensions).
                     let agent = self.agent(init);
                     self.handlers.spawn(async move {
@@ -320,20 +357,28 @@ impl Connection {
                     });
                     return;
                 };
+                let conn = self.ctx.conn_id.clone();
                 let cmd = match method.as_str() {
                     "session/prompt" => SessionCommand::Prompt {
-                        conn: self.ctx.conn_id.clone(),
+                        conn,
                         params,
                         responder,
                     },
                     "session/fork" => SessionCommand::Fork {
-                        client: self.client(&init),
+                        client: self.client(&init, self.role_in(&sid)),
                         params,
                         responder,
                     },
-                    "session/close" => SessionCommand::Close { responder },
-                    "session/delete" => SessionCommand::Delete { responder },
+                    "session/close" => SessionCommand::Close {
+                        conn: Some(conn),
+                        responder,
+                    },
+                    "session/delete" => SessionCommand::Delete {
+                        conn: Some(conn),
+                        responder,
+                    },
                     _ => SessionCommand::Relay {
+                        conn,
                         method,
                         params,
                         responder,
@@ -359,12 +404,14 @@ impl Connection {
             tracing::debug!(method = %n.method, %why, "notification with bad params ignored");
             return;
         }
-        match session_id(&params) {
+        match super::params::session_id(&params) {
             Some(sid) => {
+                let conn = self.ctx.conn_id.clone();
                 let cmd = if n.method == "session/cancel" {
-                    SessionCommand::Cancel
+                    SessionCommand::Cancel { conn: Some(conn) }
                 } else {
                     SessionCommand::RelayNotification {
+                        conn,
                         method: n.method,
                         params,
                     }
@@ -412,7 +459,7 @@ impl Connection {
             SessionCommand::Attach { .. } | SessionCommand::Delete { .. }
         ) {
             queue.push_back(SessionCommand::Attach {
-                client: self.client(init),
+                client: self.client(init, self.role_in(&sid)),
                 mode: AttachMode::Implicit,
                 responder: None,
             });
@@ -425,7 +472,7 @@ impl Connection {
                 Some(SessionCommand::Attach {
                     mode: AttachMode::Load { params } | AttachMode::Resume { params },
                     ..
-                }) => all_profiles(params),
+                }) => super::params::all_profiles(params),
                 _ => false,
             };
         self.sessions.insert(sid.clone(), Slot::Opening(queue));
@@ -433,7 +480,14 @@ impl Connection {
         let principal = self.ctx.principal.clone();
         let profile = (!all).then(|| self.ctx.profile.clone());
         self.handlers.spawn(async move {
-            let result = hub.open(&sid, &principal, profile.as_deref()).await;
+            let result = match hub.open(&sid, &principal, profile.as_deref()).await {
+                // Not ours: maybe shared with us (`share.rs`).
+                Err(AcpError::SessionNotFound(_)) => hub
+                    .open_shared(&sid, &principal)
+                    .await
+                    .map(|(h, role)| (h, Some(role))),
+                r => r.map(|h| (h, None)),
+            };
             Done::Opened { sid, result }
         });
     }
@@ -441,7 +495,11 @@ impl Connection {
     /// The hub answered for a session being opened, or `session/new` made one: the commands
     /// queued for it go, in order. (The client may use a new session's id before the handler
     /// that made it is back: its commands then wait for whichever answer comes first.)
-    async fn opened(&mut self, sid: String, result: Result<SessionHandle, AcpError>) {
+    async fn opened(
+        &mut self,
+        sid: String,
+        result: Result<(SessionHandle, Option<Role>), AcpError>,
+    ) {
         let queue = match self.sessions.remove(&sid) {
             Some(Slot::Opening(queue)) => queue,
             Some(attached) => {
@@ -452,14 +510,20 @@ impl Connection {
             None => VecDeque::new(),
         };
         let handle = match result {
-            Ok(h) => h,
+            Ok((h, cap)) => {
+                match cap {
+                    Some(cap) => self.caps.insert(sid.clone(), cap),
+                    None => self.caps.remove(&sid),
+                };
+                h
+            }
             Err(e) => {
                 let not_found = matches!(e, AcpError::SessionNotFound(_));
                 let e: ResponseError = e.into();
                 for cmd in queue {
                     match cmd {
                         // Deleting what does not exist succeeds (ACP session-delete).
-                        SessionCommand::Delete { responder } if not_found => {
+                        SessionCommand::Delete { responder, .. } if not_found => {
                             responder.respond(Ok(json!({}))).await
                         }
                         cmd => cmd.reject(e.clone()).await,
@@ -468,6 +532,15 @@ impl Connection {
                 return;
             }
         };
+        // What was queued before the grant was known attaches within it.
+        let mut queue = queue;
+        if let Some(cap) = self.caps.get(&sid).copied() {
+            for cmd in queue.iter_mut() {
+                if let SessionCommand::Attach { client, .. } = cmd {
+                    client.role = client.role.capped(cap);
+                }
+            }
+        }
         let mut queue = queue.into_iter();
         for cmd in queue.by_ref() {
             if let Err(cmd) = handle.send(cmd).await {
@@ -500,9 +573,13 @@ impl Connection {
         self.init = Some(init.clone());
         let agent = self.agent(init);
         let conn_id = self.ctx.conn_id.clone();
+        let busy = match self.ctx.config.sessions.busy_prompts {
+            BusyPrompts::Queue => "queue",
+            BusyPrompts::Refuse => "refuse",
+        };
         self.handlers.spawn(async move {
             let result = match agent.await {
-                Ok(agent) => Ok(initialize_result(&agent, &conn_id)),
+                Ok(agent) => Ok(super::initialize::result(&agent, &conn_id, busy)),
                 Err(e) => Err(e.into()),
             };
             responder.respond(result).await;
@@ -523,75 +600,4 @@ impl Connection {
 /// Answers a command that never reached its session.
 async fn reject(cmd: SessionCommand, e: AcpError) {
     cmd.reject(e.into()).await
-}
-
-/// The acpd extension `_meta.acpd.allProfiles: true`: sessions of every profile, not only of
-/// the connection's.
-fn all_profiles(params: &Value) -> bool {
-    params.pointer("/_meta/acpd/allProfiles") == Some(&Value::Bool(true))
-}
-
-fn session_id(params: &Value) -> Option<String> {
-    params
-        .get("sessionId")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-}
-
-/// What acpd tells the client it can do: the agent's own capabilities, plus the session
-/// methods acpd answers from its journal for every agent.
-fn initialize_result(agent: &AgentHandle, conn_id: &str) -> Value {
-    let theirs = agent
-        .init
-        .get("agentCapabilities")
-        .cloned()
-        .unwrap_or_else(|| json!({}));
-    let mut caps = match theirs.clone() {
-        Value::Object(m) => Value::Object(m),
-        _ => json!({}),
-    };
-    caps["loadSession"] = json!(true);
-    let mut session_caps = json!({ "list": {}, "resume": {}, "close": {}, "delete": {} });
-    for key in ["additionalDirectories", "systemPrompt"] {
-        if let Some(v) = theirs
-            .pointer(&format!("/sessionCapabilities/{key}"))
-            .filter(|v| !v.is_null())
-        {
-            session_caps[key] = v.clone();
-        }
-    }
-    // Forks are acpd sessions of their own (`actor/fork.rs`); only where the agent forks.
-    if crate::session::agent_forks(agent) {
-        session_caps["fork"] = json!({});
-    }
-    caps["sessionCapabilities"] = session_caps;
-    let auth_methods: Vec<Value> = agent
-        .init
-        .get("authMethods")
-        .and_then(Value::as_array)
-        .map(|methods| {
-            methods
-                .iter()
-                // A remote editor cannot run the agent's binary for a terminal login.
-                .filter(|m| m.get("type").and_then(Value::as_str) != Some("terminal"))
-                .map(|m| {
-                    let mut m = m.clone();
-                    if let Some(meta) = m.get_mut("_meta").and_then(Value::as_object_mut) {
-                        meta.remove("terminal-auth");
-                    }
-                    m
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut result = json!({
-        "protocolVersion": PROTOCOL_VERSION,
-        "agentCapabilities": caps,
-        "authMethods": auth_methods,
-        "_meta": { "acpd": { "version": env!("CARGO_PKG_VERSION"), "connectionId": conn_id, "attach": true } },
-    });
-    if let Some(info) = agent.init.get("agentInfo") {
-        result["agentInfo"] = info.clone();
-    }
-    result
 }

@@ -2,5 +2,7 @@
 //! dispatch, capability negotiation, parameter checks and the rate limit (`rate`).
 
 pub mod connection;
+mod initialize;
 mod params;
 mod rate;
+mod share;

@@ -9,6 +9,8 @@
 
 use serde_json::Value;
 
+use crate::session::roles::Role;
+
 /// What a field must be.
 #[derive(Clone, Copy)]
 enum Kind {
@@ -75,6 +77,54 @@ pub fn check(method: &str, params: &Value) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The role an attach asks for: `session/load|resume` attach a controller (the editor case);
+/// `_acpd/session/attach` says (`role`, default controller).
+pub(super) fn attach_role(method: &str, params: &Value) -> Result<Role, String> {
+    match params.get("role") {
+        _ if method != "_acpd/session/attach" => Ok(Role::Controller),
+        None | Some(Value::Null) => Ok(Role::Controller),
+        Some(r) => r
+            .as_str()
+            .and_then(Role::parse)
+            .ok_or_else(|| "role must be \"controller\" or \"observer\"".into()),
+    }
+}
+
+/// `_acpd/session/share {sessionId, with, role}` or `{sessionId, with, revoke: true}`:
+/// session id, grantee name, role (`None`: revoke).
+pub(super) fn share_request(params: &Value) -> Result<(String, String, Option<Role>), String> {
+    let sid = params
+        .get("sessionId")
+        .and_then(Value::as_str)
+        .ok_or("sessionId is required")?;
+    let with = params
+        .get("with")
+        .and_then(Value::as_str)
+        .ok_or("with (a principal name) is required")?;
+    if params.get("revoke") == Some(&Value::Bool(true)) {
+        return Ok((sid.to_owned(), with.to_owned(), None));
+    }
+    let role = params
+        .get("role")
+        .and_then(Value::as_str)
+        .and_then(Role::parse)
+        .ok_or("role must be \"controller\" or \"observer\" (or revoke: true)")?;
+    Ok((sid.to_owned(), with.to_owned(), Some(role)))
+}
+
+/// The acpd extension `_meta.acpd.allProfiles: true`: sessions of every profile, not only of
+/// the connection's.
+pub(super) fn all_profiles(params: &Value) -> bool {
+    params.pointer("/_meta/acpd/allProfiles") == Some(&Value::Bool(true))
+}
+
+pub(super) fn session_id(params: &Value) -> Option<String> {
+    params
+        .get("sessionId")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
 }
 
 #[cfg(test)]

@@ -88,6 +88,25 @@ pub struct Limits {
     pub max_pending_connections: usize,
 }
 
+/// `busy_prompts`: what a prompt that comes while a turn runs gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusyPrompts {
+    /// It waits and runs when the turns before it have ended (the default).
+    Queue,
+    /// It is answered an error at once.
+    Refuse,
+}
+
+impl BusyPrompts {
+    pub fn parse(s: &str) -> Option<BusyPrompts> {
+        match s {
+            "queue" => Some(BusyPrompts::Queue),
+            "refuse" => Some(BusyPrompts::Refuse),
+            _ => None,
+        }
+    }
+}
+
 /// Session behaviour knobs.
 #[derive(Debug, Clone)]
 pub struct SessionSettings {
@@ -116,6 +135,8 @@ pub struct SessionSettings {
     /// `mcp_stdio` / `mcp_stdio_allow`, applied to what hosted agents are sent
     /// (`session::mcp`).
     pub mcp_policy: acpd_builtin::McpPolicy,
+    /// `busy_prompts`: a prompt while a turn runs is queued or refused.
+    pub busy_prompts: BusyPrompts,
 }
 
 #[derive(Debug, Clone)]
@@ -245,6 +266,11 @@ impl Config {
                 what: "mcp_stdio",
                 message,
             })?;
+        let busy_prompts =
+            BusyPrompts::parse(&s.busy_prompts).ok_or_else(|| ConfigError::Invalid {
+                what: "busy_prompts",
+                message: format!("{:?}: must be \"queue\" or \"refuse\"", s.busy_prompts),
+            })?;
         let mut builtin = s.builtin;
         // One policy for every agent: the built-in one reads it from its own table.
         for key in acpd_builtin::McpPolicy::KEYS {
@@ -291,6 +317,7 @@ impl Config {
                 journal_max_bytes: s.journal_max_bytes,
                 max_live_per_principal: s.max_sessions_per_principal,
                 mcp_policy: mcp_policy.clone(),
+                busy_prompts,
             },
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
             builtin,

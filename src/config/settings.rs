@@ -57,6 +57,7 @@ pub struct Settings {
     pub metrics_listen: Option<SocketAddr>,
     pub mcp_stdio: String,
     pub mcp_stdio_allow: Vec<String>,
+    pub busy_prompts: String,
     /// The directories each principal (by name) may use; see `roots::FsRoots`.
     pub roots: BTreeMap<String, Vec<PathBuf>>,
     pub default_roots: Vec<PathBuf>,
@@ -100,6 +101,7 @@ impl Default for Settings {
             metrics_listen: None,
             mcp_stdio: "ask".to_owned(),
             mcp_stdio_allow: Vec::new(),
+            busy_prompts: "queue".to_owned(),
             roots: BTreeMap::new(),
             default_roots: Vec::new(),
             agents: BTreeMap::new(),
@@ -275,6 +277,11 @@ pub struct Args {
     #[arg(long, env = "ACPD_MCP_STDIO")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mcp_stdio: Option<String>,
+    /// A prompt sent while a turn runs in its session (several controllers): "queue" it
+    /// until the turn ends, or "refuse" it with an error.
+    #[arg(long, env = "ACPD_BUSY_PROMPTS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub busy_prompts: Option<String>,
 }
 
 /// A switch can only be turned on from the command line, as before the layering was generic.
@@ -424,12 +431,13 @@ mod tests {
             max_pending_connections: Some(15),
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 4], 3))),
             mcp_stdio: Some("deny".into()),
+            busy_prompts: Some("refuse".into()),
         };
         let given = toml::Table::try_from(&args).unwrap();
         let merged = Settings::default().overridden_by(&args).unwrap();
         let merged = toml::Table::try_from(&merged).unwrap();
         // All but `config` and `--agent`, which are not keys of their own.
-        assert_eq!(given.len(), 31);
+        assert_eq!(given.len(), 32);
         for (k, v) in given {
             assert_eq!(merged.get(&k), Some(&v), "{k}");
         }

@@ -8,6 +8,10 @@
 //! A revocation closes every connection of the token (plain WebSocket and resumable links
 //! with 1008, TCP), cancels its principal's running turns, and, when no connection of that
 //! principal with a valid token is left, stops its agent processes (`SessionHub::revoked`).
+//!
+//! Session grants (`acpd share --revoke`, also another process) are polled the same way, more
+//! often (`GRANT_CHECK`): a grant revoked since the last look is handed to the hub, whose live
+//! session cuts the grantee's clients off (`SessionHub::grant_revoked`).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -21,6 +25,9 @@ use acpd_store::Store;
 
 /// How often the tokens in use are checked for revocation.
 const REVOCATION_CHECK: Duration = Duration::from_secs(2);
+/// How often revoked session grants are looked for: a revoked grantee is cut off within a
+/// second (one indexed query on a small table while any client is connected).
+const GRANT_CHECK: Duration = Duration::from_millis(250);
 
 /// Why a connection was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -45,6 +52,11 @@ enum Command {
     /// A revocation check finished: the revoked token ids, or `None` if the store failed.
     Checked {
         revoked: Option<HashSet<String>>,
+    },
+    /// A grant check finished: `(session, principal)` of the grants revoked since the last
+    /// one and the newest revocation time seen, or `None` if the store failed.
+    GrantsChecked {
+        revoked: Option<(Vec<(String, String)>, i64)>,
     },
 }
 
@@ -104,6 +116,8 @@ impl Registry {
             tasks: tasks.clone(),
             self_tx: tx.downgrade(),
             checking: false,
+            grants_checking: false,
+            grants_seen: crate::session::now_ms(),
         };
         tasks.spawn(task.run(rx, shutdown));
         Registry {
@@ -153,12 +167,19 @@ struct Task {
     self_tx: mpsc::WeakSender<Command>,
     /// A check is running; the next tick does not start another.
     checking: bool,
+    /// The same for grant checks.
+    grants_checking: bool,
+    /// Grants revoked at or before this (epoch ms) were handled (or predate this daemon:
+    /// opening a session reads the grant afresh, so nothing older is live).
+    grants_seen: i64,
 }
 
 impl Task {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>, shutdown: CancellationToken) {
         let mut check = tokio::time::interval(REVOCATION_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut grants = tokio::time::interval(GRANT_CHECK);
+        grants.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -179,9 +200,20 @@ impl Task {
                             self.cut_off(&revoked);
                         }
                     }
+                    Some(Command::GrantsChecked { revoked }) => {
+                        self.grants_checking = false;
+                        if let Some((revoked, seen)) = revoked {
+                            self.grants_seen = self.grants_seen.max(seen);
+                            for (session, principal) in revoked {
+                                let hub = self.hub.clone();
+                                self.tasks.spawn(async move { hub.grant_revoked(&session, &principal).await });
+                            }
+                        }
+                    }
                     None => break,
                 },
                 _ = check.tick() => self.start_check(&shutdown),
+                _ = grants.tick() => self.start_grant_check(&shutdown),
             }
             metrics::gauge!(crate::metrics::CONNECTIONS_REGISTERED).set(self.live.len() as f64);
         }
@@ -226,6 +258,35 @@ impl Task {
                 },
             };
             let _ = tx.send(Command::Checked { revoked }).await;
+        });
+    }
+
+    /// Looks for grants revoked since the last look on its own task, unless one is running or
+    /// nobody is connected.
+    fn start_grant_check(&mut self, shutdown: &CancellationToken) {
+        if self.grants_checking || self.live.is_empty() {
+            return;
+        }
+        let Some(tx) = self.self_tx.upgrade() else {
+            return;
+        };
+        self.grants_checking = true;
+        let (store, stop, after) = (self.store.clone(), shutdown.clone(), self.grants_seen);
+        self.tasks.spawn(async move {
+            let revoked = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = store.grants_revoked_after(after) => match r {
+                    Ok(rows) => {
+                        let seen = rows.iter().filter_map(|g| g.revoked_at_ms).max().unwrap_or(after);
+                        Some((rows.into_iter().map(|g| (g.session_id, g.principal_id)).collect(), seen))
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot check session grants for revocation");
+                        None
+                    }
+                },
+            };
+            let _ = tx.send(Command::GrantsChecked { revoked }).await;
         });
     }
 

@@ -7,6 +7,7 @@
 
 mod attach;
 mod cancel;
+mod clients;
 mod events;
 mod fork;
 pub(crate) use fork::agent_forks;
@@ -70,6 +71,8 @@ pub(super) fn spawn(
                 shared.settings.cancel_abandon,
             ),
             held: Vec::new(),
+            queued: VecDeque::new(),
+            cut_off: std::collections::HashSet::new(),
         },
         pending: PendingRequests::default(),
         deferred: VecDeque::new(),
@@ -157,6 +160,11 @@ struct Turn {
     guard: cancel::CancelGuard,
     /// Prompts waiting for an abandoned turn's late answer before they go to the agent.
     held: Vec<cancel::HeldPrompt>,
+    /// Prompts of (other) controllers waiting for the running turn to end (`busy_prompts`).
+    queued: VecDeque<cancel::HeldPrompt>,
+    /// Connections cut off by a revoked grant: what they still send (before their connection
+    /// has ended) is refused.
+    cut_off: std::collections::HashSet<ConnId>,
 }
 
 /// Journal retention passes (`retention.rs`).
@@ -244,6 +252,7 @@ impl Session {
                 _ = sleep_until(lag_check) => {}
                 _ = tokio::time::sleep_until(idle_since + idle), if self.is_idle() => break,
             }
+            self.start_queued().await;
             self.flush().await;
             if self.ending && self.outbox.is_empty() {
                 break;
@@ -303,6 +312,7 @@ impl Session {
         self.outbox.clients_len() == 0
             && self.turn.inflight.is_empty()
             && self.turn.held.is_empty()
+            && self.turn.queued.is_empty()
             && self.pending.is_empty()
             && self.outbox.is_empty()
             && self.rows.is_idle()
@@ -339,25 +349,25 @@ impl Session {
             self.ensure_agent();
             return;
         }
+        if let Some(e) = self.forbidden(&cmd) {
+            return self.refuse(cmd, e.into());
+        }
         match cmd {
             SessionCommand::Attach {
                 client,
                 mode,
                 responder,
             } => self.attach(client, mode, responder),
-            SessionCommand::Detach { conn } => {
-                self.outbox.detach(&conn);
-                if self.turn.conn.as_ref() == Some(&conn) {
-                    self.turn.conn = None;
-                }
-            }
+            SessionCommand::Detach { conn } => self.detach(conn).await,
+            SessionCommand::Revoke { principal } => self.revoke(&principal).await,
             SessionCommand::Prompt {
                 conn,
                 params,
                 responder,
             } => self.prompt(conn, params, responder).await,
-            SessionCommand::Cancel => self.cancel().await,
+            SessionCommand::Cancel { .. } => self.cancel().await,
             SessionCommand::Relay {
+                conn: _,
                 method,
                 params,
                 responder,
@@ -369,7 +379,11 @@ impl Session {
                 }
                 Err(e) => self.reply(responder, Err(e.into())),
             },
-            SessionCommand::RelayNotification { method, params } => {
+            SessionCommand::RelayNotification {
+                conn: _,
+                method,
+                params,
+            } => {
                 if let AgentState::Bound { agent, agent_sid } = &self.agent {
                     let _ = agent
                         .peer
@@ -382,12 +396,13 @@ impl Session {
                 params,
                 responder,
             } => self.fork(client, params, responder).await,
-            SessionCommand::Close { responder } => self.close(responder, false).await,
-            SessionCommand::Delete { responder } => self.close(responder, true).await,
+            SessionCommand::Close { responder, .. } => self.close(responder, false).await,
+            SessionCommand::Delete { responder, .. } => self.close(responder, true).await,
         }
     }
 
-    async fn prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
+    /// Starts a prompt's turn (`clients.rs` decided it may start now).
+    async fn begin_prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
         self.turn.own_from = self.next_seq;
         if let Some(blocks) = params.get("prompt").and_then(Value::as_array) {
             for block in blocks.clone() {
@@ -479,26 +494,7 @@ impl Session {
                 pending,
                 conn,
                 result,
-            } => match result {
-                Err(PeerError::Disconnected) => {
-                    // That client went away: the request waits for the next one.
-                    self.pending
-                        .unassign(pending, self.shared.settings.pending_request_timeout);
-                    if let Some(next) = self.outbox.pick_client(None).filter(|c| *c != conn) {
-                        self.dispatch(pending, Some(&next));
-                    }
-                }
-                Ok(v) => {
-                    if let Some(outcome) = v
-                        .get("outcome")
-                        .filter(|_| self.pending.is_permission(pending))
-                    {
-                        tracing::info!(target: "acpd::audit", session = %self.id, conn = %conn, %outcome, "permission decision");
-                    }
-                    self.pending.answer(pending, Ok(v)).await
-                }
-                Err(PeerError::Remote(e)) => self.pending.answer(pending, Err(e)).await,
-            },
+            } => self.client_answered(pending, conn, result).await,
         }
     }
 

@@ -104,12 +104,21 @@ impl HubTask {
                     let _ = reply.send(admitted);
                 }
                 HubCommand::Release { principal } => self.release(&principal),
+                HubCommand::GrantRevoked { session, principal } => {
+                    if let Some((_, h)) = self.live.get(session.as_str()) {
+                        let h = h.clone();
+                        // Sent by a task: the hub never waits on a session.
+                        self.shared.tasks.spawn(async move {
+                            let _ = h.send(SessionCommand::Revoke { principal }).await;
+                        });
+                    }
+                }
                 HubCommand::CancelAll => {
                     let live: Vec<SessionHandle> =
                         self.live.values().map(|(_, h)| h.clone()).collect();
                     self.shared.tasks.spawn(async move {
                         for h in live {
-                            let _ = h.send(SessionCommand::Cancel).await;
+                            let _ = h.send(SessionCommand::Cancel { conn: None }).await;
                         }
                     });
                 }
@@ -224,7 +233,7 @@ impl HubTask {
         let pool = self.shared.pool.clone();
         self.shared.tasks.spawn(async move {
             for h in live {
-                let _ = h.send(SessionCommand::Cancel).await;
+                let _ = h.send(SessionCommand::Cancel { conn: None }).await;
             }
             if stop_agents {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;

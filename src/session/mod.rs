@@ -4,12 +4,16 @@
 
 mod actor;
 pub(crate) use actor::agent_forks;
+mod claim;
 pub mod compaction;
 mod hub;
 mod mcp;
 mod outbox;
 mod pending;
 mod retention;
+pub mod roles;
+mod share;
+pub use share::{ShareRequest, share_in_store};
 mod titles;
 
 use std::collections::HashMap;
@@ -36,6 +40,37 @@ pub struct Client {
     pub peer: PeerHandle,
     /// The client's `initialize` params, used to start the agent on its behalf.
     pub init: Arc<Value>,
+    /// What it may do in the session (`roles.rs`); the connection has capped it already by
+    /// what its principal was granted.
+    pub role: roles::Role,
+    /// Its principal (id): a revoked grant cuts off that principal's clients.
+    pub principal: Arc<str>,
+    /// The name of its principal, for presence.
+    pub principal_name: Arc<str>,
+}
+
+impl Client {
+    /// `initialize.clientInfo.name`, if it sent one.
+    pub fn name(&self) -> Option<&str> {
+        self.init
+            .pointer("/clientInfo/name")
+            .and_then(Value::as_str)
+    }
+
+    /// `initialize.clientCapabilities`.
+    pub fn caps(&self) -> &Value {
+        self.init.get("clientCapabilities").unwrap_or(&Value::Null)
+    }
+
+    /// How presence and `decidedBy` name it.
+    pub fn describe(&self) -> Value {
+        json!({
+            "connectionId": &*self.conn,
+            "name": self.name(),
+            "role": self.role.as_str(),
+            "principal": &*self.principal_name,
+        })
+    }
 }
 
 /// How a client attaches.
@@ -69,16 +104,22 @@ pub enum SessionCommand {
         params: Value,
         responder: Responder,
     },
-    Cancel,
+    /// `session/cancel`; `conn`: the client that sent it (`None`: acpd itself — a drain, a
+    /// revocation).
+    Cancel {
+        conn: Option<ConnId>,
+    },
     /// Any other session-scoped request (`session/set_mode`, `session/set_config_option`,
     /// extension methods): relayed to the agent with the session id rewritten.
     Relay {
+        conn: ConnId,
         method: String,
         params: Value,
         responder: Responder,
     },
     /// Session-scoped notifications other than cancel.
     RelayNotification {
+        conn: ConnId,
         method: String,
         params: Value,
     },
@@ -89,10 +130,16 @@ pub enum SessionCommand {
         responder: Responder,
     },
     Close {
+        conn: Option<ConnId>,
         responder: Responder,
     },
     Delete {
+        conn: Option<ConnId>,
         responder: Responder,
+    },
+    /// `principal`'s grant on the session was revoked: its clients are cut off.
+    Revoke {
+        principal: String,
     },
 }
 
@@ -113,9 +160,25 @@ impl SessionCommand {
             | SessionCommand::Prompt { responder: r, .. }
             | SessionCommand::Relay { responder: r, .. }
             | SessionCommand::Fork { responder: r, .. }
-            | SessionCommand::Close { responder: r }
-            | SessionCommand::Delete { responder: r } => Some(r),
+            | SessionCommand::Close { responder: r, .. }
+            | SessionCommand::Delete { responder: r, .. } => Some(r),
             _ => None,
+        }
+    }
+
+    /// The client that sent a command only a controller may send.
+    pub fn steered_by(&self) -> Option<&ConnId> {
+        match self {
+            SessionCommand::Prompt { conn, .. }
+            | SessionCommand::Relay { conn, .. }
+            | SessionCommand::RelayNotification { conn, .. } => Some(conn),
+            SessionCommand::Fork { client, .. } => Some(&client.conn),
+            SessionCommand::Cancel { conn }
+            | SessionCommand::Close { conn, .. }
+            | SessionCommand::Delete { conn, .. } => conn.as_ref(),
+            SessionCommand::Attach { .. }
+            | SessionCommand::Detach { .. }
+            | SessionCommand::Revoke { .. } => None,
         }
     }
 }
@@ -181,6 +244,11 @@ pub(crate) enum HubCommand {
     Revoked {
         principal: String,
         stop_agents: bool,
+    },
+    /// A grant on a session was revoked: its live actor cuts the grantee's clients off.
+    GrantRevoked {
+        session: String,
+        principal: String,
     },
     /// Whether a principal may start one more live session; yes reserves the place (given
     /// back by `Spawn` or `Release`).

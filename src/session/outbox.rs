@@ -42,8 +42,11 @@ pub(super) enum Out {
         text: Arc<str>,
         exclude: Option<ConnId>,
     },
-    /// A message for every attached client that is not journaled.
-    Raw(Arc<str>),
+    /// A message for every attached client (but `except`) that is not journaled.
+    Raw {
+        text: Arc<str>,
+        except: Option<ConnId>,
+    },
     /// The answer to a client's request, after everything queued before it.
     Reply {
         responder: Responder,
@@ -210,18 +213,15 @@ impl Outbox {
         lag.replay = Some((upto, a.hold));
     }
 
-    pub fn detach(&mut self, conn: &ConnId) {
-        self.clients.retain(|c| &c.client.conn != conn);
+    /// Removes a client; returns it if it was attached.
+    pub fn detach(&mut self, conn: &ConnId) -> Option<Client> {
+        let i = self.clients.iter().position(|c| &c.client.conn == conn)?;
+        Some(self.clients.remove(i).client)
     }
 
-    /// The client to send an agent request to: `prefer` if attached, else the newest.
-    pub fn pick_client(&self, prefer: Option<&ConnId>) -> Option<ConnId> {
-        if let Some(p) = prefer
-            && self.clients.iter().any(|c| &c.client.conn == p)
-        {
-            return Some(p.clone());
-        }
-        self.clients.last().map(|c| c.client.conn.clone())
+    /// The attached clients, oldest first.
+    pub fn clients(&self) -> impl Iterator<Item = &Client> {
+        self.clients.iter().map(|c| &c.client)
     }
 
     pub fn client(&self, conn: &ConnId) -> Option<&Client> {
@@ -284,9 +284,12 @@ impl Outbox {
                         c.sent_upto = seq;
                     }
                 }
-                Out::Raw(text) => {
+                Out::Raw { text, except } => {
                     let upto = self.flushed_upto;
                     for c in &mut self.clients {
+                        if except.as_ref() == Some(&c.client.conn) {
+                            continue;
+                        }
                         c.send_or_hold(upto, ClientOut::Raw(text.clone()));
                     }
                 }
@@ -355,6 +358,7 @@ impl Outbox {
                 tracing::warn!(conn = %conn, "client cannot keep up; disconnecting it (it can reload from the journal)");
                 c.client.peer.close();
             }
+            // Its connection ends and detaches it from the session as any other would.
             self.detach(&conn);
         }
         reads

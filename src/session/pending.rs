@@ -1,6 +1,7 @@
 //! Requests the agent made (permission, fs, terminal, extensions) that wait for a client.
-//! Each is relayed to one attached client; if that client goes away it waits for the next,
-//! up to a deadline, and it is always answered exactly once.
+//! A permission is relayed to every attached controller, anything else to one client
+//! (`roles::targets`); who answers is the `claim::Claim`'s decision. If every client asked
+//! goes away it waits for the next, up to a deadline, and it is always answered exactly once.
 
 use std::collections::BTreeMap;
 
@@ -9,9 +10,9 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::ConnId;
+use super::claim::{Answer, Claim, Step};
+use super::roles::PERMISSION;
 use acpd_wire::{Responder, ResponseError};
-
-const PERMISSION: &str = "session/request_permission";
 
 pub(super) struct Pending {
     pub method: String,
@@ -19,10 +20,10 @@ pub(super) struct Pending {
     responder: Responder,
     /// When a request nobody is handling gives up.
     deadline: Instant,
-    /// The client it is relayed to, if any.
-    assigned: Option<ConnId>,
-    /// Aborting the relay task withdraws the request at the client (`$/cancel_request`).
-    abort: Option<AbortHandle>,
+    /// Who it was sent to and who may still answer.
+    claim: Claim,
+    /// Aborting a relay task withdraws the request at its client (`$/cancel_request`).
+    aborts: Vec<(ConnId, AbortHandle)>,
 }
 
 impl Pending {
@@ -32,15 +33,25 @@ impl Pending {
             params,
             responder,
             deadline,
-            assigned: None,
-            abort: None,
+            claim: Claim::default(),
+            aborts: Vec::new(),
         }
+    }
+
+    fn withdraw_at(&mut self, conns: &[ConnId]) {
+        self.aborts.retain(|(c, a)| {
+            let gone = conns.contains(c);
+            if gone {
+                a.abort();
+            }
+            !gone
+        });
     }
 
     /// Ends the request without a client's answer: a permission is `cancelled` (as ACP
     /// requires on cancel), anything else an error. Withdraws it at the client.
     pub async fn answer_cancelled(self) {
-        if let Some(a) = &self.abort {
+        for (_, a) in &self.aborts {
             a.abort();
         }
         let result = if self.method == PERMISSION {
@@ -55,7 +66,7 @@ impl Pending {
 
     /// Withdraws it at the client; the agent that asked is gone.
     pub fn withdraw(self) {
-        if let Some(a) = &self.abort {
+        for (_, a) in &self.aborts {
             a.abort();
         }
     }
@@ -78,43 +89,91 @@ impl PendingRequests {
         self.items.is_empty()
     }
 
-    /// Ids of the requests no client is handling, oldest first.
-    pub fn waiting(&self) -> Vec<u64> {
+    pub fn method(&self, id: u64) -> Option<&str> {
+        self.items.get(&id).map(|p| p.method.as_str())
+    }
+
+    pub fn params(&self, id: u64) -> Option<&Value> {
+        self.items.get(&id).map(|p| &p.params)
+    }
+
+    /// Some client has it now.
+    pub fn is_asked(&self, id: u64) -> bool {
+        self.items.get(&id).is_some_and(|p| p.claim.is_asked())
+    }
+
+    /// `conn` was sent it once (it is not sent it again).
+    pub fn was_tried(&self, id: u64, conn: &ConnId) -> bool {
+        self.items.get(&id).is_some_and(|p| p.claim.was_tried(conn))
+    }
+
+    /// Every request's id, oldest first.
+    pub fn ids(&self) -> Vec<u64> {
+        self.items.keys().copied().collect()
+    }
+
+    /// Marks it relayed to `conn`; returns what to send, unless `conn` has it already.
+    pub fn assign(&mut self, id: u64, conn: ConnId) -> Option<(String, Value)> {
+        let p = self.items.get_mut(&id)?;
+        if !p.claim.ask(&conn) {
+            return None;
+        }
+        Some((p.method.clone(), p.params.clone()))
+    }
+
+    pub fn set_abort(&mut self, id: u64, conn: ConnId, abort: AbortHandle) {
+        if let Some(p) = self.items.get_mut(&id) {
+            p.aborts.push((conn, abort));
+        }
+    }
+
+    /// `conn` answered (or went away): the claim decides. `Decide`/`Forward` send `result`
+    /// to the agent (and withdraw the other copies); `Reroute` starts a fresh deadline.
+    pub async fn answer(
+        &mut self,
+        id: u64,
+        conn: &ConnId,
+        answer: Answer,
+        result: Result<Value, ResponseError>,
+        timeout: std::time::Duration,
+    ) -> Step {
+        let Some(p) = self.items.get_mut(&id) else {
+            return Step::Ignore;
+        };
+        let step = p.claim.answer(conn, answer);
+        p.aborts.retain(|(c, _)| c != conn);
+        match &step {
+            Step::Decide { withdraw } => {
+                p.withdraw_at(withdraw);
+                if let Some(p) = self.items.remove(&id) {
+                    p.responder.respond(result).await;
+                }
+            }
+            Step::Forward => {
+                if let Some(p) = self.items.remove(&id) {
+                    p.responder.respond(result).await;
+                }
+            }
+            Step::Reroute => p.deadline = Instant::now() + timeout,
+            Step::Wait | Step::Ignore => {}
+        }
+        step
+    }
+
+    /// The requests `conn` was asked and has not answered (it detached).
+    pub fn asked_of(&self, conn: &ConnId) -> Vec<u64> {
         self.items
             .iter()
-            .filter(|(_, p)| p.assigned.is_none())
+            .filter(|(_, p)| p.aborts.iter().any(|(c, _)| c == conn))
             .map(|(id, _)| *id)
             .collect()
     }
 
-    /// Marks it relayed to `conn`; returns what to send, unless it is already relayed.
-    pub fn assign(&mut self, id: u64, conn: ConnId) -> Option<(String, Value)> {
-        let p = self.items.get_mut(&id)?;
-        if p.assigned.is_some() {
-            return None;
-        }
-        p.assigned = Some(conn);
-        Some((p.method.clone(), p.params.clone()))
-    }
-
-    pub fn set_abort(&mut self, id: u64, abort: AbortHandle) {
+    /// Withdraws the copy at `conn` (it detached; its relay task would end on its own only
+    /// with its connection).
+    pub fn withdraw_from(&mut self, id: u64, conn: &ConnId) {
         if let Some(p) = self.items.get_mut(&id) {
-            p.abort = Some(abort);
-        }
-    }
-
-    /// Its client went away: it waits again, with a fresh deadline.
-    pub fn unassign(&mut self, id: u64, timeout: std::time::Duration) {
-        if let Some(p) = self.items.get_mut(&id) {
-            p.assigned = None;
-            p.abort = None;
-            p.deadline = Instant::now() + timeout;
-        }
-    }
-
-    pub async fn answer(&mut self, id: u64, result: Result<Value, ResponseError>) {
-        if let Some(p) = self.items.remove(&id) {
-            p.responder.respond(result).await;
+            p.withdraw_at(std::slice::from_ref(conn));
         }
     }
 
@@ -142,7 +201,7 @@ impl PendingRequests {
     pub fn next_deadline(&self) -> Option<Instant> {
         self.items
             .values()
-            .filter(|p| p.assigned.is_none())
+            .filter(|p| !p.claim.is_asked())
             .map(|p| p.deadline)
             .min()
     }
@@ -151,7 +210,7 @@ impl PendingRequests {
         let ids: Vec<u64> = self
             .items
             .iter()
-            .filter(|(_, p)| p.assigned.is_none() && p.deadline <= now)
+            .filter(|(_, p)| !p.claim.is_asked() && p.deadline <= now)
             .map(|(id, _)| *id)
             .collect();
         ids.into_iter()

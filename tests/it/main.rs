@@ -44,6 +44,7 @@ mod scripted_agent;
 mod security;
 mod session_limit;
 mod session_list;
+mod shared_sessions;
 mod shim;
 mod shim_input;
 mod shim_support;

@@ -7,10 +7,11 @@
 //!
 //! Layout: `backend` (pools, migrations, error triage), `writer` (group commit of journal
 //! appends), `journal` (journal SQL), `sessions` (session rows, agent state), `auth`
-//! (principals, tokens), `rows` (row decoding, list cursor).
+//! (principals, tokens), `grants` (shared sessions), `rows` (row decoding, list cursor).
 
 mod auth;
 mod backend;
+mod grants;
 mod journal;
 pub mod metrics;
 mod rows;
@@ -208,6 +209,19 @@ pub struct PrincipalRow {
     pub id: String,
     pub name: String,
     pub created_at_ms: i64,
+}
+
+/// A principal's grant on another's session (shared sessions).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrantRow {
+    pub session_id: String,
+    pub principal_id: String,
+    /// Opaque here: "observer" or "controller" to the session layer.
+    pub role: String,
+    /// The principal that granted it.
+    pub granted_by: String,
+    pub created_at_ms: i64,
+    pub revoked_at_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -454,5 +468,54 @@ impl Store {
     /// `false` when no live token has that id.
     pub async fn revoke_token(&self, id: &str) -> Result<bool, StoreError> {
         auth::revoke_token(&self.inner.pool, id).await
+    }
+
+    /// Grants `principal_id` `role` on a session (again: the new role, not revoked).
+    pub async fn grant(
+        &self,
+        session_id: &str,
+        principal_id: &str,
+        role: &str,
+        granted_by: &str,
+    ) -> Result<(), StoreError> {
+        grants::grant(&self.inner.pool, session_id, principal_id, role, granted_by).await
+    }
+
+    /// `false` when that principal had no live grant on the session.
+    pub async fn revoke_grant(
+        &self,
+        session_id: &str,
+        principal_id: &str,
+    ) -> Result<bool, StoreError> {
+        grants::revoke(&self.inner.pool, session_id, principal_id).await
+    }
+
+    /// The live grant of `principal_id` on a session.
+    pub async fn live_grant(
+        &self,
+        session_id: &str,
+        principal_id: &str,
+    ) -> Result<Option<GrantRow>, StoreError> {
+        grants::live(&self.inner.pool, session_id, principal_id).await
+    }
+
+    /// Every grant of a session, revoked ones included, oldest first.
+    pub async fn grants_of(&self, session_id: &str) -> Result<Vec<GrantRow>, StoreError> {
+        grants::of_session(&self.inner.pool, session_id).await
+    }
+
+    /// Grants revoked after `after_ms` (epoch ms), in revocation order.
+    pub async fn grants_revoked_after(&self, after_ms: i64) -> Result<Vec<GrantRow>, StoreError> {
+        grants::revoked_after(&self.inner.pool, after_ms).await
+    }
+
+    /// The principal with that name, if any.
+    pub async fn principal_by_name(&self, name: &str) -> Result<Option<PrincipalRow>, StoreError> {
+        grants::principal_by_name(&self.inner.pool, name).await
+    }
+
+    /// The principal with that id, if any.
+    pub async fn principal(&self, id: &str) -> Result<Option<PrincipalRow>, StoreError> {
+        grants::principal(&self.inner.pool, id).await
     }
 }

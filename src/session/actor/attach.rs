@@ -24,6 +24,12 @@ impl Session {
     ) {
         self.last_init = Some(client.init.clone());
         let conn = client.conn.clone();
+        // Announced to the others when it is new here or its role changed.
+        let announce = self
+            .outbox
+            .client(&conn)
+            .is_none_or(|c| c.role != client.role)
+            .then(|| client.clone());
         let current = self.next_seq - 1;
         let bootstrap = self.shared.settings.bootstrap_delay;
         let resend = matches!(mode, AttachMode::Load { .. });
@@ -57,7 +63,18 @@ impl Session {
             }
             AttachMode::After { after_seq } => {
                 let upto = self.outbox.replay_upto(&conn, after_seq);
-                let result = json!({ "lastSeq": upto });
+                let mut clients: Vec<Value> = self
+                    .outbox
+                    .clients()
+                    .filter(|c| c.conn != conn)
+                    .map(Client::describe)
+                    .collect();
+                clients.push(client.describe());
+                let result = json!({
+                    "lastSeq": upto,
+                    "role": client.role.as_str(),
+                    "clients": clients,
+                });
                 (after_seq, Some(result), true, Duration::ZERO)
             }
         };
@@ -73,9 +90,13 @@ impl Session {
             resend,
             hold,
         });
-        // Requests the agent made while nobody was attached go to the newcomer.
-        for id in self.pending.waiting() {
-            self.dispatch(id, Some(&conn));
+        if let Some(c) = announce {
+            self.presence("attached", &c);
+        }
+        // Requests the agent made while nobody was attached go to the newcomer, and a
+        // controller is asked the open permissions too.
+        for id in self.pending.ids() {
+            self.dispatch(id);
         }
     }
 
@@ -113,6 +134,8 @@ impl Session {
     pub(super) async fn cancel(&mut self) {
         self.turn.cancel_requested = true;
         self.guard_cancel();
+        // A cancel ends the session's activity: the prompts queued behind the turn too.
+        self.answer_queued(Ok(json!({ "stopReason": "cancelled" })));
         if let AgentState::Bound { agent, agent_sid } = &self.agent {
             let params = json!({ "sessionId": agent_sid });
             let _ = agent.peer.notify("session/cancel", Some(params)).await;

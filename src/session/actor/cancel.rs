@@ -265,6 +265,7 @@ impl Session {
         for held in std::mem::take(&mut self.turn.held) {
             self.reply(held.responder, answer.clone());
         }
+        self.answer_queued(answer);
     }
 
     async fn journal_cancel(&mut self, what: Value) {

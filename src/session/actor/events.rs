@@ -5,10 +5,9 @@
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::{AgentState, Inflight, Session, TaskDone, with_session_id};
+use super::{AgentState, Inflight, Session, with_session_id};
 use crate::agent::AgentEvent;
 use crate::error::AcpError;
-use crate::session::ConnId;
 use crate::session::outbox::Out;
 use crate::session::pending::Pending;
 use acpd_wire::{Responder, ResponseError};
@@ -33,7 +32,10 @@ impl Session {
                     let params = with_session_id(n.params_value().unwrap_or(Value::Null), &self.id);
                     let text = json!({ "jsonrpc": "2.0", "method": n.method, "params": params })
                         .to_string();
-                    self.outbox.push(Out::Raw(text.into()));
+                    self.outbox.push(Out::Raw {
+                        text: text.into(),
+                        except: None,
+                    });
                 }
             }
             AgentEvent::Request(req) => {
@@ -144,30 +146,6 @@ impl Session {
         for p in self.pending.drain() {
             p.withdraw();
         }
-    }
-
-    /// Relays a pending agent request to a client, if one is attached.
-    pub(super) fn dispatch(&mut self, id: u64, prefer: Option<&ConnId>) {
-        let target = prefer
-            .cloned()
-            .or_else(|| self.outbox.pick_client(self.turn.conn.as_ref()));
-        let Some(client) = target.and_then(|c| self.outbox.client(&c)) else {
-            return;
-        };
-        let Some((method, params)) = self.pending.assign(id, client.conn.clone()) else {
-            return;
-        };
-        let conn = client.conn.clone();
-        let peer = client.peer.clone();
-        let abort = self.tasks.spawn(async move {
-            let result = peer.request(&method, Some(params)).await;
-            TaskDone::ClientAnswer {
-                pending: id,
-                conn,
-                result,
-            }
-        });
-        self.pending.set_abort(id, abort);
     }
 
     pub(super) async fn expire_pending(&mut self) {

@@ -113,7 +113,7 @@ impl Session {
         }
         let durable = mark.durable;
         for id in self.outbox.flush(durable).await {
-            self.dispatch(id, None);
+            self.dispatch(id);
         }
         self.read_lagging();
     }

@@ -38,6 +38,12 @@ impl RowWrites {
         !self.busy && self.pending.is_none() && self.close.is_none() && self.parked.is_empty()
     }
 
+    /// Whether an answer waits for row writes (the next queued turn waits behind it, so a
+    /// client sees a turn's answer before the next turn's updates).
+    pub fn answers_parked(&self) -> bool {
+        !self.parked.is_empty()
+    }
+
     /// Whether every row update queued so far is written.
     fn written(&self) -> bool {
         !self.busy && self.pending.is_none()

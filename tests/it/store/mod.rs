@@ -50,6 +50,7 @@ where
     }
 }
 
+mod grants;
 mod journal;
 mod rejection;
 mod retention;

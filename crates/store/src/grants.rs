@@ -1,0 +1,157 @@
+//! Session grants (shared sessions): which other principals may attach to a session, and in
+//! which role. Roles are opaque text here; the session layer gives them meaning.
+
+use super::backend::{Pool, db, now_ms, on_pool};
+use super::{GrantRow, StoreError};
+
+/// Granting again renews the grant (new role, not revoked).
+const UPSERT: &str = "INSERT INTO session_grants \
+     (session_id, principal_id, role, granted_by, created_at_ms, revoked_at_ms) \
+     VALUES ($1, $2, $3, $4, $5, NULL) \
+     ON CONFLICT (session_id, principal_id) DO UPDATE SET role = $3, granted_by = $4, \
+     created_at_ms = $5, revoked_at_ms = NULL";
+
+/// Every grant query selects exactly the columns `grant_row` reads.
+macro_rules! select {
+    ($rest:literal) => {
+        concat!(
+            "SELECT session_id, principal_id, role, granted_by, created_at_ms, revoked_at_ms \
+             FROM session_grants ",
+            $rest
+        )
+    };
+}
+
+fn grant_row(r: &impl super::rows::Columns) -> Result<GrantRow, sqlx::Error> {
+    Ok(GrantRow {
+        session_id: r.text("session_id")?,
+        principal_id: r.text("principal_id")?,
+        role: r.text("role")?,
+        granted_by: r.text("granted_by")?,
+        created_at_ms: r.int("created_at_ms")?,
+        revoked_at_ms: r.opt_int("revoked_at_ms")?,
+    })
+}
+
+pub(super) async fn grant(
+    pool: &Pool,
+    session_id: &str,
+    principal_id: &str,
+    role: &str,
+    granted_by: &str,
+) -> Result<(), StoreError> {
+    on_pool!(pool, |p| {
+        sqlx::query(UPSERT)
+            .bind(session_id)
+            .bind(principal_id)
+            .bind(role)
+            .bind(granted_by)
+            .bind(now_ms())
+            .execute(p)
+            .await
+            .map(drop)
+            .map_err(db)
+    })
+}
+
+pub(super) async fn revoke(
+    pool: &Pool,
+    session_id: &str,
+    principal_id: &str,
+) -> Result<bool, StoreError> {
+    let n = on_pool!(pool, |p| {
+        sqlx::query(
+            "UPDATE session_grants SET revoked_at_ms = $3 \
+             WHERE session_id = $1 AND principal_id = $2 AND revoked_at_ms IS NULL",
+        )
+        .bind(session_id)
+        .bind(principal_id)
+        .bind(now_ms())
+        .execute(p)
+        .await
+        .map_err(db)?
+        .rows_affected()
+    });
+    Ok(n > 0)
+}
+
+pub(super) async fn live(
+    pool: &Pool,
+    session_id: &str,
+    principal_id: &str,
+) -> Result<Option<GrantRow>, StoreError> {
+    on_pool!(pool, |p| {
+        let q = select!("WHERE session_id = $1 AND principal_id = $2 AND revoked_at_ms IS NULL");
+        let row = sqlx::query(q)
+            .bind(session_id)
+            .bind(principal_id)
+            .fetch_optional(p)
+            .await
+            .map_err(db)?;
+        row.as_ref().map(grant_row).transpose().map_err(db)
+    })
+}
+
+pub(super) async fn of_session(pool: &Pool, session_id: &str) -> Result<Vec<GrantRow>, StoreError> {
+    on_pool!(pool, |p| {
+        let q = select!("WHERE session_id = $1 ORDER BY created_at_ms, principal_id");
+        let rows = sqlx::query(q)
+            .bind(session_id)
+            .fetch_all(p)
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(grant_row)
+            .collect::<Result<_, _>>()
+            .map_err(db)
+    })
+}
+
+pub(super) async fn revoked_after(pool: &Pool, after_ms: i64) -> Result<Vec<GrantRow>, StoreError> {
+    on_pool!(pool, |p| {
+        let q = select!("WHERE revoked_at_ms > $1 ORDER BY revoked_at_ms");
+        let rows = sqlx::query(q)
+            .bind(after_ms)
+            .fetch_all(p)
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(grant_row)
+            .collect::<Result<_, _>>()
+            .map_err(db)
+    })
+}
+
+pub(super) async fn principal_by_name(
+    pool: &Pool,
+    name: &str,
+) -> Result<Option<super::PrincipalRow>, StoreError> {
+    on_pool!(pool, |p| {
+        let row = sqlx::query("SELECT id, name, created_at_ms FROM principals WHERE name = $1")
+            .bind(name)
+            .fetch_optional(p)
+            .await
+            .map_err(db)?;
+        row.as_ref()
+            .map(super::rows::principal_row)
+            .transpose()
+            .map_err(db)
+    })
+}
+
+pub(super) async fn principal(
+    pool: &Pool,
+    id: &str,
+) -> Result<Option<super::PrincipalRow>, StoreError> {
+    on_pool!(pool, |p| {
+        let row = sqlx::query("SELECT id, name, created_at_ms FROM principals WHERE id = $1")
+            .bind(id)
+            .fetch_optional(p)
+            .await
+            .map_err(db)?;
+        row.as_ref()
+            .map(super::rows::principal_row)
+            .transpose()
+            .map_err(db)
+    })
+}
