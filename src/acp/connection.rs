@@ -155,30 +155,6 @@ struct Connection {
 }
 
 impl Connection {
-    /// `cwd` and `additionalDirectories` of a `session/new|load|resume` against the
-    /// principal's roots (and never acpd's data directory): the reason when refused.
-    fn check_roots(&self, params: &Value) -> Result<(), String> {
-        let Some(cwd) = params.get("cwd").and_then(Value::as_str) else {
-            return Ok(()); // `params::check` already refused a missing one where it matters.
-        };
-        let additional: Vec<std::path::PathBuf> = params
-            .get("additionalDirectories")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .map(Into::into)
-            .collect();
-        self.ctx
-            .config
-            .fs_roots
-            .check_session(&self.ctx.principal_name, cwd.as_ref(), &additional)
-            .map_err(|e| {
-                tracing::warn!(target: "acpd::audit", principal = %self.ctx.principal_name, reason = %e, "session directory refused");
-                e.to_string()
-            })
-    }
-
     fn client(&self, init: &Arc<Value>, role: Role) -> Client {
         Client {
             conn: self.ctx.conn_id.clone(),
@@ -241,7 +217,8 @@ impl Connection {
         if matches!(
             method.as_str(),
             "session/new" | "session/load" | "session/resume" | "session/fork"
-        ) && let Err(why) = self.check_roots(&params)
+        ) && let Err(why) =
+            super::params::check_roots(&self.ctx.config.fs_roots, &self.ctx.principal_name, &params)
         {
             return responder
                 .respond(Err(AcpError::InvalidParams(why).into()))
