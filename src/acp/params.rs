@@ -127,6 +127,32 @@ pub(super) fn session_id(params: &Value) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// `cwd` and `additionalDirectories` of a `session/new|load|resume` against the principal's
+/// roots (and never acpd's data directory): the reason when refused.
+pub(super) fn check_roots(
+    roots: &crate::config::roots::FsRoots,
+    principal_name: &str,
+    params: &Value,
+) -> Result<(), String> {
+    let Some(cwd) = params.get("cwd").and_then(Value::as_str) else {
+        return Ok(()); // `check` already refused a missing one where it matters.
+    };
+    let additional: Vec<std::path::PathBuf> = params
+        .get("additionalDirectories")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(Into::into)
+        .collect();
+    roots
+        .check_session(principal_name, cwd.as_ref(), &additional)
+        .map_err(|e| {
+            tracing::warn!(target: "acpd::audit", principal = %principal_name, reason = %e, "session directory refused");
+            e.to_string()
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,30 +223,4 @@ mod tests {
             assert!(e.contains(field), "{m} {p}: {e}");
         }
     }
-}
-
-/// `cwd` and `additionalDirectories` of a `session/new|load|resume` against the principal's
-/// roots (and never acpd's data directory): the reason when refused.
-pub(super) fn check_roots(
-    roots: &crate::config::roots::FsRoots,
-    principal_name: &str,
-    params: &Value,
-) -> Result<(), String> {
-    let Some(cwd) = params.get("cwd").and_then(Value::as_str) else {
-        return Ok(()); // `check` already refused a missing one where it matters.
-    };
-    let additional: Vec<std::path::PathBuf> = params
-        .get("additionalDirectories")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(Into::into)
-        .collect();
-    roots
-        .check_session(principal_name, cwd.as_ref(), &additional)
-        .map_err(|e| {
-            tracing::warn!(target: "acpd::audit", principal = %principal_name, reason = %e, "session directory refused");
-            e.to_string()
-        })
 }
