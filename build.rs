@@ -1,15 +1,17 @@
 //! Build script: turns on the integration tests that need something outside the repository
-//! when it is named: a Postgres server, the official ACP SDK installed by npm.
+//! when it is named: a Postgres server, the official ACP SDKs installed by npm and by pip.
 //!
 //! Rust cannot mark a test ignored at run time, so the choice is made at build time: with
 //! `ACPD_TEST_DATABASE_URL` set, `cfg(acpd_pg)` is on and the Postgres tests run; with
-//! `ACPD_TEST_SDK_DIR` set, `cfg(acpd_sdk)` and the SDK interop tests. Without them they are
+//! `ACPD_TEST_SDK_DIR` set, `cfg(acpd_sdk)` and the npm SDK interop tests; with
+//! `ACPD_TEST_PYSDK_PYTHON` set, `cfg(acpd_pysdk)` and the Python SDK one. Without them they are
 //! compiled with `#[ignore]` and show up as ignored in every test run.
 
 fn main() {
     for (var, cfg) in [
         ("ACPD_TEST_DATABASE_URL", "acpd_pg"),
         ("ACPD_TEST_SDK_DIR", "acpd_sdk"),
+        ("ACPD_TEST_PYSDK_PYTHON", "acpd_pysdk"),
     ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
         println!("cargo::rerun-if-env-changed={var}");

@@ -38,6 +38,7 @@ mod notification_flood;
 mod operations;
 mod profiles;
 mod prompt_turn;
+mod python_sdk;
 mod replicas;
 mod revocation;
 mod scripted_agent;
