@@ -328,3 +328,47 @@ async fn editor_mcp_server_survives_a_killed_daemon() -> Result<()> {
 async fn editor_mcp_server_survives_a_drained_daemon() -> Result<()> {
     editor_mcp_server_survives_a_daemon_restart(true).await
 }
+
+/// A shared session: the shim that named the servers serves them; another controller that
+/// only attaches does not take them over, before or after a daemon restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editor_mcp_servers_stay_with_the_shim_that_carried_them() -> Result<()> {
+    let d = Daemon::start(false).await?;
+    let port = d.port;
+    let work = tempfile::tempdir()?;
+    let pid_file = d.dir.path().join("mcp.pid");
+    let mut first = Shim::spawn(&d.url(), &[], d.dir.path())?;
+    init(&mut first).await?;
+    let pf = pid_file.to_str().context("utf-8")?;
+    let sid = new_session(
+        &mut first,
+        work.path(),
+        json!([server("tools", &["--pid-file", pf])]),
+    )
+    .await?;
+    let mut second = Shim::spawn(&d.url(), &[], d.dir.path())?;
+    init(&mut second).await?;
+    let id = second
+        .request("_acpd/session/attach", json!({"sessionId": sid}))
+        .await?;
+    let (r, _) = second.until_response(id).await?;
+    assert!(r.get("result").is_some(), "{r}");
+    let said = say(&mut second, &sid, "mcp tools echo shared").await?;
+    assert!(
+        said.contains(&"mcp: tools=echo result=shared".to_owned()),
+        "{said:?}"
+    );
+    let pid = wait_pid(&pid_file).await?;
+    let d2 = Daemon::start_in(d.kill().await, port, false).await?;
+    first.wait_stderr("re-attached").await?;
+    second.wait_stderr("re-attached").await?;
+    let said = say(&mut second, &sid, "mcp tools echo again").await?;
+    assert!(
+        said.contains(&"mcp: tools=echo result=again".to_owned()),
+        "{said:?}\n{}",
+        d2.log()
+    );
+    assert_eq!(wait_pid(&pid_file).await?, pid);
+    assert!(alive(pid));
+    Ok(())
+}
