@@ -319,7 +319,7 @@ async fn run_stdio(config: Config) -> Result<(), String> {
         profile,
         hub: core.hub.clone(),
         max_requests_per_second: 0,
-        mcp: None,
+        mcp_tunnel: false,
     };
     let cancel = core.drain.child_token();
     let (link, pump) =

@@ -2,17 +2,22 @@
 //! runs on the editor's machine (under acp-shim) through a loopback Streamable HTTP endpoint.
 //!
 //! acp-shim replaces each stdio server it runs locally by an `http` entry whose `url` is
-//! `acpd-mcp:NAME`; `rewrite` turns that into `http://127.0.0.1:PORT/mcp/SECRET` (a loopback
-//! listener of its own, bound on first use so a daemon nobody tunnels through holds no extra
-//! port; TLS, bearer tokens and the origin check of the main listener do not apply; the
-//! unguessable path is the capability) and remembers which connection it belongs to.
+//! `acpd-mcp:TOKEN`. That form is what a session stores; only a message to the agent carries
+//! loopback URLs: `for_agent` turns each entry into `http://127.0.0.1:PORT/mcp/SECRET` (a
+//! loopback listener of its own, bound on first use so a daemon nobody tunnels through holds no
+//! extra port; TLS, bearer tokens and the origin check of the main listener do not apply; the
+//! unguessable path is the capability), a route to (session, server name). Which connection
+//! serves a session's tunnelled servers is its *carrier* (`carry`: the client whose
+//! `session/new|load|resume`, or whose re-attach after a daemon restart, named them), with that
+//! connection's tokens by name; a route is resolved through it at each call, so a new carrier
+//! (another shim, a restarted daemon) serves the URLs the agent already holds.
 //! A POST there is one MCP JSON-RPC message: a request becomes `_acpd/mcp/message {server,
-//! message}` to that connection's client, and the `message` of its answer is the HTTP answer
+//! message}` to the carrier, and the `message` of its answer is the HTTP answer
 //! (`application/json`); a notification or response becomes `_acpd/mcp/notify` and is answered
-//! 202. The connection's `PeerHandle` outlives socket drops (resumable links), so a call made
-//! during a drop is answered when the link is back. No answer within `CALL_TIMEOUT`, a closed
-//! connection or an error from the shim is a JSON-RPC error under the MCP request's id, never a
-//! hang. GET (a server-initiated stream) is 405: the tunnel carries requests and their answers.
+//! 202. The carrier's `PeerHandle` outlives socket drops (resumable links), so a call made
+//! during a drop is answered when the link is back. No answer within `CALL_TIMEOUT`, no
+//! carrier, a closed connection or an error from the shim is a JSON-RPC error under the MCP
+//! request's id, never a hang. GET (a server-initiated stream) is 405.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,26 +40,48 @@ pub const SCHEME: &str = "acpd-mcp:";
 /// How long one MCP request may take on the editor's machine (a tool call may be slow).
 const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The tunnel endpoint and its routes; cheap to clone.
+/// The tunnel endpoint, its routes and each session's carrier; cheap to clone.
+///
+/// The only owner of both tables: session actors tell it who carries their servers
+/// (`carry`, `inherit`, `end`) and ask it for the agent's URLs (`for_agent`); the endpoint
+/// reads it per call.
 #[derive(Clone)]
 pub struct McpTunnels {
     /// `http://127.0.0.1:PORT/mcp/` once the listener is bound.
     base: Arc<tokio::sync::OnceCell<Arc<str>>>,
     tasks: TaskTracker,
     stop: CancellationToken,
-    /// A std Mutex: held only to insert, remove or clone one route, never across an await.
-    routes: Arc<Mutex<HashMap<String, Route>>>,
+    /// A std Mutex: held only to read or change a few entries, never across an await.
+    state: Arc<Mutex<Tables>>,
+}
+
+#[derive(Default)]
+struct Tables {
+    /// By secret: the (session, server name) a loopback URL stands for.
+    routes: HashMap<String, Route>,
+    /// By session: the connection that serves its tunnelled servers.
+    carriers: HashMap<String, Carrier>,
 }
 
 struct Route {
-    conn: Arc<str>,
-    /// The shim's token for the server, on `conn`.
-    server: String,
-    /// The entry's `name`: what a later load of the same session names it by.
+    session: String,
     name: String,
-    /// The acpd session it was given to, once known.
-    session: Option<String>,
+}
+
+#[derive(Clone)]
+struct Carrier {
     peer: PeerHandle,
+    /// The carrier's token (what `_acpd/mcp/message` names) for each server name.
+    tokens: HashMap<String, String>,
+}
+
+/// The `acpd-mcp:` entries of an `mcpServers` list: (name, token).
+fn tunnelled(servers: &Value) -> impl Iterator<Item = (String, String)> + '_ {
+    servers.as_array().into_iter().flatten().filter_map(|s| {
+        let token = s.get("url")?.as_str()?.strip_prefix(SCHEME)?;
+        let name = s.get("name").and_then(Value::as_str).unwrap_or_default();
+        Some((name.to_owned(), token.to_owned()))
+    })
 }
 
 impl McpTunnels {
@@ -64,7 +91,7 @@ impl McpTunnels {
             base: Arc::default(),
             tasks: tasks.clone(),
             stop,
-            routes: Arc::default(),
+            state: Arc::default(),
         }
     }
 
@@ -90,104 +117,98 @@ impl McpTunnels {
         self.base.get_or_try_init(|| bind).await.cloned()
     }
 
-    /// For `session/new|load|resume` (other methods: nothing to do), points the `acpd-mcp:`
-    /// entries of `params.mcpServers` at this daemon's endpoint, for
-    /// the client on `peer`, and returns their secrets (for `bind`). Without a listener they
-    /// stay as they are (the agent reports an address it cannot use).
-    ///
-    /// A `session/load|resume` (`params.sessionId`) also re-points the routes the session's
-    /// agent already holds, by server name, at this client: an agent side that lives on keeps
-    /// the URLs it was first given.
-    pub async fn rewrite(
-        &self,
-        method: &str,
-        params: &mut Value,
-        conn: &Arc<str>,
-        peer: &PeerHandle,
-    ) -> Vec<String> {
-        if !matches!(method, "session/new" | "session/load" | "session/resume") {
-            return vec![];
+    /// `peer` serves the `acpd-mcp:` entries of `servers` for `session` from now on (a list
+    /// without any changes nothing: the last client that carried them still does).
+    pub fn carry(&self, session: &str, peer: &PeerHandle, servers: &Value) {
+        let tokens: HashMap<String, String> = tunnelled(servers).collect();
+        if tokens.is_empty() {
+            return;
         }
-        let session = params
-            .get("sessionId")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        let tunnelled = |s: &Value| {
-            s.get("url")
-                .and_then(Value::as_str)
-                .is_some_and(|u| u.starts_with(SCHEME))
+        tracing::debug!(%session, servers = tokens.len(), "MCP tunnel carrier set");
+        let carrier = Carrier {
+            peer: peer.clone(),
+            tokens,
         };
-        let Some(servers) = params.get_mut("mcpServers").and_then(Value::as_array_mut) else {
-            return vec![];
-        };
-        if !servers.iter().any(tunnelled) {
-            return vec![];
+        let mut st = self.state.lock().expect("tunnel state");
+        st.carriers.insert(session.to_owned(), carrier);
+    }
+
+    /// A fork is served by its parent's carrier.
+    pub fn inherit(&self, parent: &str, child: &str) {
+        let mut st = self.state.lock().expect("tunnel state");
+        if let Some(c) = st.carriers.get(parent).cloned() {
+            st.carriers.insert(child.to_owned(), c);
+        }
+    }
+
+    /// The session closed (or was never made): its routes and carrier go.
+    pub fn end(&self, session: &str) {
+        let mut st = self.state.lock().expect("tunnel state");
+        st.carriers.remove(session);
+        st.routes.retain(|_, r| r.session != session);
+    }
+
+    /// `servers` as `session`'s agent is to see them: each `acpd-mcp:` entry a loopback URL
+    /// of its own. Without a listener they stay as they are (the agent reports an address it
+    /// cannot use).
+    pub async fn for_agent(&self, session: &str, servers: &Value) -> Value {
+        let mut servers = servers.clone();
+        if tunnelled(&servers).next().is_none() {
+            return servers;
         }
         let base = match self.base().await {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot listen for the MCP tunnel");
-                return vec![];
+                return servers;
             }
         };
-        let mut secrets = vec![];
-        for s in servers.iter_mut() {
-            let Some(server) = s
+        let mut st = self.state.lock().expect("tunnel state");
+        for s in servers.as_array_mut().into_iter().flatten() {
+            let ours = s
                 .get("url")
                 .and_then(Value::as_str)
-                .and_then(|u| u.strip_prefix(SCHEME))
-                .map(str::to_owned)
-            else {
+                .is_some_and(|u| u.starts_with(SCHEME));
+            if !ours {
                 continue;
-            };
-            let name = s
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-            let secret = uuid::Uuid::new_v4().simple().to_string();
+            }
+            let name = s.get("name").and_then(Value::as_str).unwrap_or_default();
+            // A restore within this daemon's life gives the agent the URL it had.
+            let known = st
+                .routes
+                .iter()
+                .find(|(_, r)| r.session == session && r.name == name)
+                .map(|(secret, _)| secret.clone());
+            let secret = known.unwrap_or_else(|| {
+                let secret = uuid::Uuid::new_v4().simple().to_string();
+                let route = Route {
+                    session: session.to_owned(),
+                    name: name.to_owned(),
+                };
+                st.routes.insert(secret.clone(), route);
+                secret
+            });
             s["url"] = json!(format!("{base}{secret}"));
-            let route = Route {
-                conn: conn.clone(),
-                server: server.clone(),
-                name: name.clone(),
-                session: session.clone(),
-                peer: peer.clone(),
-            };
-            let mut routes = self.routes.lock().expect("tunnel routes");
-            if session.is_some() {
-                for r in routes.values_mut() {
-                    if r.session == session && r.name == name {
-                        r.conn = conn.clone();
-                        r.server = server.clone();
-                        r.peer = peer.clone();
-                    }
-                }
-            }
-            routes.insert(secret.clone(), route);
-            secrets.push(secret);
         }
-        secrets
+        servers
     }
 
-    /// `session/new` made `session`: the routes `rewrite` returned are its.
-    pub fn bind(&self, secrets: &[String], session: &str) {
-        let mut routes = self.routes.lock().expect("tunnel routes");
-        for s in secrets {
-            if let Some(r) = routes.get_mut(s) {
-                r.session = Some(session.to_owned());
-            }
-        }
-    }
-
-    /// The connection ended. Routes of a session stay (a later load re-points them; until
-    /// then a call is answered "the editor disconnected"); the others go. The shim stops its
-    /// servers itself.
-    pub fn forget(&self, conn: &Arc<str>) {
-        self.routes
-            .lock()
-            .expect("tunnel routes")
-            .retain(|_, r| &r.conn != conn || r.session.is_some());
+    /// Where a POST to `secret` goes: the carrier's peer and token, or why not.
+    fn resolve(&self, secret: &str) -> Option<Result<(PeerHandle, String), String>> {
+        let st = self.state.lock().expect("tunnel state");
+        let route = st.routes.get(secret)?;
+        let name = &route.name;
+        let Some(carrier) = st.carriers.get(&route.session) else {
+            return Some(Err(format!(
+                "MCP server `{name}` runs on the editor's machine, and no editor connection that carries it is attached"
+            )));
+        };
+        Some(match carrier.tokens.get(name) {
+            Some(token) => Ok((carrier.peer.clone(), token.clone())),
+            None => Err(format!(
+                "the editor's connection no longer carries MCP server `{name}`"
+            )),
+        })
     }
 }
 
@@ -196,13 +217,7 @@ async fn not_allowed() -> StatusCode {
 }
 
 async fn on_post(State(t): State<McpTunnels>, Path(secret): Path<String>, body: Bytes) -> Response {
-    let route = {
-        let routes = t.routes.lock().expect("tunnel routes");
-        routes
-            .get(&secret)
-            .map(|r| (r.peer.clone(), r.server.clone()))
-    };
-    let Some((peer, server)) = route else {
+    let Some(route) = t.resolve(&secret) else {
         return (StatusCode::NOT_FOUND, "no such MCP tunnel").into_response();
     };
     let Ok(message) = serde_json::from_slice::<Value>(&body) else {
@@ -210,6 +225,17 @@ async fn on_post(State(t): State<McpTunnels>, Path(secret): Path<String>, body: 
         return (StatusCode::BAD_REQUEST, Json(e)).into_response();
     };
     let id = message.get("id").cloned();
+    let (peer, server) = match route {
+        Ok(r) => r,
+        Err(why) if id.is_none() || message.get("method").is_none() => {
+            return (StatusCode::NOT_FOUND, why).into_response();
+        }
+        Err(why) => {
+            tracing::info!(%why, "MCP tunnel call refused");
+            let e = json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603, "message": why}});
+            return Json(e).into_response();
+        }
+    };
     let params = json!({ "server": server, "message": message });
     let Some(id) = id.filter(|_| message.get("method").is_some()) else {
         // A notification (or a response): nothing to wait for.
@@ -235,4 +261,34 @@ async fn on_post(State(t): State<McpTunnels>, Path(secret): Path<String>, body: 
     tracing::info!(%server, %why, "MCP tunnel call failed");
     Json(json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603, "message": why}}))
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn agents_get_one_loopback_url_per_server_and_session() {
+        let t = McpTunnels::new(&TaskTracker::new(), CancellationToken::new());
+        let servers = json!([
+            {"type": "http", "name": "git", "url": "acpd-mcp:1-git", "headers": []},
+            {"type": "http", "name": "web", "url": "https://x/mcp", "headers": []},
+        ]);
+        let seen = t.for_agent("s1", &servers).await;
+        let url = seen[0]["url"].as_str().unwrap().to_owned();
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        assert_eq!(seen[1], servers[1]);
+        // A restore in the same daemon gives the same URL; another session gets its own.
+        assert_eq!(t.for_agent("s1", &servers).await[0]["url"], url.as_str());
+        assert_ne!(t.for_agent("s2", &servers).await[0]["url"], url.as_str());
+        // No carrier yet (a restarted daemon before the shim re-attached): a clear error.
+        let secret = url.rsplit('/').next().unwrap();
+        let Some(Err(why)) = t.resolve(secret) else {
+            panic!("resolved without a carrier")
+        };
+        assert!(why.contains("`git`"), "{why}");
+        t.end("s1");
+        assert!(t.resolve(secret).is_none());
+        assert_eq!(tunnelled(&servers).count(), 1);
+    }
 }

@@ -40,9 +40,9 @@ pub struct ConnectionCtx {
     pub hub: SessionHub,
     /// Sustained requests per second this connection may send (0: no limit).
     pub max_requests_per_second: u32,
-    /// Where acp-shim's `acpd-mcp:` servers are tunnelled (WebSocket upgrades only: the
-    /// transport acp-shim uses).
-    pub mcp: Option<crate::mcp_tunnel::McpTunnels>,
+    /// acp-shim's `acpd-mcp:` servers may be tunnelled over this connection (WebSocket
+    /// upgrades only: the transport acp-shim uses).
+    pub mcp_tunnel: bool,
 }
 
 /// Runs one connection until its link closes or `shutdown` fires.
@@ -99,9 +99,6 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
         }
     }
     conn.handlers.abort_all();
-    if let Some(mcp) = &conn.ctx.mcp {
-        mcp.forget(&conn.ctx.conn_id);
-    }
     let _ = peer_task.await;
     metrics::gauge!(crate::metrics::CONNECTIONS_LIVE).decrement(1);
     tracing::debug!("disconnected");
@@ -163,6 +160,7 @@ impl Connection {
             role,
             principal: Arc::from(self.ctx.principal.as_str()),
             principal_name: Arc::from(self.ctx.principal_name.as_str()),
+            mcp_tunnel: self.ctx.mcp_tunnel,
         }
     }
 
@@ -190,7 +188,7 @@ impl Connection {
             responder,
             cancelled: _,
         } = req;
-        let mut params = params.unwrap_or_else(|| json!({}));
+        let params = params.unwrap_or_else(|| json!({}));
         tracing::debug!(%method, "request");
         if !self.rate.admit() {
             let e = ResponseError::new(RATE_LIMITED, "Rate limit exceeded; slow down");
@@ -224,29 +222,18 @@ impl Connection {
                 .respond(Err(AcpError::InvalidParams(why).into()))
                 .await;
         }
-        let tunnelled = match &self.ctx.mcp {
-            Some(mcp) => {
-                mcp.rewrite(&method, &mut params, &self.ctx.conn_id, &self.peer)
-                    .await
-            }
-            None => vec![],
-        };
         let hub = self.ctx.hub.clone();
         let principal = self.ctx.principal.clone();
         match method.as_str() {
             "session/new" => {
                 let client = self.client(&init, Role::Controller);
                 let profile = self.ctx.profile.clone();
-                let mcp = self.ctx.mcp.clone();
                 self.handlers.spawn(async move {
                     match hub
                         .create(&principal, &profile, client, params, responder)
                         .await
                     {
-                        Ok(h) => {
-                            mcp.iter().for_each(|m| m.bind(&tunnelled, &h.id));
-                            Done::Created(h)
-                        }
+                        Ok(h) => Done::Created(h),
                         Err((e, r)) => {
                             r.respond(Err(e.into())).await;
                             Done::Nothing
@@ -299,8 +286,10 @@ impl Connection {
                     "session/load" => AttachMode::Load { params },
                     "session/resume" => AttachMode::Resume { params },
                     _ => match params.get("afterSeq").map(Value::as_i64) {
-                        None => AttachMode::After { after_seq: 0 },
-                        Some(Some(n)) if n >= 0 => AttachMode::After { after_seq: n },
+                        None | Some(Some(0..)) => AttachMode::After {
+                            after_seq: params.get("afterSeq").and_then(Value::as_i64).unwrap_or(0),
+                            mcp_servers: params.get("mcpServers").cloned(),
+                        },
                         Some(_) => {
                             let e = AcpError::InvalidParams(
                                 "afterSeq must be a non-negative integer".into(),

@@ -65,8 +65,6 @@ struct AppState {
     registry: registry::Registry,
     /// Streamable HTTP (`POST`/SSE `GET`/`DELETE` on `/acp`).
     http: streamable::HttpState,
-    /// The editor's MCP servers: acp-shim's links (WebSocket upgrades) may tunnel them.
-    mcp: crate::mcp_tunnel::McpTunnels,
 }
 
 impl FromRef<AppState> for streamable::HttpState {
@@ -86,8 +84,6 @@ pub struct Core {
     pub drain: CancellationToken,
     /// Stops sessions and agents; fired once running turns are done or the grace is over.
     pub stop: CancellationToken,
-    /// The loopback endpoint of the editor's MCP servers tunnelled over acp-shim's link.
-    pub mcp: crate::mcp_tunnel::McpTunnels,
 }
 
 /// How long cancelled turns get to wind down (the agent answering `cancelled`).
@@ -114,14 +110,15 @@ impl Core {
         let tasks = TaskTracker::new();
         let stop = CancellationToken::new();
         let pool = AgentPool::spawn(config.clone(), tasks.clone(), stop.clone());
+        let mcp = crate::mcp_tunnel::McpTunnels::new(&tasks, stop.clone());
         let hub = SessionHub::spawn(
             store.clone(),
             pool,
             config.sessions.clone(),
+            mcp.clone(),
             tasks.clone(),
             stop.clone(),
         );
-        let mcp = crate::mcp_tunnel::McpTunnels::new(&tasks, stop.clone());
         Ok(Core {
             config,
             store,
@@ -129,7 +126,6 @@ impl Core {
             tasks,
             drain: CancellationToken::new(),
             stop,
-            mcp,
         })
     }
 
@@ -216,7 +212,6 @@ pub async fn serve(
         store: core.store.clone(),
         registry,
         http,
-        mcp: core.mcp.clone(),
         resume: transport::resume::Resumer::spawn(
             transport::resume::ResumeSettings {
                 grace: core.config.resume_grace,
@@ -344,7 +339,7 @@ fn connection_ctx(
         profile,
         hub: hub.clone(),
         max_requests_per_second: config.limits.max_requests_per_second,
-        mcp: None,
+        mcp_tunnel: false,
     }
 }
 
@@ -376,7 +371,7 @@ async fn acp_upgrade(
         }
     };
     let mut ctx = connection_ctx(&conn_id, identity, profile, &st.config, &st.hub);
-    ctx.mcp = Some(st.mcp.clone());
+    ctx.mcp_tunnel = true;
     let max = st.config.limits.max_message_bytes;
     // Frames somewhat over the limit are read and answered with an error; far over it the
     // socket is closed (1009) rather than buffering without bound.

@@ -47,9 +47,17 @@ pub struct Client {
     pub principal: Arc<str>,
     /// The name of its principal, for presence.
     pub principal_name: Arc<str>,
+    /// Its `acpd-mcp:` MCP servers can be tunnelled (acp-shim's transport, a WebSocket).
+    pub mcp_tunnel: bool,
 }
 
 impl Client {
+    /// Whether the `acpd-mcp:` servers it names are served through it: only a controller's
+    /// (an observer does not decide what the agent's tools reach) over acp-shim's transport.
+    pub fn carries_mcp(&self) -> bool {
+        self.mcp_tunnel && self.role.may_steer()
+    }
+
     /// `initialize.clientInfo.name`, if it sent one.
     pub fn name(&self) -> Option<&str> {
         self.init
@@ -82,8 +90,13 @@ pub enum AttachMode {
     Load { params: Value },
     /// `session/resume`: no replay.
     Resume { params: Value },
-    /// `_acpd/session/attach`: replay what came after `after_seq`, answer `{lastSeq}`.
-    After { after_seq: i64 },
+    /// `_acpd/session/attach`: replay what came after `after_seq`, answer `{lastSeq}`. Its
+    /// `mcpServers` (acp-shim's re-attach after a daemon restart) claim the session's
+    /// tunnelled servers for this client; they do not reach the agent.
+    After {
+        after_seq: i64,
+        mcp_servers: Option<Value>,
+    },
     /// A request on a session this connection has not attached yet.
     Implicit,
 }
@@ -214,6 +227,8 @@ pub(crate) struct Shared {
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
     pub hub: mpsc::Sender<HubCommand>,
+    /// The editor's tunnelled MCP servers: who carries each session's, and the agent's URLs.
+    pub mcp: crate::mcp_tunnel::McpTunnels,
     /// Prompt turns running across all sessions. Each actor adds and removes its own; the
     /// drain reads it to know when running turns are done. A counter, not shared state.
     pub turns: Arc<std::sync::atomic::AtomicUsize>,
@@ -277,6 +292,7 @@ impl SessionHub {
         store: Store,
         pool: AgentPool,
         settings: SessionSettings,
+        mcp: crate::mcp_tunnel::McpTunnels,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> SessionHub {
@@ -288,6 +304,7 @@ impl SessionHub {
             tasks: tasks.clone(),
             shutdown,
             hub: tx,
+            mcp,
             turns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         };
         let task = hub::HubTask {
@@ -387,9 +404,24 @@ impl SessionHub {
             Ok(p) => p,
             Err(why) => return Err((AcpError::InvalidParams(why), responder)),
         };
-        let mut result = match agent.request("session/new", params.clone()).await {
+        // The id comes first: the tunnelled servers' routes are the session's. What is stored
+        // is their `acpd-mcp:` form; only the agent gets loopback URLs.
+        let id = new_session_id();
+        let servers = params
+            .get("mcpServers")
+            .cloned()
+            .unwrap_or_else(|| json!([]));
+        if client.carries_mcp() {
+            self.shared.mcp.carry(&id, &client.peer, &servers);
+        }
+        let mut to_agent = params.clone();
+        to_agent["mcpServers"] = self.shared.mcp.for_agent(&id, &servers).await;
+        let mut result = match agent.request("session/new", to_agent).await {
             Ok(r) => r,
-            Err(e) => return Err((e.into(), responder)),
+            Err(e) => {
+                self.shared.mcp.end(&id);
+                return Err((e.into(), responder));
+            }
         };
         if !mcp_refused.is_empty() {
             if !result["_meta"].is_object() {
@@ -410,7 +442,6 @@ impl SessionHub {
                 responder,
             ));
         };
-        let id = new_session_id();
         let now = now_ms();
         let row = SessionRow {
             id: id.clone(),
@@ -432,7 +463,7 @@ impl SessionHub {
             meta: json!({
                 "modes": result.get("modes"),
                 "configOptions": result.get("configOptions"),
-                "mcpServers": params.get("mcpServers").cloned().unwrap_or_else(|| json!([])),
+                "mcpServers": servers,
             })
             .to_string(),
             created_at_ms: now,

@@ -279,3 +279,96 @@ async fn editor_mcp_servers_follow_a_session_loaded_by_another_shim() -> Result<
     );
     Ok(())
 }
+
+/// A daemon restart (killed, or drained by SIGTERM): the shim re-attaches and claims the
+/// session's tunnelled servers, the restored agent gets this daemon's loopback URLs for them,
+/// and the same server process on the editor's machine answers.
+async fn editor_mcp_server_survives_a_daemon_restart(graceful: bool) -> Result<()> {
+    let d = Daemon::start(false).await?;
+    let port = d.port;
+    let work = tempfile::tempdir()?;
+    let pid_file = d.dir.path().join("mcp.pid");
+    let mut shim = Shim::spawn(&d.url(), &[], d.dir.path())?;
+    init(&mut shim).await?;
+    let pf = pid_file.to_str().context("utf-8")?;
+    let servers = json!([server("tools", &["--pid-file", pf])]);
+    let sid = new_session(&mut shim, work.path(), servers).await?;
+    let said = say(&mut shim, &sid, "mcp tools echo before").await?;
+    assert!(
+        said.contains(&"mcp: tools=echo result=before".to_owned()),
+        "{said:?}"
+    );
+    let pid = wait_pid(&pid_file).await?;
+    let dir = if graceful {
+        d.terminate().await?.1
+    } else {
+        d.kill().await
+    };
+    let d2 = Daemon::start_in(dir, port, false).await?;
+    shim.wait_stderr("re-attached").await?;
+    let said = say(&mut shim, &sid, "mcp tools echo after").await?;
+    assert!(
+        said.contains(&"mcp: tools=echo result=after".to_owned()),
+        "{said:?}\n{}\n-----\n{}",
+        shim.stderr(),
+        d2.log()
+    );
+    // The server kept running on the editor's machine through the restart.
+    assert!(alive(pid));
+    assert_eq!(wait_pid(&pid_file).await?, pid);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editor_mcp_server_survives_a_killed_daemon() -> Result<()> {
+    editor_mcp_server_survives_a_daemon_restart(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editor_mcp_server_survives_a_drained_daemon() -> Result<()> {
+    editor_mcp_server_survives_a_daemon_restart(true).await
+}
+
+/// A shared session: the shim that named the servers serves them; another controller that
+/// only attaches does not take them over, before or after a daemon restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editor_mcp_servers_stay_with_the_shim_that_carried_them() -> Result<()> {
+    let d = Daemon::start(false).await?;
+    let port = d.port;
+    let work = tempfile::tempdir()?;
+    let pid_file = d.dir.path().join("mcp.pid");
+    let mut first = Shim::spawn(&d.url(), &[], d.dir.path())?;
+    init(&mut first).await?;
+    let pf = pid_file.to_str().context("utf-8")?;
+    let sid = new_session(
+        &mut first,
+        work.path(),
+        json!([server("tools", &["--pid-file", pf])]),
+    )
+    .await?;
+    let mut second = Shim::spawn(&d.url(), &[], d.dir.path())?;
+    init(&mut second).await?;
+    let id = second
+        .request("_acpd/session/attach", json!({"sessionId": sid}))
+        .await?;
+    let (r, _) = second.until_response(id).await?;
+    assert!(r.get("result").is_some(), "{r}");
+    let said = say(&mut second, &sid, "mcp tools echo shared").await?;
+    assert!(
+        said.contains(&"mcp: tools=echo result=shared".to_owned()),
+        "{said:?}"
+    );
+    let pid = wait_pid(&pid_file).await?;
+    let d2 = Daemon::start_in(d.kill().await, port, false).await?;
+    first.wait_stderr("re-attached").await?;
+    second.wait_stderr("re-attached").await?;
+    let said = say(&mut second, &sid, "mcp tools echo again").await?;
+    assert!(
+        said.contains(&"mcp: tools=echo result=again".to_owned()),
+        "{said:?}\n{}",
+        d2.log()
+    );
+    assert_eq!(wait_pid(&pid_file).await?, pid);
+    assert!(alive(pid));
+    Ok(())
+}

@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
+use super::mcp::McpClaims;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -128,6 +129,8 @@ pub struct Tracker {
     next_private: u64,
     /// The shim's re-attaches in flight: private id -> (session, afterSeq).
     attaching: HashMap<String, (String, i64)>,
+    /// The tunnelled MCP servers this shim runs: each re-attach claims its session's.
+    mcp_claims: McpClaims,
 }
 
 impl Tracker {
@@ -265,8 +268,9 @@ impl Tracker {
 
     /// The daemon restarted (or forgot the link): plan the recovery. `unsent` are the editor's
     /// messages that never left the shim.
-    pub fn on_restart(&mut self, unsent: Vec<String>) -> Restart {
+    pub fn on_restart(&mut self, unsent: Vec<String>, mcp_claims: McpClaims) -> Restart {
         self.epoch += 1;
+        self.mcp_claims = mcp_claims;
         self.attaching.clear();
         let mut r = Restart::default();
         let mut requeued_ids = HashSet::new();
@@ -303,11 +307,8 @@ impl Tracker {
         let attaches: Vec<(String, i64)> =
             sessions.into_iter().map(|(s, n)| (s.clone(), *n)).collect();
         for (sid, after) in attaches {
-            let pid = self.private_id();
-            let params = json!({ "sessionId": sid, "afterSeq": after }).to_string();
-            r.resend
-                .push(request(&pid, "_acpd/session/attach", &params));
-            self.attaching.insert(pid.clone(), (sid, after));
+            let (pid, line) = self.reattach(sid, after);
+            r.resend.push(line);
             r.private.insert(pid);
         }
         let mut dead: Vec<(String, Kind)> = self
@@ -344,10 +345,19 @@ impl Tracker {
         }
         tracing::warn!(session = %sid, after, last, "acpd's journal ends before what the editor was given; attaching from its end");
         self.sessions.insert(sid.clone(), last);
+        Some(self.reattach(sid, last))
+    }
+
+    /// A re-attach of `sid` after `after`, claiming its tunnelled MCP servers: (id, line).
+    fn reattach(&mut self, sid: String, after: i64) -> (String, String) {
         let pid = self.private_id();
-        let params = json!({ "sessionId": sid, "afterSeq": last }).to_string();
-        self.attaching.insert(pid.clone(), (sid, last));
-        Some((pid.clone(), request(&pid, "_acpd/session/attach", &params)))
+        let mut params = json!({ "sessionId": sid, "afterSeq": after });
+        if let Some(servers) = self.mcp_claims.get(&sid) {
+            params["mcpServers"] = servers.clone();
+        }
+        self.attaching.insert(pid.clone(), (sid, after));
+        let line = request(&pid, "_acpd/session/attach", &params.to_string());
+        (pid, line)
     }
 
     /// How many of the editor's requests the daemon still owes an answer.
@@ -469,10 +479,10 @@ mod tests {
         let queued =
             r#"{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":"s1"}}"#;
         t.note_editor(queued.into());
-        let r = t.on_restart(vec![
-            queued.into(),
-            r#"{"jsonrpc":"2.0","id":9,"result":{}}"#.into(),
-        ]);
+        let claims = McpClaims::from([("s1".into(), json!([{"url": "acpd-mcp:1-git"}]))]);
+        let late = r#"{"jsonrpc":"2.0","id":9,"result":{}}"#;
+        let unsent = vec![queued.into(), late.into()];
+        let r = t.on_restart(unsent, claims);
         assert_eq!(r.requeued, vec![queued.to_string()]);
         assert_eq!(r.resend.len(), 2);
         assert!(
@@ -481,6 +491,7 @@ mod tests {
             )
         );
         assert!(r.resend[1].contains(r#""afterSeq":7"#), "{}", r.resend[1]);
+        assert!(r.resend[1].contains("acpd-mcp:1-git"), "{}", r.resend[1]);
         assert_eq!(r.private.len(), 2);
         assert_eq!(r.answers.len(), 2);
         assert!(r.answers[0].contains(r#""id":2,"result":{"stopReason":"cancelled"}"#));
@@ -504,7 +515,7 @@ mod tests {
             &mut t,
             r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{},"_meta":{"acpd":{"seq":9}}}}"#,
         );
-        let r = t.on_restart(vec![]);
+        let r = t.on_restart(vec![], HashMap::new());
         assert!(r.resend[0].contains(r#""afterSeq":9"#), "{:?}", r.resend);
         let err = r#"{"jsonrpc":"2.0","id":"acp-shim:1","error":{"code":-32602,"message":"beyond","data":{"lastSeq":4}}}"#;
         let FromDaemon::Private {
@@ -533,7 +544,7 @@ mod tests {
             &mut t,
             r#"{"jsonrpc":"2.0","id":3,"method":"session/request_permission","params":{}}"#,
         );
-        t.on_restart(vec![]);
+        t.on_restart(vec![], HashMap::new());
         // A late answer to the dead daemon's request 3 is dropped...
         assert_eq!(
             t.note_editor(r#"{"jsonrpc":"2.0","id":3,"result":{}}"#.into()),

@@ -32,6 +32,9 @@ pub enum Policy {
     Drop,
 }
 
+/// By session: the `acpd-mcp:` entries the shim serves for it (a re-attach claims them).
+pub type McpClaims = HashMap<String, Value>;
+
 /// Messages queued for one server before its callers wait.
 const SERVER_QUEUE: usize = 64;
 
@@ -134,8 +137,7 @@ impl LocalMcp {
                 } else {
                     for s in servers.iter_mut().filter(|s| stdio(s)) {
                         let token = self.add(s);
-                        let name = s["name"].clone();
-                        *s = json!({"type": "http", "name": name, "url": format!("acpd-mcp:{token}"), "headers": []});
+                        *s = entry(&s["name"], &token);
                         tokens.push(token);
                     }
                 }
@@ -156,6 +158,23 @@ impl LocalMcp {
             }
             _ => None,
         }
+    }
+
+    /// The tunnel entries of each open session, as the daemon was given them: what a
+    /// re-attach after a daemon restart claims.
+    pub fn claims(&self) -> McpClaims {
+        self.by_session
+            .iter()
+            .filter(|(_, tokens)| !tokens.is_empty())
+            .map(|(sid, tokens)| {
+                let entries = tokens
+                    .iter()
+                    .filter_map(|t| Some((t, self.specs.get(t)?)))
+                    .map(|(t, spec)| entry(&json!(spec.name), t))
+                    .collect();
+                (sid.clone(), Value::Array(entries))
+            })
+            .collect()
     }
 
     /// Records a stdio entry; its token names it on the link.
@@ -289,6 +308,11 @@ impl LocalMcp {
             kill.cancel();
         }
     }
+}
+
+/// The entry the daemon (and, through it, the agent) sees for a server run here.
+fn entry(name: &Value, token: &str) -> Value {
+    json!({"type": "http", "name": name, "url": format!("acpd-mcp:{token}"), "headers": []})
 }
 
 fn error(daemon_id: &str, why: &str) -> String {
@@ -430,6 +454,8 @@ mod tests {
         // The answer binds the tokens to the session; closing it closes them.
         m.daemon_to_editor(r#"{"jsonrpc":"2.0","id":4,"result":{"sessionId":"s1"}}"#);
         assert_eq!(m.by_session["s1"], ["1-git"]);
+        // What a re-attach after a daemon restart claims: the entry the daemon was given.
+        assert_eq!(m.claims()["s1"], json!([s[0].clone()]));
         m.editor_to_daemon(
             r#"{"jsonrpc":"2.0","id":5,"method":"session/close","params":{"sessionId":"s1"}}"#,
         );

@@ -414,7 +414,7 @@ impl Relay {
         let unsent = self.window.take_unwritten();
         self.window = Window::new();
         self.conn_id = None;
-        let plan = self.tracker.on_restart(unsent);
+        let plan = self.tracker.on_restart(unsent, self.mcp.claims());
         tracing::warn!(
             sessions = self.tracker.open_sessions(),
             answered = plan.answers.len(),

@@ -38,7 +38,7 @@ impl Session {
         // attached as an implicit attach would (live updates from now on; the connection
         // counts it as attached), so attaching again from the end replays nothing twice.
         let (mode, responder) = match mode {
-            AttachMode::After { after_seq } if after_seq > current => {
+            AttachMode::After { after_seq, .. } if after_seq > current => {
                 if let Some(r) = responder {
                     let e = acpd_wire::ResponseError::invalid_params(format!(
                         "afterSeq {after_seq} is beyond the session's last seq {current}; nothing replayed; attach again from what you have (afterSeq <= {current}) or session/load"
@@ -54,14 +54,22 @@ impl Session {
             AttachMode::New { result } => (0, Some(result), false, bootstrap),
             AttachMode::Implicit => (current, None, false, Duration::ZERO),
             AttachMode::Resume { params } => {
-                self.adopt_client_params(&params);
+                self.adopt_client_params(&client, &params);
                 (current, Some(self.load_result()), false, bootstrap)
             }
             AttachMode::Load { params } => {
-                self.adopt_client_params(&params);
+                self.adopt_client_params(&client, &params);
                 (0, Some(self.load_result()), true, bootstrap)
             }
-            AttachMode::After { after_seq } => {
+            AttachMode::After {
+                after_seq,
+                mcp_servers,
+            } => {
+                // acp-shim re-attaching after a daemon restart: it serves the session's
+                // tunnelled servers again.
+                if let Some(m) = mcp_servers.filter(|_| client.carries_mcp()) {
+                    self.shared.mcp.carry(&self.id, &client.peer, &m);
+                }
                 let upto = self.outbox.replay_upto(&conn, after_seq);
                 let mut clients: Vec<Value> = self
                     .outbox
@@ -100,8 +108,10 @@ impl Session {
         }
     }
 
-    /// A load/resume carries the client's cwd and MCP servers; they are the ones to use now.
-    pub(super) fn adopt_client_params(&mut self, params: &Value) {
+    /// A load/resume carries the client's cwd and MCP servers; they are the ones to use now,
+    /// and its tunnelled ones are served by this client (the agent, if it lives on, keeps
+    /// the URLs it has: they resolve through the new carrier).
+    pub(super) fn adopt_client_params(&mut self, client: &Client, params: &Value) {
         let mut patch = SessionPatch {
             closed: Some(false),
             ..self.patch()
@@ -117,6 +127,9 @@ impl Session {
             self.meta["mcpServers"] =
                 crate::session::mcp::stored_for_agent(&self.row.agent, Some(m), policy, &self.id);
             patch.meta = Some(self.meta.to_string());
+            if client.carries_mcp() {
+                self.shared.mcp.carry(&self.id, &client.peer, m);
+            }
         }
         self.save(patch);
     }
@@ -185,6 +198,7 @@ impl Session {
             agent.unregister(&self.id);
         }
         self.agent = AgentState::Unbound;
+        self.shared.mcp.end(&self.id);
         for p in self.pending.drain() {
             p.answer_cancelled().await;
         }

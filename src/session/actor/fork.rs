@@ -48,7 +48,15 @@ impl Session {
                 .cloned()
                 .unwrap_or_else(|| json!([]));
         }
-        match self.send_in_band("session/fork", params.clone()).await {
+        // The fork's row keeps the `acpd-mcp:` form; the agent gets loopback URLs (served
+        // by this session's carrier, which the fork inherits).
+        let mut to_agent = params.clone();
+        to_agent["mcpServers"] = self
+            .shared
+            .mcp
+            .for_agent(&self.id, &params["mcpServers"])
+            .await;
+        match self.send_in_band("session/fork", to_agent).await {
             Ok(tag) => {
                 let fork = Inflight::Fork {
                     responder,
@@ -140,6 +148,7 @@ impl ForkJob {
             Err(e) => return Err((e, responder)),
         };
         tracing::info!(parent = %self.parent.id, fork = %id, entries = row.last_seq, "session forked");
+        shared.mcp.inherit(&self.parent.id, &id);
         let (reply, rx) = oneshot::channel();
         let spawn = HubCommand::Spawn {
             row: Box::new(row),

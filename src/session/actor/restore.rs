@@ -49,14 +49,17 @@ impl Session {
             return;
         };
         agent.register(&self.id, old.as_deref(), self.events.clone());
+        // Stored in their `acpd-mcp:` form: tunnelled servers get loopback URLs of this
+        // daemon, served by the session's carrier (the shim that re-attached with them).
+        let servers = crate::session::mcp::stored_for_agent(
+            &self.row.agent,
+            self.meta.get("mcpServers"),
+            &self.shared.settings.mcp_policy,
+            &self.id,
+        );
         let mut params = json!({
             "cwd": self.row.cwd,
-            "mcpServers": crate::session::mcp::stored_for_agent(
-                &self.row.agent,
-                self.meta.get("mcpServers"),
-                &self.shared.settings.mcp_policy,
-                &self.id,
-            ),
+            "mcpServers": self.shared.mcp.for_agent(&self.id, &servers).await,
         });
         if let Ok(Value::Array(dirs)) = serde_json::from_str::<Value>(&self.row.additional_dirs)
             && !dirs.is_empty()
