@@ -339,22 +339,24 @@ fn ensure_data_dir(config: &Config) -> Result<(), String> {
     Ok(())
 }
 
+/// The store as an admin subcommand opens it: shared with a running daemon (not exclusive).
+async fn admin_store(args: &Args) -> Result<Store, ExitCode> {
+    let config = config_of(args)?;
+    ensure_data_dir(&config).map_err(fail)?;
+    Store::open(&config.store_url, StoreOptions::default())
+        .await
+        .map_err(|e| fail(e.to_string()))
+}
+
 async fn token(action: TokenAction) -> ExitCode {
     let args = match &action {
         TokenAction::Create { args, .. }
         | TokenAction::List(args)
         | TokenAction::Revoke { args, .. } => args,
     };
-    let config = match config_of(args) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    if let Err(e) = ensure_data_dir(&config) {
-        return fail(e);
-    }
-    let store = match Store::open(&config.store_url, StoreOptions::default()).await {
+    let store = match admin_store(args).await {
         Ok(s) => s,
-        Err(e) => return fail(e.to_string()),
+        Err(code) => return code,
     };
     let code = match action {
         TokenAction::Create { name, .. } => match store.ensure_principal(&name).await {
@@ -410,16 +412,9 @@ async fn token(action: TokenAction) -> ExitCode {
 /// `acpd share SESSION --with NAME --role R` / `acpd share SESSION --with NAME --revoke`:
 /// the store is written here; daemons notice a revocation in their grant poll.
 async fn share(args: &Args, session: &str, with: &str, role: Option<&str>) -> ExitCode {
-    let config = match config_of(args) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    if let Err(e) = ensure_data_dir(&config) {
-        return fail(e);
-    }
-    let store = match Store::open(&config.store_url, StoreOptions::default()).await {
+    let store = match admin_store(args).await {
         Ok(s) => s,
-        Err(e) => return fail(e.to_string()),
+        Err(code) => return code,
     };
     let req = crate::session::ShareRequest {
         session_id: session,

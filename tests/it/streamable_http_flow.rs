@@ -31,21 +31,6 @@ async fn idle_streams_get_keep_alives_and_a_gone_reader_is_dropped() {
     assert_eq!(r.status, 404, "{r:?}");
 }
 
-/// Waits until acpd logs that a client lags (its queue filled: it is fed from the journal).
-async fn until_lagging(daemon: &Daemon) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(daemon.log_path())
-        .unwrap()
-        .contains("feeding it from the journal")
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the reader never backed up to the session: the test did not exercise a lag"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_slow_sse_reader_catches_up_from_the_journal_and_slows_no_one_else() {
     const N: usize = 30_000;
@@ -58,7 +43,7 @@ async fn a_slow_sse_reader_catches_up_from_the_journal_and_slows_no_one_else() {
     // ~32 MiB: more than the connection holds and the socket buffers, and nobody reads.
     let mut slow = Sse::open_small(addr, &[c, SSE, s]).await;
     prompt(addr, &conn, &sid, 3, &format!("stream {N} 1024")).await;
-    until_lagging(&daemon).await;
+    daemon.until_lagging().await;
 
     // Another client, another session, on its own connection: streams as usual.
     let (conn2, sid2, _main2) = session(&daemon).await;

@@ -22,22 +22,6 @@ fn chunks(updates: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-/// Waits (bounded) until the daemon says a client's queue filled and it is fed from the
-/// journal; a test that never gets there did not exercise what it is about.
-async fn until_lagging(daemon: &Daemon) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(daemon.log_path())
-        .unwrap()
-        .contains("feeding it from the journal")
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the client's queue never filled: the test did not exercise a lagging client"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_client_stuck_in_a_big_load_holds_up_no_other_session_of_the_agent() {
     const HISTORY: usize = 100_000;
@@ -125,7 +109,7 @@ async fn re_attach_during_a_full_queue_delivers_every_update_once_in_order() {
     // 20 MiB: far more than the client's queue and the socket buffers.
     let prompt = c.send_prompt(&sid, &format!("stream {N} 1024")).await;
     // Read nothing until the session says the client's queue is full.
-    until_lagging(&daemon).await;
+    daemon.until_lagging().await;
     // Re-attach after the last update actually read.
     let attach = c
         .send_request(
@@ -196,7 +180,7 @@ async fn a_close_sent_while_the_client_lags_is_answered_once_caught_up() {
     let sid = c.open_session(&daemon.work_dir()).await;
     // 20 MiB: far more than the client's queue and the socket buffers.
     let prompt = c.send_prompt(&sid, &format!("stream {N} 1024")).await;
-    until_lagging(&daemon).await;
+    daemon.until_lagging().await;
     // The answers to the turn and to the close are held behind the client's catch-up; the
     // session ends after the close, and must not drop them on its way out.
     let close = c

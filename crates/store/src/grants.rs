@@ -126,26 +126,34 @@ pub(super) async fn principal_by_name(
     pool: &Pool,
     name: &str,
 ) -> Result<Option<super::PrincipalRow>, StoreError> {
-    on_pool!(pool, |p| {
-        let row = sqlx::query("SELECT id, name, created_at_ms FROM principals WHERE name = $1")
-            .bind(name)
-            .fetch_optional(p)
-            .await
-            .map_err(db)?;
-        row.as_ref()
-            .map(super::rows::principal_row)
-            .transpose()
-            .map_err(db)
-    })
+    principal_where(
+        pool,
+        "SELECT id, name, created_at_ms FROM principals WHERE name = $1",
+        name,
+    )
+    .await
 }
 
 pub(super) async fn principal(
     pool: &Pool,
     id: &str,
 ) -> Result<Option<super::PrincipalRow>, StoreError> {
+    principal_where(
+        pool,
+        "SELECT id, name, created_at_ms FROM principals WHERE id = $1",
+        id,
+    )
+    .await
+}
+
+async fn principal_where(
+    pool: &Pool,
+    sql: &'static str,
+    key: &str,
+) -> Result<Option<super::PrincipalRow>, StoreError> {
     on_pool!(pool, |p| {
-        let row = sqlx::query("SELECT id, name, created_at_ms FROM principals WHERE id = $1")
-            .bind(id)
+        let row = sqlx::query(sql)
+            .bind(key)
             .fetch_optional(p)
             .await
             .map_err(db)?;

@@ -396,6 +396,22 @@ impl Daemon {
         self.spawn().await;
     }
 
+    /// Waits (bounded) until the daemon says a client's queue filled and it is fed from the
+    /// journal; a test that never gets there did not exercise what it is about.
+    pub async fn until_lagging(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(self.log_path())
+            .unwrap_or_default()
+            .contains("feeding it from the journal")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no client's queue filled: the test did not exercise a lagging client"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Pids the scripted agents recorded in the pid dir.
     pub fn agent_pids(&self) -> Vec<i32> {
         let mut pids: Vec<i32> = std::fs::read_dir(self.pid_dir())
