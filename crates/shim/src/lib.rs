@@ -13,6 +13,7 @@ mod editor;
 mod frame;
 mod map;
 mod mcp;
+mod pipe;
 mod relay;
 mod stdin;
 mod stdout;

@@ -7,6 +7,8 @@ use std::ops::Range;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
+use super::pipe;
+
 /// One line for stdout, without its newline.
 pub enum OutLine {
     Owned(String),
@@ -42,9 +44,17 @@ impl From<String> for OutLine {
 }
 
 /// Lines to stdout, flushed whenever the queue runs dry.
-pub async fn write_stdout(mut rx: mpsc::Receiver<OutLine>) {
+pub async fn write_stdout(rx: mpsc::Receiver<OutLine>) {
+    let out = write_lines(rx, pipe::stdout()).await;
+    pipe::restore_stdout(out);
+}
+
+/// Room for a burst of updates: one write per burst.
+const STDOUT_BUFFER: usize = 64 * 1024;
+
+async fn write_lines(mut rx: mpsc::Receiver<OutLine>, stdout: pipe::Stdout) -> pipe::Stdout {
     use tokio::io::AsyncWriteExt;
-    let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
+    let mut out = tokio::io::BufWriter::with_capacity(STDOUT_BUFFER, stdout);
     while let Some(line) = rx.recv().await {
         let r = async {
             out.write_all(line.as_str().as_bytes()).await?;
@@ -56,8 +66,9 @@ pub async fn write_stdout(mut rx: mpsc::Receiver<OutLine>) {
         };
         if let Err(e) = r.await {
             tracing::warn!(error = %e, "stdout write failed");
-            return;
+            return out.into_inner();
         }
     }
     let _ = out.flush().await;
+    out.into_inner()
 }
