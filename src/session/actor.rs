@@ -32,6 +32,9 @@ use crate::error::AcpError;
 use acpd_store::{SessionRow, StoreError};
 use acpd_wire::{PeerError, Responder, ResponseError};
 
+/// Most agent events handled in one pass of the actor's loop.
+const EVENT_BURST: usize = 256;
+
 pub(super) fn spawn(
     row: SessionRow,
     agent: Option<(AgentHandle, String)>,
@@ -237,6 +240,14 @@ impl Session {
                 ev = events.recv() => {
                     if let Some(ev) = ev {
                         self.on_agent_event(ev).await;
+                        // The events already queued go with it: one flush (and one pass of
+                        // this loop) per burst of updates, not per update.
+                        for _ in 1..EVENT_BURST {
+                            match events.try_recv() {
+                                Ok(ev) => self.on_agent_event(ev).await,
+                                Err(_) => break,
+                            }
+                        }
                     }
                 }
                 Ok(()) = self.durable_rx.changed() => {}

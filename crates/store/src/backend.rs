@@ -143,7 +143,11 @@ impl Pool {
                 let opts = opts
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal);
+                // No ping before each acquire: a connection to a local file does not go stale
+                // the way a server's does, and the ping is one more round trip to sqlx's SQLite
+                // thread in front of every group commit.
                 SqlitePoolOptions::new()
+                    .test_before_acquire(false)
                     .max_connections(max_connections)
                     .acquire_timeout(ACQUIRE_TIMEOUT)
                     .connect_with(opts)

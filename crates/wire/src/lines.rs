@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::bytes::{Buf, BytesMut};
@@ -66,7 +66,12 @@ where
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 permit = reserve(in_tx.as_ref()), if held.is_some() => match permit {
-                    Some(p) => { if let Some(f) = held.take() { p.send(f) } }
+                    Some(p) => {
+                        if let Some(f) = held.take() { p.send(f) }
+                        if let Some(tx) = &in_tx {
+                            (held, input_done) = read_ready(&mut lines, tx);
+                        }
+                    }
                     // The peer stopped reading; what it still queued is written.
                     None => {
                         held = None;
@@ -74,7 +79,13 @@ where
                     }
                 },
                 line = lines.next(), if in_tx.is_some() && held.is_none() => match line {
-                    Some(Ok(line)) => held = Some(line.into()),
+                    Some(Ok(line)) => {
+                        held = Some(line.into());
+                        if let Some(tx) = &in_tx && let Ok(p) = tx.try_reserve() {
+                            if let Some(f) = held.take() { p.send(f) }
+                            (held, input_done) = read_ready(&mut lines, tx);
+                        }
+                    }
                     Some(Err(e)) => {
                         tracing::debug!(error = %e, "line transport read failed");
                         input_done = true;
@@ -132,6 +143,33 @@ async fn write_burst<W: AsyncWrite + Unpin>(
         }
     }
     SinkExt::<String>::flush(sink).await
+}
+
+/// Hands the link the lines that can be had without waiting (already buffered, or one
+/// non-blocking read away), up to `BURST`, while it has room: a burst of an agent's output
+/// costs one pass of the pump's loop, not one per line. Returns the line that found no room
+/// (held until there is) and whether input ended.
+fn read_ready<R: AsyncRead + Unpin>(
+    lines: &mut FramedRead<R, LineDecoder>,
+    tx: &mpsc::Sender<InFrame>,
+) -> (Option<InFrame>, bool) {
+    for _ in 0..BURST {
+        let frame = match lines.next().now_or_never() {
+            Some(Some(Ok(line))) => InFrame::from(line),
+            Some(Some(Err(e))) => {
+                tracing::debug!(error = %e, "line transport read failed");
+                return (None, true);
+            }
+            Some(None) => return (None, true),
+            None => break,
+        };
+        match tx.try_send(frame) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(f)) => return (Some(f), false),
+            Err(mpsc::error::TrySendError::Closed(_)) => return (None, true),
+        }
+    }
+    (None, false)
 }
 
 /// `fut` under an optional deadline.

@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use super::envelope::{self, RawNotification};
 use super::msg::{Malformed, Message, Notification, Request, RequestId, Response, ResponseError};
 
+mod incoming;
 mod memory;
 pub use memory::memory_pair;
 
@@ -395,25 +396,43 @@ impl PeerTask {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
+                // Each arm moves what is ready now, not one item: a stream of updates costs
+                // one pass of this loop per burst rather than one per message.
                 permit = link.outgoing.reserve(), if !self.to_write.is_empty() => match permit {
-                    Ok(p) => p.send(self.to_write.pop_front().unwrap_or_default()),
+                    Ok(p) => {
+                        p.send(self.to_write.pop_front().unwrap_or_default());
+                        self.write_ready(&link.outgoing);
+                    }
                     Err(_) => break,
                 },
                 cmd = commands.recv(), if self.to_write.len() < WRITE_QUEUE => match cmd {
-                    Some(cmd) => self.on_command(cmd),
+                    Some(cmd) => {
+                        self.on_command(cmd);
+                        while self.to_write.len() < WRITE_QUEUE && let Ok(cmd) = commands.try_recv() {
+                            self.on_command(cmd);
+                        }
+                    }
                     None => break,
                 },
                 permit = deliver.reserve(), if !self.to_deliver.is_empty() => match permit {
-                    Ok(p) => { if let Some(m) = self.to_deliver.pop_front() { p.send(m) } }
+                    Ok(p) => {
+                        if let Some(m) = self.to_deliver.pop_front() { p.send(m) }
+                        while let Some(m) = self.to_deliver.pop_front() {
+                            if let Err(e) = deliver.try_send(m) {
+                                if let mpsc::error::TrySendError::Full(m) = e { self.to_deliver.push_front(m) }
+                                break;
+                            }
+                        }
+                    }
                     // The owner is gone: nobody can answer; the dropped responders reply -32603.
                     Err(_) => self.to_deliver.clear(),
                 },
                 frame = link.incoming.recv(), if link_open && self.to_deliver.len() < DELIVER_QUEUE => match frame {
-                    Some(InFrame::Text(t)) => self.on_frame(&t),
-                    Some(InFrame::NotUtf8) => self.write(Malformed::Parse("invalid UTF-8".into()).reply().into()),
-                    Some(InFrame::TooLarge(n)) => {
-                        let e = ResponseError::invalid_request(format!("message of {n} bytes is over the size limit"));
-                        self.write(Response { id: RequestId::Null, result: Err(e) }.into());
+                    Some(f) => {
+                        self.on_in_frame(f);
+                        while self.to_deliver.len() < DELIVER_QUEUE && let Ok(f) = link.incoming.try_recv() {
+                            self.on_in_frame(f);
+                        }
                     }
                     None => link_open = false,
                 },
@@ -429,6 +448,18 @@ impl PeerTask {
         for (_, reply) in self.ours.drain() {
             if let Reply::Oneshot(tx) = reply {
                 let _ = tx.send(Err(PeerError::Disconnected));
+            }
+        }
+    }
+
+    /// Hands the link what it has room for now, after the frame a permit was awaited for.
+    fn write_ready(&mut self, out: &mpsc::Sender<String>) {
+        while let Some(t) = self.to_write.pop_front() {
+            if let Err(e) = out.try_send(t) {
+                if let mpsc::error::TrySendError::Full(t) = e {
+                    self.to_write.push_front(t);
+                }
+                break;
             }
         }
     }
@@ -479,89 +510,6 @@ impl PeerTask {
                         .into(),
                     );
                 }
-            }
-        }
-    }
-
-    fn on_frame(&mut self, text: &str) {
-        tracing::trace!(frame = %text, "in");
-        // The common case, a stream of notifications, is read by its envelope alone.
-        if let Some(n) = envelope::notification(text) {
-            self.to_deliver.push_back(Incoming::Notification(n));
-            return;
-        }
-        let msg = match Message::parse(text) {
-            Ok(m) => m,
-            Err(bad) => {
-                if let Malformed::Parse(e) = &bad {
-                    tracing::debug!(error = %e, "malformed frame");
-                }
-                self.write(bad.reply().into());
-                return;
-            }
-        };
-        match msg {
-            Message::Response(r) => {
-                let key = match &r.id {
-                    RequestId::Number(n) => n.as_u64(),
-                    RequestId::String(s) => s.parse().ok(),
-                    RequestId::Null => None,
-                };
-                match key.and_then(|k| self.ours.remove(&k)) {
-                    Some(Reply::Oneshot(tx)) => {
-                        let _ = tx.send(r.result.map_err(PeerError::Remote));
-                    }
-                    Some(Reply::InBand { route, tag }) => {
-                        self.to_deliver.push_back(Incoming::Response {
-                            route,
-                            tag,
-                            result: r.result,
-                        });
-                    }
-                    None => tracing::debug!(id = %r.id, "response to no pending request"),
-                }
-            }
-            Message::Notification(n) if n.method == "$/cancel_request" => {
-                let id = n
-                    .params
-                    .as_ref()
-                    .and_then(|p| p.get("requestId"))
-                    .and_then(RequestId::from_value);
-                if let Some(token) = id.and_then(|id| self.theirs.get(&id)) {
-                    token.cancel();
-                }
-            }
-            Message::Notification(n) => self.to_deliver.push_back(Incoming::Notification(n.into())),
-            Message::Request(r) => {
-                if r.id == RequestId::Null || self.theirs.contains_key(&r.id) {
-                    let why = if r.id == RequestId::Null {
-                        "id must not be null"
-                    } else {
-                        "id is already in use"
-                    };
-                    self.write(
-                        Response {
-                            id: r.id,
-                            result: Err(ResponseError::invalid_request(why)),
-                        }
-                        .into(),
-                    );
-                    return;
-                }
-                let cancelled = CancellationToken::new();
-                self.theirs.insert(r.id.clone(), cancelled.clone());
-                let responder = Responder {
-                    id: Some(r.id),
-                    tx: self.self_tx.clone(),
-                    tasks: self.tasks.clone(),
-                };
-                self.to_deliver
-                    .push_back(Incoming::Request(IncomingRequest {
-                        method: r.method,
-                        params: r.params,
-                        responder,
-                        cancelled,
-                    }));
             }
         }
     }

@@ -33,6 +33,8 @@ const PAUSE_AT: usize = 8192;
 const RESUME_AT: usize = 4096;
 /// How long a session over `PAUSE_AT` may take nothing before it is detached from the agent.
 const ROUTE_STALL: Duration = Duration::from_secs(10);
+/// Most messages of the agent routed in one pass of the router's loop.
+const ROUTE_BURST: usize = 256;
 
 /// One session as the router sees it.
 struct Route {
@@ -159,7 +161,19 @@ impl Router {
                 }
                 _ = stall_check.tick(), if !self.over.is_empty() => self.detach_stalled(),
                 msg = incoming.recv(), if self.over.is_empty() => match msg {
-                    Some(m) => self.route(m),
+                    // What else is ready goes with it: one pass of this loop per burst.
+                    Some(m) => {
+                        self.route(m);
+                        for _ in 1..ROUTE_BURST {
+                            if !self.over.is_empty() {
+                                break;
+                            }
+                            match incoming.try_recv() {
+                                Ok(m) => self.route(m),
+                                Err(_) => break,
+                            }
+                        }
+                    }
                     // stdout closed: wait for the exit status on the next turn.
                     None => {
                         let status = match tokio::time::timeout(KILL_GRACE, process.wait()).await {

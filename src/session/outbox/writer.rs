@@ -19,6 +19,9 @@ pub(super) const CLIENT_QUEUE: usize = 32_768;
 /// Bytes queued for one client before it counts as too slow.
 pub(super) const CLIENT_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 
+/// Most messages a writer task takes off its queue at once.
+const WRITER_BURST: usize = 128;
+
 /// What a client's writer task sends, in order.
 pub(super) enum ClientOut {
     Raw(Arc<str>),
@@ -69,22 +72,28 @@ pub(super) fn spawn(tasks: &TaskTracker, client: Client, sent_upto: i64) -> Writ
     let progress = Arc::new(Progress::default());
     let p = progress.clone();
     tasks.spawn(async move {
-        while let Some(out) = rx.recv().await {
-            match out {
-                ClientOut::Raw(text) => {
-                    let n = text.len();
-                    let ok = peer.send_raw(text.to_string()).await.is_ok();
-                    p.queued.fetch_sub(n, Ordering::Relaxed);
-                    if !ok {
-                        break;
+        // Taken a burst at a time: one wake-up of this task per burst of updates. Each is
+        // handed to the peer on its own, so the peer's bounded queue is what holds a stuck
+        // client's backlog in place (a batch per command would multiply its bound).
+        let mut burst = Vec::with_capacity(WRITER_BURST);
+        'run: while rx.recv_many(&mut burst, WRITER_BURST).await > 0 {
+            for out in burst.drain(..) {
+                match out {
+                    ClientOut::Raw(text) => {
+                        let n = text.len();
+                        let ok = peer.send_raw(String::from(&*text)).await.is_ok();
+                        p.queued.fetch_sub(n, Ordering::Relaxed);
+                        if !ok {
+                            break 'run;
+                        }
+                    }
+                    ClientOut::Reply(reply) => {
+                        let (responder, result) = *reply;
+                        responder.respond(result).await
                     }
                 }
-                ClientOut::Reply(reply) => {
-                    let (responder, result) = *reply;
-                    responder.respond(result).await
-                }
+                p.handed.fetch_add(1, Ordering::Relaxed);
             }
-            p.handed.fetch_add(1, Ordering::Relaxed);
         }
     });
     Writer {

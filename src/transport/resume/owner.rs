@@ -187,7 +187,14 @@ impl Owner {
                 },
                 permit = writer_permit(writer), if window.has_unwritten() => {
                     if let (Some(p), Some(f)) = (permit, window.next_frame()) {
-                        p.send(WsOut::Text(f));
+                        let w = p.send(WsOut::Text(f));
+                        // The socket writer takes what it has room for now: one pass of this
+                        // loop per burst.
+                        while window.has_unwritten() {
+                            let Ok(p) = w.try_reserve() else { break };
+                            let Some(f) = window.next_frame() else { break };
+                            p.send(WsOut::Text(f));
+                        }
                     }
                 }
                 permit = link_in.reserve(), if !to_deliver.is_empty() => match permit {
@@ -197,6 +204,13 @@ impl Owner {
                 out = link_out.recv(), if accept_out => match out {
                     Some(m) => {
                         window.push(m);
+                        // And what else the peer has queued, within the same bounds.
+                        while socket.is_none() || window.unwritten() < UNWRITTEN_MAX {
+                            match link_out.try_recv() {
+                                Ok(m) => window.push(m),
+                                Err(_) => break,
+                            }
+                        }
                         if window.buffered_bytes() > self.settings.max_buffer_bytes {
                             tracing::warn!(link = %self.id, bytes = window.buffered_bytes(), "resume buffer full; dropping the link (sessions stay journaled)");
                             break "buffer overflow";
