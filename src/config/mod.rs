@@ -174,6 +174,10 @@ pub struct Config {
     pub mcp_policy: acpd_builtin::McpPolicy,
     /// The directories each principal's sessions may use (`roots`, `default_roots`).
     pub fs_roots: roots::FsRoots,
+    /// Serve the web console at `/` (`web_console`).
+    pub web_console: bool,
+    /// How long a web console sign-in (its cookie) lasts.
+    pub web_session_ttl: Duration,
 }
 
 impl Config {
@@ -331,6 +335,8 @@ impl Config {
             metrics_listen: s.metrics_listen,
             mcp_policy,
             fs_roots,
+            web_console: s.web_console,
+            web_session_ttl: Duration::from_secs(s.web_session_ttl_secs.max(60)),
         })
     }
 

@@ -196,6 +196,14 @@ impl SessionCommand {
     }
 }
 
+/// What a live session says of itself (read-only, for the web console's sessions page): a
+/// turn is running, and who is attached (as presence describes them).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LiveStatus {
+    pub running: bool,
+    pub clients: Vec<Value>,
+}
+
 /// Talks to one live session actor. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct SessionHandle {
@@ -205,6 +213,8 @@ pub struct SessionHandle {
     /// The agent profile the session runs on.
     pub profile: Arc<str>,
     tx: mpsc::Sender<SessionCommand>,
+    /// Published by the actor when a turn starts or ends and when a client comes or goes.
+    status: tokio::sync::watch::Receiver<LiveStatus>,
 }
 
 impl SessionHandle {
@@ -215,6 +225,10 @@ impl SessionHandle {
 
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
+    }
+
+    pub fn status(&self) -> LiveStatus {
+        self.status.borrow().clone()
     }
 }
 
@@ -254,6 +268,11 @@ pub(crate) enum HubCommand {
     },
     /// Cancel the running turn of every live session (the end of a drain).
     CancelAll,
+    /// The status of those of `ids` that are live.
+    Status {
+        ids: Vec<String>,
+        reply: oneshot::Sender<HashMap<String, LiveStatus>>,
+    },
     /// A principal's token was revoked: cancel its running turns; `stop_agents` also stops
     /// its agent processes (no valid token of it is connected any more).
     Revoked {
@@ -325,6 +344,19 @@ impl SessionHub {
     /// Prompt turns running right now, across all sessions.
     pub fn running_turns(&self) -> usize {
         self.shared.turns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The status of those of `ids` that are live (read-only; sessions not live are absent).
+    pub async fn status_of(&self, ids: &[String]) -> HashMap<String, LiveStatus> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = HubCommand::Status {
+            ids: ids.to_vec(),
+            reply,
+        };
+        if self.shared.hub.send(cmd).await.is_err() {
+            return HashMap::new();
+        }
+        rx.await.unwrap_or_default()
     }
 
     /// Asks every live session to cancel its running turn (`stopReason: cancelled`).
