@@ -492,7 +492,11 @@ async fn web_login(
         Err(code) => return code,
     };
     let base = url.unwrap_or_else(|| {
-        let scheme = if config.tls.is_some() { "https" } else { "http" };
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let mut addr = config.listen;
         if addr.ip().is_unspecified() {
             addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());

@@ -148,7 +148,10 @@ impl Tool {
             h.push_str("<ul class=\"tool-locations\">");
             for l in locs {
                 let path = l["path"].as_str().unwrap_or_default();
-                let line = l["line"].as_u64().map(|n| format!(":{n}")).unwrap_or_default();
+                let line = l["line"]
+                    .as_u64()
+                    .map(|n| format!(":{n}"))
+                    .unwrap_or_default();
                 h.push_str(&format!("<li><code>{}{}</code></li>", esc(path), line));
             }
             h.push_str("</ul>");
@@ -399,7 +402,10 @@ mod tests {
 
     #[test]
     fn plain_text_is_escaped() {
-        assert_eq!(esc("<a href='x'>&\"</a>"), "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;");
+        assert_eq!(
+            esc("<a href='x'>&\"</a>"),
+            "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;"
+        );
     }
 
     #[test]
@@ -420,11 +426,23 @@ mod tests {
             entry(1, chunk("user_message_chunk", "do it")),
             entry(2, chunk("agent_message_chunk", "Hel")),
             entry(3, chunk("agent_message_chunk", "lo *there*")),
-            entry(4, json!({ "sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Edit <a>", "kind": "edit", "status": "pending",
-                "content": [{ "type": "diff", "path": "/x", "oldText": "a\n", "newText": "b\n" }] })),
-            entry(5, json!({ "sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed" })),
-            entry(6, json!({ "sessionUpdate": "tool_call_update", "toolCallId": "t0", "status": "failed" })),
-            entry(7, json!({ "sessionUpdate": "plan", "entries": [{ "content": "step", "status": "completed", "priority": "high" }] })),
+            entry(
+                4,
+                json!({ "sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Edit <a>", "kind": "edit", "status": "pending",
+                "content": [{ "type": "diff", "path": "/x", "oldText": "a\n", "newText": "b\n" }] }),
+            ),
+            entry(
+                5,
+                json!({ "sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed" }),
+            ),
+            entry(
+                6,
+                json!({ "sessionUpdate": "tool_call_update", "toolCallId": "t0", "status": "failed" }),
+            ),
+            entry(
+                7,
+                json!({ "sessionUpdate": "plan", "entries": [{ "content": "step", "status": "completed", "priority": "high" }] }),
+            ),
             entry(8, chunk("agent_thought_chunk", "hmm")),
         ];
         let b = blocks(&entries);

@@ -28,12 +28,16 @@ async function exchange(body) {
   show(why, 'error');
 }
 
-const code = new URLSearchParams(location.hash.slice(1)).get('code');
-if (code) {
+function fromFragment() {
+  const code = new URLSearchParams(location.hash.slice(1)).get('code');
+  if (!code) return;
   history.replaceState(null, '', '/login');
   show('Checking the link…', 'info');
   exchange({ code });
 }
+fromFragment();
+// A second link opened in this tab changes only the fragment: no new page load.
+window.addEventListener('hashchange', fromFragment);
 
 document.getElementById('token-form').addEventListener('submit', (ev) => {
   ev.preventDefault();

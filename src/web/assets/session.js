@@ -157,6 +157,7 @@ function askPermission(params, rpcId) {
     }
     box.append(buttons);
     permissions.append(box);
+    box.scrollIntoView({ block: 'nearest' });
     asked.set(String(rpcId), { box, resolve });
   });
 }
