@@ -214,8 +214,9 @@ fn diff(path: &str, old: Option<&str>, new: &str) -> String {
         };
         let line = change.value();
         let line = line.strip_suffix('\n').unwrap_or(line);
+        // Each line is a block of its own (style.css); no newline between them in the <pre>.
         h.push_str(&format!(
-            "<span class=\"{class}\">{sign}{}</span>\n",
+            "<span class=\"{class}\">{sign}{}</span>",
             esc(line)
         ));
     }

@@ -322,13 +322,26 @@ async fn the_console_in_a_real_browser() {
     until_turn(&b, "end_turn").await;
     until_log_has(&b, "typed in the page").await;
 
-    type_prompt(&b, "permission /tmp/web-console.txt").await;
+    type_prompt(
+        &b,
+        "locate /work/src/parser.rs\npermission /work/src/parser.rs",
+    )
+    .await;
     until(
         &b,
         "the permission's buttons",
         "return !!document.querySelector('.permission button[data-option=\"allow-always\"]')",
     )
     .await;
+    until(
+        &b,
+        "the edit's diff",
+        "return !!document.querySelector('.block-tool .diff .ins')",
+    )
+    .await;
+    screenshot(&b, "session-desktop", 1280, 800).await;
+    screenshot(&b, "session-phone", 390, 844).await;
+    viewport(&b, 1280, 800).await;
     b.find(Locator::Css(
         ".permission button[data-option='allow-always']",
     ))
@@ -343,9 +356,6 @@ async fn the_console_in_a_real_browser() {
     editor
         .updates_until_text("permission: selected allow-always")
         .await;
-    screenshot(&b, "session-desktop", 1280, 800).await;
-    screenshot(&b, "session-phone", 390, 844).await;
-    viewport(&b, 1280, 800).await;
 
     // Cancel from the page ends the running turn cancelled.
     type_prompt(&b, "wait_for_cancel").await;
