@@ -241,7 +241,7 @@ pub async fn serve(
     }
     let mut origins = origin::Origins::new(core.config.allowed_origins.clone());
     if web.is_some() {
-        origins = origins.with_console(core.config.tls.is_some());
+        origins = origins.with_console(core.config.tls.is_some(), core.config.no_auth);
     }
     let mut app = Router::new()
         .route(

@@ -21,8 +21,10 @@ const CREDENTIAL_PARAMS: &[&str] = &["token", "access_token", "bearer", "auth", 
 #[derive(Debug, Clone, Default)]
 pub struct Origins {
     allowed: Vec<String>,
-    /// The web console is served (over TLS when `Some(true)`): its own origin is allowed.
-    console: Option<bool>,
+    /// The web console is served (over TLS when `.0`): its own origin is allowed; only when
+    /// the request names a loopback host if `.1` (`--no-auth`: no credential would stop a
+    /// page whose name was rebound to 127.0.0.1).
+    console: Option<(bool, bool)>,
 }
 
 impl Origins {
@@ -34,9 +36,10 @@ impl Origins {
         }
     }
 
-    /// Also allows the web console's own origin (`tls`: it is served over TLS).
-    pub fn with_console(mut self, tls: bool) -> Origins {
-        self.console = Some(tls);
+    /// Also allows the web console's own origin (`tls`: it is served over TLS;
+    /// `loopback_only`: only on requests to a loopback host name).
+    pub fn with_console(mut self, tls: bool, loopback_only: bool) -> Origins {
+        self.console = Some((tls, loopback_only));
         self
     }
 
@@ -62,8 +65,10 @@ impl Origins {
             .and_then(normalize_origin)
             .is_some_and(|o| self.allowed.contains(&o));
         let own = || {
-            self.console
-                .is_some_and(|tls| crate::web::is_own_origin(req.headers(), req.uri(), tls))
+            self.console.is_some_and(|(tls, loopback_only)| {
+                crate::web::is_own_origin(req.headers(), req.uri(), tls)
+                    && (!loopback_only || crate::web::loopback_host(req.headers()))
+            })
         };
         if allowed || own() {
             return Ok(());
@@ -151,7 +156,7 @@ mod tests {
             Some(StatusCode::FORBIDDEN)
         );
         // The console's own origin: the scheme served and the Host the request named.
-        let console = Origins::default().with_console(false);
+        let console = Origins::default().with_console(false, false);
         let mut own = req("/acp", Some("http://127.0.0.1:7420"));
         own.headers_mut()
             .insert(header::HOST, "127.0.0.1:7420".parse().unwrap());
@@ -162,6 +167,18 @@ mod tests {
             .headers_mut()
             .insert(header::HOST, "127.0.0.1:7420".parse().unwrap());
         assert_eq!(status(console.check(&other)), Some(StatusCode::FORBIDDEN));
+        // Under --no-auth a rebound name is not the console's, though it is its own origin.
+        let loopback_only = Origins::default().with_console(false, true);
+        assert_eq!(status(loopback_only.check(&own)), None);
+        let mut rebound = req("/acp", Some("http://evil.test:7420"));
+        rebound
+            .headers_mut()
+            .insert(header::HOST, "evil.test:7420".parse().unwrap());
+        assert_eq!(status(console.check(&rebound)), None);
+        assert_eq!(
+            status(loopback_only.check(&rebound)),
+            Some(StatusCode::FORBIDDEN)
+        );
     }
 
     #[test]

@@ -14,6 +14,8 @@ mod retention;
 pub mod roles;
 mod share;
 pub use share::{ShareRequest, share_in_store};
+mod status;
+pub use status::LiveStatus;
 mod titles;
 
 use std::collections::HashMap;
@@ -196,14 +198,6 @@ impl SessionCommand {
     }
 }
 
-/// What a live session says of itself (read-only, for the web console's sessions page): a
-/// turn is running, and who is attached (as presence describes them).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LiveStatus {
-    pub running: bool,
-    pub clients: Vec<Value>,
-}
-
 /// Talks to one live session actor. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct SessionHandle {
@@ -344,19 +338,6 @@ impl SessionHub {
     /// Prompt turns running right now, across all sessions.
     pub fn running_turns(&self) -> usize {
         self.shared.turns.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The status of those of `ids` that are live (read-only; sessions not live are absent).
-    pub async fn status_of(&self, ids: &[String]) -> HashMap<String, LiveStatus> {
-        let (reply, rx) = oneshot::channel();
-        let cmd = HubCommand::Status {
-            ids: ids.to_vec(),
-            reply,
-        };
-        if self.shared.hub.send(cmd).await.is_err() {
-            return HashMap::new();
-        }
-        rx.await.unwrap_or_default()
     }
 
     /// Asks every live session to cancel its running turn (`stopReason: cancelled`).

@@ -69,6 +69,23 @@ pub fn is_own_origin(headers: &HeaderMap, uri: &Uri, tls: bool) -> bool {
         .is_some_and(|own| own == origin)
 }
 
+/// Whether the request was addressed to this machine by a loopback name (`localhost`,
+/// `127.x.x.x`, `[::1]`). Under `--no-auth` the console answers only such requests: a page
+/// whose DNS name was rebound to 127.0.0.1 names its own host, and is refused.
+pub fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The identity of the request's cookie; `Ok(None)` without a valid one.
 pub async fn identity(
     store: &Store,
@@ -233,6 +250,28 @@ mod tests {
             &uri,
             false
         ));
+    }
+
+    #[test]
+    fn loopback_hosts_are_named_by_loopback_names_only() {
+        for h in [
+            "127.0.0.1:7420",
+            "localhost:1",
+            "[::1]:7420",
+            "127.1.2.3",
+            "LOCALHOST",
+        ] {
+            assert!(loopback_host(&headers(&[("host", h)])), "{h}");
+        }
+        for h in [
+            "evil.test:7420",
+            "10.0.0.1:7420",
+            "localhost.evil.test",
+            "[::2]:1",
+        ] {
+            assert!(!loopback_host(&headers(&[("host", h)])), "{h}");
+        }
+        assert!(!loopback_host(&HeaderMap::new()));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::session::SessionHub;
 use acpd_store::Store;
 
-pub use cookie::{is_own_origin, sha256_hex};
+pub use cookie::{is_own_origin, loopback_host, sha256_hex};
 
 /// CSP reports received (`POST /web/csp`): the tests assert it stays at zero.
 pub const CSP_VIOLATIONS_TOTAL: &str = "acpd_web_csp_violations_total";
@@ -86,6 +86,9 @@ impl WebState {
     /// has no valid one.
     pub async fn identity(&self, headers: &HeaderMap) -> Result<Option<WebIdentity>, Response> {
         if let Some((principal, name)) = &self.no_auth {
+            if !loopback_host(headers) {
+                return Ok(None);
+            }
             return Ok(Some(WebIdentity {
                 principal: principal.clone(),
                 name: name.clone(),
@@ -124,10 +127,9 @@ pub fn router<S: Clone + Send + Sync + 'static>(st: WebState) -> Router<S> {
 async fn guard(State(st): State<WebState>, req: Request, next: Next) -> Response {
     let state_changing = !matches!(req.method().as_str(), "GET" | "HEAD" | "OPTIONS");
     // CSP reports come from the browser itself, with no Origin; they change only a counter.
-    if state_changing
-        && req.uri().path() != "/web/csp"
-        && !is_own_origin(req.headers(), req.uri(), st.tls())
-    {
+    let own = is_own_origin(req.headers(), req.uri(), st.tls())
+        && (st.no_auth.is_none() || loopback_host(req.headers()));
+    if state_changing && req.uri().path() != "/web/csp" && !own {
         tracing::warn!(target: "acpd::audit", path = %req.uri().path(), "web console: refused a state-changing request from another origin");
         return secured((StatusCode::FORBIDDEN, "origin not allowed\n").into_response());
     }
@@ -223,9 +225,10 @@ async fn csp_report(uri: Uri, body: axum::body::Body) -> Response {
         .await
         .unwrap_or_default();
     metrics::counter!(CSP_VIOLATIONS_TOTAL).increment(1);
+    // Anyone can post here (browsers send reports without credentials): keep the line short.
     tracing::warn!(
         path = %uri.path(),
-        report = %String::from_utf8_lossy(&bytes[..bytes.len().min(2000)]),
+        report = %String::from_utf8_lossy(&bytes[..bytes.len().min(300)]),
         "web console: Content-Security-Policy violation reported"
     );
     StatusCode::NO_CONTENT.into_response()

@@ -264,3 +264,41 @@ async fn no_web_console_turns_it_off() {
         assert_eq!(r.status, 404, "{path}");
     }
 }
+
+/// One raw request with the given `Host` (the harness's client always sends the real one).
+async fn with_host(d: &Daemon, path: &str, host: &str, extra: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(d.addr)
+        .await
+        .expect("connect");
+    let head = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(crate::support::DEFAULT_TIMEOUT, s.read_to_end(&mut out));
+    read.await.expect("an answer in time").expect("read");
+    let text = String::from_utf8_lossy(&out);
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn without_auth_the_console_answers_loopback_names_only() {
+    let d = Daemon::start().await;
+    let port = d.addr.port();
+    let own = format!("127.0.0.1:{port}");
+    assert_eq!(with_host(&d, "/web/api/sessions", &own, "").await, 200);
+    assert_eq!(
+        with_host(&d, "/web/api/sessions", &format!("localhost:{port}"), "").await,
+        200
+    );
+    // A rebound DNS name: the page's own origin, but not a name of this machine.
+    let evil = format!("evil.test:{port}");
+    assert_eq!(with_host(&d, "/web/api/sessions", &evil, "").await, 401);
+    let upgrade = format!(
+        "Origin: http://{evil}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    );
+    assert_eq!(with_host(&d, "/acp", &evil, &upgrade).await, 403);
+}
