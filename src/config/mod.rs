@@ -240,6 +240,12 @@ impl Config {
             return Err(ConfigError::TcpNotLoopback(tcp));
         }
         let allowed_origins = origins(&s.allowed_origins)?;
+        if s.web_session_ttl_secs < 60 {
+            return Err(ConfigError::Invalid {
+                what: "web_session_ttl_secs",
+                message: "a web console sign-in must last at least 60 s".into(),
+            });
+        }
         if s.max_message_bytes < 1024 {
             return Err(ConfigError::Invalid {
                 what: "max_message_bytes",
@@ -336,7 +342,7 @@ impl Config {
             mcp_policy,
             fs_roots,
             web_console: s.web_console,
-            web_session_ttl: Duration::from_secs(s.web_session_ttl_secs.max(60)),
+            web_session_ttl: Duration::from_secs(s.web_session_ttl_secs),
         })
     }
 

@@ -3,4 +3,5 @@
 
 mod browser;
 mod cookies;
+mod pages;
 mod support;

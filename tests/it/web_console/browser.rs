@@ -205,7 +205,12 @@ async fn the_console_in_a_real_browser() {
         .await;
     assert_eq!(r.expect("first turn")["stopReason"], "end_turn");
     let other = editor.open_session(&d.work_dir()).await;
-    let (_, r) = editor.prompt(&other, "title Write the release notes").await;
+    let (_, r) = editor
+        .prompt(
+            &other,
+            "title Write the release notes\nstream 450 8\necho done",
+        )
+        .await;
     assert_eq!(r.expect("a second session")["stopReason"], "end_turn");
     // Another principal's session.
     let bob_secret = token_create(&d, "bob").await;
@@ -357,6 +362,29 @@ async fn the_console_in_a_real_browser() {
         .updates_until_text("permission: selected allow-always")
         .await;
 
+    // Mode and config option switches reach the agent (its updates come back to every client).
+    b.find(Locator::Id("mode"))
+        .await
+        .expect("the mode select")
+        .select_by_value("plan")
+        .await
+        .expect("pick a mode");
+    until_log_has(&b, "mode: plan").await;
+    b.find(Locator::Css("select[data-config='verbosity']"))
+        .await
+        .expect("the verbosity select")
+        .select_by_value("high")
+        .await
+        .expect("pick a value");
+    editor
+        .collect_updates_until("the verbosity change", |updates| {
+            updates.iter().any(|u| {
+                u["update"]["sessionUpdate"] == "config_option_update"
+                    && u["update"]["configOptions"][0]["currentValue"] == "high"
+            })
+        })
+        .await;
+
     // Cancel from the page ends the running turn cancelled.
     type_prompt(&b, "wait_for_cancel").await;
     until(
@@ -372,6 +400,37 @@ async fn the_console_in_a_real_browser() {
         .await
         .expect("click cancel");
     until_turn(&b, "cancelled").await;
+
+    // A long session opens at its end and pages back on demand.
+    b.goto(&format!("{base}/s/{other}"))
+        .await
+        .expect("the long session");
+    until_log_has(&b, "done").await;
+    let oldest = "return Number(document.querySelector('#log .block').dataset.seq)";
+    let before = b.execute(oldest, vec![]).await.expect("seq").as_i64();
+    assert!(before > Some(1), "not the whole journal: {before:?}");
+    until(
+        &b,
+        "the older button",
+        "return !document.getElementById('older').hidden",
+    )
+    .await;
+    b.find(Locator::Id("older"))
+        .await
+        .expect("older")
+        .click()
+        .await
+        .expect("click older");
+    until(
+        &b,
+        "older entries",
+        &format!(
+            "{} < {}",
+            oldest.replace("return ", "return "),
+            before.unwrap_or(0)
+        ),
+    )
+    .await;
 
     // Another principal's session is not reachable by URL.
     b.goto(&format!("{base}/s/{bobs}"))

@@ -302,3 +302,24 @@ async fn without_auth_the_console_answers_loopback_names_only() {
     );
     assert_eq!(with_host(&d, "/acp", &evil, &upgrade).await, 403);
 }
+
+#[tokio::test]
+async fn a_too_short_sign_in_lifetime_is_a_config_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().display().to_string();
+    let run = acpd(&[
+        "check-config",
+        "--web-session-ttl-secs",
+        "5",
+        "--data-dir",
+        &data,
+    ])
+    .await;
+    assert_eq!(run.code, Some(64), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("web_session_ttl_secs"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stderr.trim_end().lines().count(), 1, "{}", run.stderr);
+}
