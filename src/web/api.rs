@@ -120,7 +120,8 @@ pub async fn sessions(
     Json(json!({ "sessions": sessions, "nextCursor": page.next_cursor })).into_response()
 }
 
-/// `GET /web/api/sessions/{id}`: what the page needs to offer (modes, config options).
+/// `GET /web/api/sessions/{id}`: what the page needs to offer (modes, config options), and
+/// whether a turn is running (anyone's: the page's Cancel works on it).
 pub async fn session(
     State(st): State<WebState>,
     Path(id): Path<String>,
@@ -135,6 +136,8 @@ pub async fn session(
         Ok(None) => return error(StatusCode::NOT_FOUND, "no such session"),
         Err(resp) => return resp,
     };
+    let live = st.hub.status_of(std::slice::from_ref(&row.id)).await;
+    let status = live.get(&row.id);
     let meta: Value = serde_json::from_str(&row.meta).unwrap_or(Value::Null);
     let config_values: Value = serde_json::from_str(&row.config_values).unwrap_or(Value::Null);
     Json(json!({
@@ -144,6 +147,8 @@ pub async fn session(
         "cwd": row.cwd,
         "updatedAt": rfc3339(row.updated_at_ms),
         "lastSeq": row.last_seq,
+        "running": status.is_some_and(|l| l.running),
+        "clients": status.map(|l| l.clients.clone()).unwrap_or_default(),
         "own": row.principal_id == who.principal,
         "modes": meta.get("modes"),
         "currentModeId": row.mode_id,

@@ -210,8 +210,34 @@ function showOptions(options) {
   }
 }
 
+// Whether a turn is running, whoever started it: the session's status, polled.
+let ownTurn = false;
+function showRunning(running) {
+  if (ownTurn) return;
+  cancel.disabled = !running;
+  if (running) {
+    turn.textContent = 'A turn is running.';
+    turn.dataset.state = 'running';
+  } else if (turn.dataset.state === 'running') {
+    turn.textContent = 'The turn ended.';
+    turn.dataset.state = 'ended';
+  }
+}
+
+async function pollStatus() {
+  try {
+    const meta = await api(`/web/api/sessions/${encodeURIComponent(id)}`);
+    document.getElementById('title').textContent = meta.title || '(untitled)';
+    if (role === 'controller') showRunning(meta.running);
+  } catch (_) { /* shown on the next read */ }
+  setTimeout(pollStatus, 2000);
+}
+
+let controlsWired = false;
 function enableControls(meta) {
   composer.hidden = false;
+  if (controlsWired) return;
+  controlsWired = true;
   showModes(meta);
   showOptions(meta.configOptions);
   composer.addEventListener('submit', (ev) => {
@@ -223,6 +249,7 @@ function enableControls(meta) {
     turn.textContent = 'Running…';
     turn.dataset.state = 'running';
     cancel.disabled = false;
+    ownTurn = true;
     peer.request('session/prompt', { sessionId: id, prompt: [{ type: 'text', text }] })
       .then((r) => {
         turn.textContent = `Turn ended: ${r.stopReason}`;
@@ -232,10 +259,16 @@ function enableControls(meta) {
         turn.textContent = `Prompt failed: ${e.message}`;
         turn.dataset.state = 'error';
       })
-      .finally(() => { cancel.disabled = true; scheduleRefresh(); });
+      .finally(() => { ownTurn = false; cancel.disabled = true; scheduleRefresh(); });
   });
   cancel.addEventListener('click', () => peer.notify('session/cancel', { sessionId: id }));
 }
+
+// A lost connection (a phone's network, a daemon restart) attaches again after the last seq
+// read, with backoff.
+let retryMs = 1000;
+let leaving = false;
+window.addEventListener('pagehide', () => { leaving = true; });
 
 async function connect(meta) {
   const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
@@ -260,7 +293,16 @@ async function connect(meta) {
   };
   peer.onClose = () => {
     document.body.dataset.connection = 'closed';
-    turn.textContent = 'Disconnected. Reload the page to attach again.';
+    if (leaving) return;
+    // The daemon asks a controller that attaches again about what is still open.
+    for (const rpcId of [...asked.keys()]) withdraw(rpcId);
+    turn.textContent = 'Disconnected; attaching again…';
+    setTimeout(() => {
+      connect(meta)
+        .then(() => { retryMs = 1000; turn.textContent = ''; scheduleRefresh(); })
+        .catch(() => { /* its close schedules the next try */ });
+    }, retryMs);
+    retryMs = Math.min(retryMs * 2, 15000);
   };
   await peer.opened;
   await peer.request('initialize', {
@@ -283,7 +325,10 @@ async function connect(meta) {
   document.getElementById('control').hidden = role === 'controller';
   document.getElementById('observe').hidden = role !== 'controller';
   showPresence(answer.clients);
-  if (role === 'controller') enableControls(meta);
+  if (role === 'controller') {
+    enableControls(meta);
+    showRunning(meta.running);
+  }
 }
 
 async function main() {
@@ -295,10 +340,11 @@ async function main() {
   await firstPage();
   older.addEventListener('click', loadOlder);
   window.addEventListener('scroll', () => { if (window.scrollY < 80) loadOlder(); });
+  setTimeout(pollStatus, 2000);
   try {
     await connect(meta);
   } catch (e) {
-    turn.textContent = `Cannot attach: ${e.message || 'connection failed'}`;
+    turn.textContent = `Cannot attach: ${e.message || 'connection failed'}; trying again…`;
     return;
   }
   scheduleRefresh();

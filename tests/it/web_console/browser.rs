@@ -400,6 +400,22 @@ async fn the_console_in_a_real_browser() {
         .await
         .expect("click cancel");
     until_turn(&b, "cancelled").await;
+    // So is another client's turn, cancelled from the page.
+    let id = editor.send_prompt(&sid, "wait_for_cancel").await;
+    until(
+        &b,
+        "the editor's turn to show as running",
+        "return !document.getElementById('cancel').disabled",
+    )
+    .await;
+    b.find(Locator::Id("cancel"))
+        .await
+        .expect("cancel")
+        .click()
+        .await
+        .expect("click cancel");
+    let (_, r) = editor.collect_updates_until_response(&id).await;
+    assert_eq!(r.expect("the editor's turn")["stopReason"], "cancelled");
 
     // A long session opens at its end and pages back on demand.
     b.goto(&format!("{base}/s/{other}"))
