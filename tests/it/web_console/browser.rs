@@ -440,11 +440,7 @@ async fn the_console_in_a_real_browser() {
     until(
         &b,
         "older entries",
-        &format!(
-            "{} < {}",
-            oldest.replace("return ", "return "),
-            before.unwrap_or(0)
-        ),
+        &format!("{oldest} < {}", before.unwrap_or(0)),
     )
     .await;
 
