@@ -362,7 +362,8 @@ fn connection_ctx(
 }
 
 /// The web console's cookie as the upgrade's credential: only without a bearer token, and
-/// only from the console's own origin (a page elsewhere must not ride on the cookie).
+/// only from the console's own origin or an allowed one (a page elsewhere must not ride on
+/// the cookie).
 /// `None`: the request has no console cookie (or the console is off).
 async fn console_identity(
     st: &AppState,
@@ -373,7 +374,7 @@ async fn console_identity(
     if headers.contains_key(header::AUTHORIZATION) || !web.has_cookie(headers) {
         return None;
     }
-    if !crate::web::is_own_origin(headers, uri, st.config.tls.is_some()) {
+    if !web.trusted_origin(headers, uri) {
         tracing::warn!(target: "acpd::audit", "refused the console cookie on an upgrade from another origin");
         let refusal = "the console's cookie is accepted from the console's own origin only\n";
         return Some(Err((StatusCode::FORBIDDEN, refusal).into_response()));

@@ -98,6 +98,19 @@ impl WebState {
         cookie::identity(&self.store, headers, self.tls()).await
     }
 
+    /// Whether a request's `Origin` may act with the console's cookie: the console's own
+    /// (under `--no-auth` only when addressed to a loopback name), or one in
+    /// `allowed_origins` (the public origin of a proxy that terminates TLS in front of acpd).
+    pub fn trusted_origin(&self, headers: &HeaderMap, uri: &Uri) -> bool {
+        let own = is_own_origin(headers, uri, self.tls())
+            && (self.no_auth.is_none() || loopback_host(headers));
+        own || headers
+            .get(header::ORIGIN)
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::config::normalize_origin)
+            .is_some_and(|o| self.config.allowed_origins.contains(&o))
+    }
+
     /// Whether the request carries the console's cookie at all.
     pub fn has_cookie(&self, headers: &HeaderMap) -> bool {
         cookie::secret(headers, self.tls()).is_some()
@@ -127,9 +140,8 @@ pub fn router<S: Clone + Send + Sync + 'static>(st: WebState) -> Router<S> {
 async fn guard(State(st): State<WebState>, req: Request, next: Next) -> Response {
     let state_changing = !matches!(req.method().as_str(), "GET" | "HEAD" | "OPTIONS");
     // CSP reports come from the browser itself, with no Origin; they change only a counter.
-    let own = is_own_origin(req.headers(), req.uri(), st.tls())
-        && (st.no_auth.is_none() || loopback_host(req.headers()));
-    if state_changing && req.uri().path() != "/web/csp" && !own {
+    let trusted = st.trusted_origin(req.headers(), req.uri());
+    if state_changing && req.uri().path() != "/web/csp" && !trusted {
         tracing::warn!(target: "acpd::audit", path = %req.uri().path(), "web console: refused a state-changing request from another origin");
         return secured((StatusCode::FORBIDDEN, "origin not allowed\n").into_response());
     }

@@ -323,3 +323,29 @@ async fn a_too_short_sign_in_lifetime_is_a_config_error() {
     );
     assert_eq!(run.stderr.trim_end().lines().count(), 1, "{}", run.stderr);
 }
+
+#[tokio::test]
+async fn an_allowed_origin_is_trusted_like_the_consoles_own() {
+    // The public origin of a proxy that terminates TLS in front of acpd.
+    let d = Daemon::start_with(
+        DaemonOptions::default()
+            .auth()
+            .arg("--allowed-origin", "https://console.example"),
+    )
+    .await;
+    let link = sign_in_link(&d, "local", "5m").await;
+    let body = json!({ "code": code_of(&link) }).to_string();
+    assert_eq!(
+        login(&d, &body, Some("https://other.example")).await.status,
+        403
+    );
+    let ok = login(&d, &body, Some("https://console.example")).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let cookie = set_cookie_pair(&ok);
+    let headers = [
+        ("Cookie", cookie.as_str()),
+        ("Origin", "https://console.example"),
+    ];
+    let (status, _) = upgrade_status(&d.ws_url(), &headers, None).await;
+    assert_eq!(status, 101);
+}
