@@ -13,8 +13,7 @@ use fantoccini::{Client as Browser, ClientBuilder, Locator};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
-use super::support::{origin, sign_in_link};
-use crate::support::http::request_path;
+use super::support::{csp_violations, origin, sign_in_link};
 use crate::support::security_support::{bearer, client, local_token, token_create};
 use crate::support::{Daemon, DaemonOptions};
 
@@ -169,17 +168,6 @@ async fn until_turn(b: &Browser, state: &str) {
         json!(state)
     );
     until(b, &format!("the turn to end {state}"), &js).await;
-}
-
-/// `acpd_web_csp_violations_total` from `/metrics`.
-async fn csp_violations(d: &Daemon, token: &str) -> u64 {
-    let (k, v) = bearer(token);
-    let m = request_path(d.addr, "GET", "/metrics", &[(k, &v)], "").await;
-    m.body
-        .lines()
-        .find_map(|l| l.strip_prefix("acpd_web_csp_violations_total "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no CSP counter in /metrics:\n{}", m.body))
 }
 
 #[tokio::test]

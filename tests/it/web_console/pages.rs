@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::support::{code_of, cookie_for, get, sign_in_link};
+use super::support::{code_of, cookie_for, csp_violations, get, sign_in_link};
 use crate::support::security_support::{bearer, client, local_token, make_cert, trusting};
 use crate::support::{Daemon, DaemonOptions};
 
@@ -119,4 +119,23 @@ async fn under_tls_the_cookie_is_secure_and_host_prefixed() {
     for part in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/"] {
         assert!(set.contains(part), "{part} in {set}");
     }
+}
+
+#[tokio::test]
+async fn csp_reports_are_counted() {
+    let d = Daemon::start_with(DaemonOptions::default().auth()).await;
+    let token = local_token(&d).await;
+    assert_eq!(csp_violations(&d, &token).await, 0, "registered at zero");
+    let report =
+        json!({ "csp-report": { "violated-directive": "script-src", "blocked-uri": "inline" } });
+    let r = crate::support::http::request_path(
+        d.addr,
+        "POST",
+        "/web/csp",
+        &[("Content-Type", "application/csp-report")],
+        &report.to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 204);
+    assert_eq!(csp_violations(&d, &token).await, 1);
 }

@@ -73,3 +73,14 @@ pub fn set_cookie_pair(resp: &Resp) -> String {
 pub async fn get(daemon: &Daemon, path: &str, cookie: &str) -> Resp {
     request_path(daemon.addr, "GET", path, &[("Cookie", cookie)], "").await
 }
+
+/// `acpd_web_csp_violations_total` from `/metrics` (read with a bearer token).
+pub async fn csp_violations(daemon: &Daemon, token: &str) -> u64 {
+    let (k, v) = crate::support::security_support::bearer(token);
+    let m = request_path(daemon.addr, "GET", "/metrics", &[(k, &v)], "").await;
+    m.body
+        .lines()
+        .find_map(|l| l.strip_prefix("acpd_web_csp_violations_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no CSP counter in /metrics:\n{}", m.body))
+}
