@@ -262,6 +262,10 @@ function enableControls(meta) {
       .finally(() => { ownTurn = false; cancel.disabled = true; scheduleRefresh(); });
   });
   cancel.addEventListener('click', () => peer.notify('session/cancel', { sessionId: id }));
+  // Ctrl+Enter (⌘+Enter) sends; Enter alone is a new line.
+  document.getElementById('prompt').addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter' && (ev.ctrlKey || ev.metaKey)) composer.requestSubmit();
+  });
 }
 
 // A lost connection (a phone's network, a daemon restart) attaches again after the last seq
