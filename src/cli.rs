@@ -75,6 +75,21 @@ enum Command {
     },
     /// Write a self-signed TLS certificate and key; print its SHA-256 fingerprint.
     Cert(server::cert::CertArgs),
+    /// Print a single-use sign-in link for the web console (the code is in the link's
+    /// fragment, so it never reaches a server log; it expires after --ttl).
+    WebLogin {
+        /// The principal (token name) the browser signs in as.
+        #[arg(long, default_value = LOCAL_PRINCIPAL)]
+        principal: String,
+        /// How long the link stays valid: seconds, or with a unit (`90s`, `10m`, `1h`).
+        #[arg(long, default_value = "10m", value_parser = parse_ttl)]
+        ttl: std::time::Duration,
+        /// The console's address as the browser reaches it (default: from --listen and TLS).
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        #[command(flatten)]
+        args: Args,
+    },
     /// Hosted agents on this host.
     Agent {
         #[command(subcommand)]
@@ -283,6 +298,12 @@ async fn run(command: Command) -> ExitCode {
             args,
         } => share(&args, &session, &with, role.as_deref()).await,
         Command::Cert(args) => server::cert::run(args),
+        Command::WebLogin {
+            principal,
+            ttl,
+            url,
+            args,
+        } => web_login(&args, &principal, ttl, url).await,
         Command::Agent {
             action: AgentAction::Login { name, args },
         } => {
@@ -399,7 +420,15 @@ async fn token(action: TokenAction) -> ExitCode {
             Ok(true) => {
                 tracing::info!(target: "acpd::audit", token = %id, "token revoked");
                 eprintln!("acpd: token {id} revoked");
-                ExitCode::SUCCESS
+                // The browsers signed in with it (or by a link for its principal) too.
+                match store.revoke_web_sessions(&id).await {
+                    Ok(n) if n > 0 => {
+                        tracing::info!(target: "acpd::audit", token = %id, sessions = n, "web console sessions ended");
+                        ExitCode::SUCCESS
+                    }
+                    Ok(_) => ExitCode::SUCCESS,
+                    Err(e) => fail(format!("token revoked, but its web sessions: {e}")),
+                }
             }
             Ok(false) => fail(format!("no token {id}")),
             Err(e) => fail(e.to_string()),
@@ -425,6 +454,78 @@ async fn share(args: &Args, session: &str, with: &str, role: Option<&str>) -> Ex
         Ok((answer, _)) => {
             println!("{answer}");
             ExitCode::SUCCESS
+        }
+        Err(e) => fail(e.to_string()),
+    };
+    store.close().await;
+    code
+}
+
+/// `--ttl`: `600`, `600s`, `10m`, `1h`; at most a day.
+fn parse_ttl(s: &str) -> Result<std::time::Duration, String> {
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        _ => return Err(format!("invalid duration {s:?}: use s, m or h")),
+    };
+    if secs == 0 || secs > 24 * 3600 {
+        return Err("the link's lifetime must be between 1 s and 24 h".into());
+    }
+    Ok(std::time::Duration::from_secs(secs))
+}
+
+/// `acpd web-login`: a one-time code in the store (its hash), the link on stdout.
+async fn web_login(
+    args: &Args,
+    principal: &str,
+    ttl: std::time::Duration,
+    url: Option<String>,
+) -> ExitCode {
+    let config = match config_of(args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let base = url.unwrap_or_else(|| {
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut addr = config.listen;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        format!("{scheme}://{addr}")
+    });
+    let store = match admin_store(args).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let code = match store.ensure_principal(principal).await {
+        Ok(p) => {
+            let secret = server::auth_secret();
+            let expires = chrono::Utc::now().timestamp_millis() + ttl.as_millis() as i64;
+            match store
+                .insert_web_login(&server::auth_hash(&secret), &p.id, expires)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(target: "acpd::audit", %principal, "web console sign-in link created");
+                    eprintln!(
+                        "acpd: a sign-in link for {principal}, valid once within {} s:",
+                        ttl.as_secs()
+                    );
+                    println!("{}/login#code={secret}", base.trim_end_matches('/'));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e.to_string()),
+            }
         }
         Err(e) => fail(e.to_string()),
     };

@@ -13,6 +13,7 @@ mod metrics;
 mod server;
 mod session;
 mod transport;
+mod web;
 
 pub use cli::main;
 pub use config::Config;

@@ -174,6 +174,10 @@ pub struct Config {
     pub mcp_policy: acpd_builtin::McpPolicy,
     /// The directories each principal's sessions may use (`roots`, `default_roots`).
     pub fs_roots: roots::FsRoots,
+    /// Serve the web console at `/` (`web_console`).
+    pub web_console: bool,
+    /// How long a web console sign-in (its cookie) lasts.
+    pub web_session_ttl: Duration,
 }
 
 impl Config {
@@ -236,6 +240,12 @@ impl Config {
             return Err(ConfigError::TcpNotLoopback(tcp));
         }
         let allowed_origins = origins(&s.allowed_origins)?;
+        if s.web_session_ttl_secs < 60 {
+            return Err(ConfigError::Invalid {
+                what: "web_session_ttl_secs",
+                message: "a web console sign-in must last at least 60 s".into(),
+            });
+        }
         if s.max_message_bytes < 1024 {
             return Err(ConfigError::Invalid {
                 what: "max_message_bytes",
@@ -331,6 +341,8 @@ impl Config {
             metrics_listen: s.metrics_listen,
             mcp_policy,
             fs_roots,
+            web_console: s.web_console,
+            web_session_ttl: Duration::from_secs(s.web_session_ttl_secs),
         })
     }
 

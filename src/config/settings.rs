@@ -58,6 +58,8 @@ pub struct Settings {
     pub mcp_stdio: String,
     pub mcp_stdio_allow: Vec<String>,
     pub busy_prompts: String,
+    pub web_console: bool,
+    pub web_session_ttl_secs: u64,
     /// The directories each principal (by name) may use; see `roots::FsRoots`.
     pub roots: BTreeMap<String, Vec<PathBuf>>,
     pub default_roots: Vec<PathBuf>,
@@ -102,6 +104,8 @@ impl Default for Settings {
             mcp_stdio: "ask".to_owned(),
             mcp_stdio_allow: Vec::new(),
             busy_prompts: "queue".to_owned(),
+            web_console: true,
+            web_session_ttl_secs: 7 * 24 * 3600,
             roots: BTreeMap::new(),
             default_roots: Vec::new(),
             agents: BTreeMap::new(),
@@ -282,11 +286,29 @@ pub struct Args {
     #[arg(long, env = "ACPD_BUSY_PROMPTS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub busy_prompts: Option<String>,
+    /// Do not serve the web console at `/` (it is on by default). Overrides the key
+    /// `web_console` (as `false`), hence the id.
+    #[arg(id = "web_console", long = "no-web-console")]
+    #[serde(
+        rename = "web_console",
+        skip_serializing_if = "is_false",
+        serialize_with = "negated"
+    )]
+    pub no_web_console: bool,
+    /// How long a web console sign-in lasts, in seconds.
+    #[arg(long, env = "ACPD_WEB_SESSION_TTL_SECS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub web_session_ttl_secs: Option<u64>,
 }
 
 /// A switch can only be turned on from the command line, as before the layering was generic.
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+/// A `--no-…` switch sets its key to `false`.
+fn negated<S: serde::Serializer>(b: &bool, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bool(!*b)
 }
 
 impl Settings {
@@ -432,12 +454,14 @@ mod tests {
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 4], 3))),
             mcp_stdio: Some("deny".into()),
             busy_prompts: Some("refuse".into()),
+            no_web_console: true,
+            web_session_ttl_secs: Some(18),
         };
         let given = toml::Table::try_from(&args).unwrap();
         let merged = Settings::default().overridden_by(&args).unwrap();
         let merged = toml::Table::try_from(&merged).unwrap();
         // All but `config` and `--agent`, which are not keys of their own.
-        assert_eq!(given.len(), 32);
+        assert_eq!(given.len(), 34);
         for (k, v) in given {
             assert_eq!(merged.get(&k), Some(&v), "{k}");
         }

@@ -9,7 +9,6 @@ use std::path::PathBuf;
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
 
 use super::ServeError;
 use crate::config::Config;
@@ -154,11 +153,9 @@ pub fn new_secret() -> String {
     )
 }
 
+/// What the store keeps of a token secret (the web console's credentials are hashed alike).
 pub fn hash(secret: &str) -> String {
-    Sha256::digest(secret.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::web::sha256_hex(secret)
 }
 
 fn write_secret(path: &PathBuf, secret: &str) -> std::io::Result<()> {

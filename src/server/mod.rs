@@ -16,7 +16,7 @@ use axum::Router;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{FromRef, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
@@ -65,6 +65,8 @@ struct AppState {
     registry: registry::Registry,
     /// Streamable HTTP (`POST`/SSE `GET`/`DELETE` on `/acp`).
     http: streamable::HttpState,
+    /// The web console, unless `web_console = false`: its cookie is a credential on `/acp`.
+    web: Option<crate::web::WebState>,
 }
 
 impl FromRef<AppState> for streamable::HttpState {
@@ -203,9 +205,18 @@ pub async fn serve(
         registry: registry.clone(),
         conns: transport::http_stream::Connections::new(core.config.resume_grace),
     };
+    let web = core.config.web_console.then(|| {
+        crate::web::WebState::new(
+            core.config.clone(),
+            core.store.clone(),
+            core.hub.clone(),
+            (auth.local_principal(), LOCAL_PRINCIPAL),
+        )
+    });
     let state = AppState {
         config: core.config.clone(),
         hub: core.hub.clone(),
+        web: web.clone(),
         auth,
         tasks: core.tasks.clone(),
         shutdown: core.drain.clone(),
@@ -228,7 +239,10 @@ pub async fn serve(
         core.tasks
             .spawn(tcp::accept(tcp, state.clone(), shutdown.clone()));
     }
-    let origins = origin::Origins::new(core.config.allowed_origins.clone());
+    let mut origins = origin::Origins::new(core.config.allowed_origins.clone());
+    if web.is_some() {
+        origins = origins.with_console(core.config.tls.is_some(), core.config.no_auth);
+    }
     let mut app = Router::new()
         .route(
             "/acp",
@@ -239,6 +253,9 @@ pub async fn serve(
         .route_layer(axum::middleware::from_fn_with_state(origins, origin::guard))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz));
+    if let Some(web) = web {
+        app = app.merge(crate::web::router(web));
+    }
     let gate = http::Gate::new(
         core.config.limits.header_read_timeout,
         core.config.limits.max_pending_connections,
@@ -291,11 +308,12 @@ const WS_READ_BUFFER: usize = 8 * 1024;
 async fn acp_get(
     State(st): State<AppState>,
     Query(q): Query<AcpQuery>,
+    uri: Uri,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     match ws {
-        Ok(ws) => acp_upgrade(st, q, headers, ws).await,
+        Ok(ws) => acp_upgrade(st, q, &uri, headers, ws).await,
         Err(_) if streamable::wants_stream(&headers) => {
             streamable::stream(st.http.clone(), headers).await
         }
@@ -343,14 +361,48 @@ fn connection_ctx(
     }
 }
 
+/// The web console's cookie as the upgrade's credential: only without a bearer token, and
+/// only from the console's own origin or an allowed one (a page elsewhere must not ride on
+/// the cookie).
+/// `None`: the request has no console cookie (or the console is off).
+async fn console_identity(
+    st: &AppState,
+    headers: &HeaderMap,
+    uri: &Uri,
+) -> Option<Result<auth::Identity, Response>> {
+    let web = st.web.as_ref()?;
+    if headers.contains_key(header::AUTHORIZATION) || !web.has_cookie(headers) {
+        return None;
+    }
+    if !web.trusted_origin(headers, uri) {
+        tracing::warn!(target: "acpd::audit", "refused the console cookie on an upgrade from another origin");
+        let refusal = "the console's cookie is accepted from the console's own origin only\n";
+        return Some(Err((StatusCode::FORBIDDEN, refusal).into_response()));
+    }
+    Some(match web.identity(headers).await {
+        Ok(Some(w)) => Ok(auth::Identity {
+            principal: w.principal,
+            name: w.name,
+            token_id: w.token_id,
+        }),
+        Ok(None) => Err((StatusCode::UNAUTHORIZED, "signed out or expired\n").into_response()),
+        Err(resp) => Err(resp),
+    })
+}
+
 /// The upgrade: authenticate, pick the agent profile, upgrade to WebSocket.
 async fn acp_upgrade(
     st: AppState,
     q: AcpQuery,
+    uri: &Uri,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    let identity = match st.auth.check(&headers).await {
+    let checked = match console_identity(&st, &headers, uri).await {
+        Some(checked) => checked,
+        None => st.auth.check(&headers).await,
+    };
+    let identity = match checked {
         Ok(p) => p,
         Err(resp) => return resp,
     };

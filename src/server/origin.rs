@@ -3,7 +3,8 @@
 //!
 //! A browser lets any page open a WebSocket to any host and sends that page's `Origin`; native
 //! clients (editors, `acp-shim`) send none. So a request that carries `Origin` must name an
-//! allowed one, and one without it is left to the bearer-token check. Tokens in query strings
+//! allowed one (the web console's own origin is, while the console is served), and one
+//! without it is left to the bearer-token check. Tokens in query strings
 //! end up in proxy logs, shell history and `Referer` headers: they are refused outright, and
 //! the refusal never echoes them.
 
@@ -20,12 +21,26 @@ const CREDENTIAL_PARAMS: &[&str] = &["token", "access_token", "bearer", "auth", 
 #[derive(Debug, Clone, Default)]
 pub struct Origins {
     allowed: Vec<String>,
+    /// The web console is served (over TLS when `.0`): its own origin is allowed; only when
+    /// the request names a loopback host if `.1` (`--no-auth`: no credential would stop a
+    /// page whose name was rebound to 127.0.0.1).
+    console: Option<(bool, bool)>,
 }
 
 impl Origins {
     /// `allowed` must already be normalized (`Config` does it).
     pub fn new(allowed: Vec<String>) -> Origins {
-        Origins { allowed }
+        Origins {
+            allowed,
+            console: None,
+        }
+    }
+
+    /// Also allows the web console's own origin (`tls`: it is served over TLS;
+    /// `loopback_only`: only on requests to a loopback host name).
+    pub fn with_console(mut self, tls: bool, loopback_only: bool) -> Origins {
+        self.console = Some((tls, loopback_only));
+        self
     }
 
     /// Why the request must be refused, if it must.
@@ -49,7 +64,13 @@ impl Origins {
             .ok()
             .and_then(normalize_origin)
             .is_some_and(|o| self.allowed.contains(&o));
-        if allowed {
+        let own = || {
+            self.console.is_some_and(|(tls, loopback_only)| {
+                crate::web::is_own_origin(req.headers(), req.uri(), tls)
+                    && (!loopback_only || crate::web::loopback_host(req.headers()))
+            })
+        };
+        if allowed || own() {
             return Ok(());
         }
         tracing::warn!(
@@ -132,6 +153,30 @@ mod tests {
         let none = Origins::default();
         assert_eq!(
             status(none.check(&req("/acp", Some("https://ok.test")))),
+            Some(StatusCode::FORBIDDEN)
+        );
+        // The console's own origin: the scheme served and the Host the request named.
+        let console = Origins::default().with_console(false, false);
+        let mut own = req("/acp", Some("http://127.0.0.1:7420"));
+        own.headers_mut()
+            .insert(header::HOST, "127.0.0.1:7420".parse().unwrap());
+        assert_eq!(status(console.check(&own)), None);
+        assert_eq!(status(none.check(&own)), Some(StatusCode::FORBIDDEN));
+        let mut other = req("/acp", Some("http://evil.test"));
+        other
+            .headers_mut()
+            .insert(header::HOST, "127.0.0.1:7420".parse().unwrap());
+        assert_eq!(status(console.check(&other)), Some(StatusCode::FORBIDDEN));
+        // Under --no-auth a rebound name is not the console's, though it is its own origin.
+        let loopback_only = Origins::default().with_console(false, true);
+        assert_eq!(status(loopback_only.check(&own)), None);
+        let mut rebound = req("/acp", Some("http://evil.test:7420"));
+        rebound
+            .headers_mut()
+            .insert(header::HOST, "evil.test:7420".parse().unwrap());
+        assert_eq!(status(console.check(&rebound)), None);
+        assert_eq!(
+            status(loopback_only.check(&rebound)),
             Some(StatusCode::FORBIDDEN)
         );
     }

@@ -43,12 +43,14 @@ pub(super) fn spawn(
 ) -> SessionHandle {
     let (tx, rx) = mpsc::channel(256);
     let (ev_tx, ev_rx) = mpsc::channel(1024);
+    let (status, status_rx) = watch::channel(super::LiveStatus::default());
     let id: Arc<str> = Arc::from(row.id.as_str());
     let handle = SessionHandle {
         id: id.clone(),
         principal: Arc::from(row.principal_id.as_str()),
         profile: Arc::from(row.agent.as_str()),
         tx,
+        status: status_rx,
     };
     let journaled = row.last_seq;
     let (durable, durable_rx) = acpd_store::watermark(journaled);
@@ -84,6 +86,7 @@ pub(super) fn spawn(
         ending: false,
         upkeep: Upkeep::default(),
         rows: rows::RowWrites::default(),
+        status,
     };
     if let Some((agent, agent_sid)) = agent {
         agent.register(&session.id, Some(&agent_sid), session.events.clone());
@@ -209,6 +212,8 @@ pub(super) struct Session {
     tasks: JoinSet<TaskDone>,
     upkeep: Upkeep,
     ending: bool,
+    /// What the session says of itself (`SessionHandle::status`).
+    status: watch::Sender<super::LiveStatus>,
 }
 
 impl Session {
@@ -282,6 +287,7 @@ impl Session {
                 self.shared.turns.fetch_add(now_turns, Relaxed);
                 self.shared.turns.fetch_sub(turns, Relaxed);
                 turns = now_turns;
+                self.status.send_modify(|s| s.running = now_turns > 0);
             }
             let now_detached = self.outbox.clients_len() == 0;
             if now_detached != detached {

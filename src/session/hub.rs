@@ -113,6 +113,16 @@ impl HubTask {
                         });
                     }
                 }
+                HubCommand::Status { ids, reply } => {
+                    let found = ids
+                        .into_iter()
+                        .filter_map(|id| {
+                            let status = self.live.get(id.as_str())?.1.status();
+                            Some((id, status))
+                        })
+                        .collect();
+                    let _ = reply.send(found);
+                }
                 HubCommand::CancelAll => {
                     let live: Vec<SessionHandle> =
                         self.live.values().map(|(_, h)| h.clone()).collect();

@@ -14,6 +14,8 @@ mod retention;
 pub mod roles;
 mod share;
 pub use share::{ShareRequest, share_in_store};
+mod status;
+pub use status::LiveStatus;
 mod titles;
 
 use std::collections::HashMap;
@@ -205,6 +207,8 @@ pub struct SessionHandle {
     /// The agent profile the session runs on.
     pub profile: Arc<str>,
     tx: mpsc::Sender<SessionCommand>,
+    /// Published by the actor when a turn starts or ends and when a client comes or goes.
+    status: tokio::sync::watch::Receiver<LiveStatus>,
 }
 
 impl SessionHandle {
@@ -215,6 +219,10 @@ impl SessionHandle {
 
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
+    }
+
+    pub fn status(&self) -> LiveStatus {
+        self.status.borrow().clone()
     }
 }
 
@@ -254,6 +262,11 @@ pub(crate) enum HubCommand {
     },
     /// Cancel the running turn of every live session (the end of a drain).
     CancelAll,
+    /// The status of those of `ids` that are live.
+    Status {
+        ids: Vec<String>,
+        reply: oneshot::Sender<HashMap<String, LiveStatus>>,
+    },
     /// A principal's token was revoked: cancel its running turns; `stop_agents` also stops
     /// its agent processes (no valid token of it is connected any more).
     Revoked {

@@ -62,4 +62,5 @@ mod tidy;
 mod transport_flow;
 mod transports;
 mod update_path;
+mod web_console;
 mod wire_edges;

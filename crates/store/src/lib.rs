@@ -7,7 +7,8 @@
 //!
 //! Layout: `backend` (pools, migrations, error triage), `writer` (group commit of journal
 //! appends), `journal` (journal SQL), `sessions` (session rows, agent state), `auth`
-//! (principals, tokens), `grants` (shared sessions), `rows` (row decoding, list cursor).
+//! (principals, tokens), `grants` (shared sessions), `web` (the web console's sign-in codes and
+//! cookie credentials, its journal page read), `rows` (row decoding, list cursor).
 
 mod auth;
 mod backend;
@@ -16,6 +17,7 @@ mod journal;
 pub mod metrics;
 mod rows;
 mod sessions;
+mod web;
 mod writer;
 
 use std::sync::Arc;
@@ -222,6 +224,17 @@ pub struct GrantRow {
     pub granted_by: String,
     pub created_at_ms: i64,
     pub revoked_at_ms: Option<i64>,
+}
+
+/// A web console's cookie credential (only its SHA-256 is stored).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebSessionRow {
+    pub hash: String,
+    pub principal_id: String,
+    /// The token it was exchanged for (`None`: a one-time code from `acpd web-login`).
+    pub token_id: Option<String>,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -517,5 +530,54 @@ impl Store {
     /// The principal with that id, if any.
     pub async fn principal(&self, id: &str) -> Result<Option<PrincipalRow>, StoreError> {
         grants::principal(&self.inner.pool, id).await
+    }
+
+    /// Stores a one-time sign-in code (its hash) for the web console.
+    pub async fn insert_web_login(
+        &self,
+        hash: &str,
+        principal_id: &str,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        web::insert_login(&self.inner.pool, hash, principal_id, expires_at_ms).await
+    }
+
+    /// Uses up a sign-in code: its principal if it existed and had not expired. A second
+    /// call with the same hash is `None`.
+    pub async fn take_web_login(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        web::take_login(&self.inner.pool, hash).await
+    }
+
+    /// Stores a cookie credential; expired ones are dropped on the way.
+    pub async fn insert_web_session(&self, row: &WebSessionRow) -> Result<(), StoreError> {
+        web::insert_session(&self.inner.pool, row).await
+    }
+
+    /// The live cookie credential with that hash (not expired, its token not revoked).
+    pub async fn web_session(
+        &self,
+        hash: &str,
+    ) -> Result<Option<(WebSessionRow, PrincipalRow)>, StoreError> {
+        web::session(&self.inner.pool, hash).await
+    }
+
+    /// Sign-out. `false` when there was no such credential.
+    pub async fn delete_web_session(&self, hash: &str) -> Result<bool, StoreError> {
+        web::delete_session(&self.inner.pool, hash).await
+    }
+
+    /// Ends the web sessions that revoking token `token_id` ends; returns how many.
+    pub async fn revoke_web_sessions(&self, token_id: &str) -> Result<u64, StoreError> {
+        web::revoke_for_token(&self.inner.pool, token_id).await
+    }
+
+    /// The newest `limit` entries with `seq < before_seq`, ascending.
+    pub async fn journal_before(
+        &self,
+        session_id: &str,
+        before_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<JournalEntry>, StoreError> {
+        web::journal_before(&self.inner.pool, session_id, before_seq, limit).await
     }
 }

@@ -126,6 +126,7 @@ impl Session {
     /// Tells the other clients that `who` attached or detached, with who is attached now.
     pub(super) fn presence(&mut self, event: &str, who: &Client) {
         let clients: Vec<Value> = self.outbox.clients().map(Client::describe).collect();
+        self.status.send_modify(|s| s.clients = clients.clone());
         let text = json!({ "jsonrpc": "2.0", "method": PRESENCE, "params": {
             "sessionId": &*self.id,
             "event": event,

@@ -55,6 +55,7 @@ mod journal;
 mod rejection;
 mod retention;
 mod sessions;
+mod web;
 
 pub(super) async fn open(url: &str) -> Store {
     Store::open(url, StoreOptions::default())
