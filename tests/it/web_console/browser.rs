@@ -1,7 +1,7 @@
 //! The console in a real headless Chromium, driven over WebDriver (fantoccini): sign-in by a
 //! one-time link, the sessions list, a live turn, a permission answered by a click, a prompt
 //! typed in the page, cancel, the observer's page, another principal's session, and no CSP
-//! violation. It writes the README's screenshots (docs/screenshots/) on the way.
+//! violation. It takes the README's screenshots on the way (`screenshot`).
 //!
 //! One chromedriver for the module (started here on a free port, killed on drop) and one
 //! browser session for the whole walk, so the run stays short.
@@ -108,7 +108,8 @@ async fn until_log_has(b: &Browser, text: &str) {
 }
 
 /// A screenshot of the viewport at `width`×`height` CSS pixels, scrolled to the newest
-/// content, into docs/screenshots/NAME.png.
+/// content, into target/screenshots/NAME.png, or into docs/screenshots/ (the README's) with
+/// `ACPD_TEST_SCREENSHOTS=docs`: a plain test run leaves the work tree as it was.
 async fn screenshot(b: &Browser, name: &str, width: u32, height: u32) {
     viewport(b, width, height).await;
     b.execute("window.scrollTo(0, document.body.scrollHeight)", vec![])
@@ -117,8 +118,12 @@ async fn screenshot(b: &Browser, name: &str, width: u32, height: u32) {
     // Layout settles after the resize (a media query may apply).
     tokio::time::sleep(Duration::from_millis(300)).await;
     let png = b.screenshot().await.expect("screenshot");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/screenshots");
-    std::fs::create_dir_all(&dir).expect("docs/screenshots");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = match std::env::var("ACPD_TEST_SCREENSHOTS").as_deref() {
+        Ok("docs") => root.join("docs/screenshots"),
+        _ => root.join("target/screenshots"),
+    };
+    std::fs::create_dir_all(&dir).expect("the screenshots' folder");
     std::fs::write(dir.join(format!("{name}.png")), png).expect("write the screenshot");
 }
 
