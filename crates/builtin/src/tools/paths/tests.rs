@@ -225,9 +225,14 @@ fn a_directory_swapped_for_a_link_during_writes_never_leads_outside() {
     let stop = Arc::new(AtomicBool::new(false));
     let flips = flipper(&f, "real", f.outside.clone(), stop.clone());
     let p = host(&f, "flip/new.txt");
-    for i in 0..2000 {
+    // 2000 rounds, and on a loaded machine more until one write went through the inside link
+    // (so the test is never vacuous: a flipper scheduled just so can refuse every write).
+    let landed = || f.root.join("real/new.txt").exists();
+    let mut i = 0;
+    while i < 2000 || (!landed() && i < 200_000) {
         let _ = p.root.write(&p.rel, format!("write {i}").as_bytes());
         let _ = p.root.list(Path::new("flip"));
+        i += 1;
     }
     stop.store(true, Ordering::Relaxed);
     flips.join().unwrap();
