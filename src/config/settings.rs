@@ -58,6 +58,15 @@ pub struct Settings {
     pub mcp_stdio: String,
     pub mcp_stdio_allow: Vec<String>,
     pub busy_prompts: String,
+    /// Several replicas on one Postgres (leases, fencing, takeover); needs a cluster secret.
+    pub replicas: bool,
+    /// Default: `HOSTNAME-PID`.
+    pub replica_id: Option<String>,
+    /// Default: none (peers cannot reach this replica).
+    pub advertise_url: Option<String>,
+    pub lease_ttl_ms: u64,
+    /// Default: the `ACPD_CLUSTER_SECRET` variable.
+    pub cluster_secret_file: Option<PathBuf>,
     /// The directories each principal (by name) may use; see `roots::FsRoots`.
     pub roots: BTreeMap<String, Vec<PathBuf>>,
     pub default_roots: Vec<PathBuf>,
@@ -102,6 +111,11 @@ impl Default for Settings {
             mcp_stdio: "ask".to_owned(),
             mcp_stdio_allow: Vec::new(),
             busy_prompts: "queue".to_owned(),
+            replicas: false,
+            replica_id: None,
+            advertise_url: None,
+            lease_ttl_ms: 10_000,
+            cluster_secret_file: None,
             roots: BTreeMap::new(),
             default_roots: Vec::new(),
             agents: BTreeMap::new(),
@@ -282,6 +296,29 @@ pub struct Args {
     #[arg(long, env = "ACPD_BUSY_PROMPTS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub busy_prompts: Option<String>,
+    /// Run as one of several replicas on one Postgres store (session leases, fencing,
+    /// takeover); needs a cluster secret.
+    #[arg(long, env = "ACPD_REPLICAS")]
+    #[serde(skip_serializing_if = "is_false")]
+    pub replicas: bool,
+    /// This replica's name in the store (default: HOSTNAME-PID); unique among the replicas.
+    #[arg(long, env = "ACPD_REPLICA_ID")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_id: Option<String>,
+    /// The URL peers reach this replica at (e.g. `ws://acpd-0.acpd:7420`), recorded in the
+    /// store.
+    #[arg(long, env = "ACPD_ADVERTISE_URL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise_url: Option<String>,
+    /// How long a session lease lasts without renewal, in milliseconds: a dead replica's
+    /// sessions are taken over after it.
+    #[arg(long, env = "ACPD_LEASE_TTL_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_ms: Option<u64>,
+    /// A file holding the secret the replicas share (else `ACPD_CLUSTER_SECRET`).
+    #[arg(long, env = "ACPD_CLUSTER_SECRET_FILE", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_secret_file: Option<PathBuf>,
 }
 
 /// A switch can only be turned on from the command line, as before the layering was generic.
@@ -432,12 +469,17 @@ mod tests {
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 4], 3))),
             mcp_stdio: Some("deny".into()),
             busy_prompts: Some("refuse".into()),
+            replicas: true,
+            replica_id: Some("r1".into()),
+            advertise_url: Some("ws://r1:7420".into()),
+            lease_ttl_ms: Some(18),
+            cluster_secret_file: path(),
         };
         let given = toml::Table::try_from(&args).unwrap();
         let merged = Settings::default().overridden_by(&args).unwrap();
         let merged = toml::Table::try_from(&merged).unwrap();
         // All but `config` and `--agent`, which are not keys of their own.
-        assert_eq!(given.len(), 32);
+        assert_eq!(given.len(), 37);
         for (k, v) in given {
             assert_eq!(merged.get(&k), Some(&v), "{k}");
         }

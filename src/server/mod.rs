@@ -102,6 +102,11 @@ impl Core {
             &config.store_url,
             StoreOptions {
                 exclusive: true,
+                // A drain gives this replica's leases back after the last append.
+                replica: config.cluster.as_ref().map(|c| acpd_store::ReplicaOptions {
+                    id: c.replica_id.clone(),
+                    lease_ttl: c.lease_ttl,
+                }),
                 ..StoreOptions::default()
             },
         )
@@ -109,6 +114,10 @@ impl Core {
         let config = Arc::new(config);
         let tasks = TaskTracker::new();
         let stop = CancellationToken::new();
+        let cluster = config
+            .cluster
+            .as_ref()
+            .map(|c| crate::cluster::Cluster::spawn(c, store.clone(), &tasks, stop.clone()));
         let pool = AgentPool::spawn(config.clone(), tasks.clone(), stop.clone());
         let mcp = crate::mcp_tunnel::McpTunnels::new(&tasks, stop.clone());
         let hub = SessionHub::spawn(
@@ -116,6 +125,7 @@ impl Core {
             pool,
             config.sessions.clone(),
             mcp.clone(),
+            cluster,
             tasks.clone(),
             stop.clone(),
         );

@@ -232,6 +232,8 @@ pub(crate) struct Shared {
     /// Prompt turns running across all sessions. Each actor adds and removes its own; the
     /// drain reads it to know when running turns are done. A counter, not shared state.
     pub turns: Arc<std::sync::atomic::AtomicUsize>,
+    /// Several replicas: the leases this one holds (`None`: a single daemon, no leases).
+    pub cluster: Option<crate::cluster::Cluster>,
 }
 
 pub(crate) enum HubCommand {
@@ -242,14 +244,17 @@ pub(crate) enum HubCommand {
         profile: Option<String>,
         reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
     },
-    /// The store's answer for a session being opened.
+    /// The store's answer for a session being opened (in a cluster: after its lease).
     Loaded {
         id: String,
         row: Box<Result<Option<SessionRow>, StoreError>>,
+        lease: hub::Leased,
     },
     Spawn {
         row: Box<SessionRow>,
         agent: Option<(AgentHandle, String)>,
+        /// The lease epoch of a session just created here (several replicas).
+        epoch: Option<i64>,
         reply: oneshot::Sender<SessionHandle>,
     },
     /// Cancel the running turn of every live session (the end of a drain).
@@ -293,6 +298,7 @@ impl SessionHub {
         pool: AgentPool,
         settings: SessionSettings,
         mcp: crate::mcp_tunnel::McpTunnels,
+        cluster: Option<crate::cluster::Cluster>,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> SessionHub {
@@ -306,6 +312,7 @@ impl SessionHub {
             hub: tx,
             mcp,
             turns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            cluster,
         };
         let task = hub::HubTask {
             shared: shared.clone(),
@@ -476,6 +483,10 @@ impl SessionHub {
         if let Err(e) = self.shared.store.insert_session(&row).await {
             return Err((e.into(), responder));
         }
+        let epoch = match lease_new(&self.shared, &row.id).await {
+            Ok(epoch) => epoch,
+            Err(e) => return Err((e, responder)),
+        };
         result["sessionId"] = Value::String(id);
         let (reply, rx) = oneshot::channel();
         let _ = self
@@ -484,6 +495,7 @@ impl SessionHub {
             .send(HubCommand::Spawn {
                 row: Box::new(row),
                 agent: Some((agent, agent_sid)),
+                epoch,
                 reply,
             })
             .await;
@@ -561,6 +573,20 @@ impl SessionHub {
             out["nextCursor"] = json!(c);
         }
         Ok(out)
+    }
+}
+
+/// The lease of a session just inserted here (`session/new`, `session/fork`), in a cluster:
+/// nobody else can hold it yet.
+async fn lease_new(shared: &Shared, id: &str) -> Result<Option<i64>, AcpError> {
+    let Some(cluster) = &shared.cluster else {
+        return Ok(None);
+    };
+    match cluster.acquire(id).await? {
+        acpd_store::Acquired::Owned { epoch } => Ok(Some(epoch)),
+        other => Err(AcpError::Internal(format!(
+            "cannot lease the new session {id}: {other:?}"
+        ))),
     }
 }
 

@@ -7,12 +7,14 @@
 //!
 //! Layout: `backend` (pools, migrations, error triage), `writer` (group commit of journal
 //! appends), `journal` (journal SQL), `sessions` (session rows, agent state), `auth`
-//! (principals, tokens), `grants` (shared sessions), `rows` (row decoding, list cursor).
+//! (principals, tokens), `grants` (shared sessions), `lease` (session leases, replicas),
+//! `rows` (row decoding, list cursor).
 
 mod auth;
 mod backend;
 mod grants;
 mod journal;
+mod lease;
 pub mod metrics;
 mod rows;
 mod sessions;
@@ -70,6 +72,20 @@ pub struct StoreOptions {
     /// daemon on the same file refuses to start. SQLite is single-replica; two daemons would
     /// each think they own every session. Admin commands leave it off and share the file.
     pub exclusive: bool,
+    /// This process is one replica of several on one Postgres: `close` gives back the session
+    /// leases it holds once the journal writer is flushed (a drain's hand-off).
+    pub replica: Option<ReplicaOptions>,
+}
+
+/// `StoreOptions::replica`.
+#[derive(Debug, Clone)]
+pub struct ReplicaOptions {
+    /// The replica's id: the owner of the leases it takes.
+    pub id: String,
+    /// The lease TTL. Also the server-side `idle_in_transaction_session_timeout` of the
+    /// replica's connections: a replica paused in the middle of a transaction would otherwise
+    /// hold its session rows locked, and no peer could take them over until it resumed.
+    pub lease_ttl: std::time::Duration,
 }
 
 impl Default for StoreOptions {
@@ -79,6 +95,7 @@ impl Default for StoreOptions {
             journal_queue: 8192,
             max_connections: 8,
             exclusive: false,
+            replica: None,
         }
     }
 }
@@ -166,6 +183,9 @@ pub struct Watermark {
     /// The seq of an entry the database rejected (a constraint, a bad value): the watermark
     /// stops below it for good, and later appends through the same watch are not written.
     pub rejected: Option<i64>,
+    /// The rejection was fencing: the entry carried an epoch that is no longer the session's
+    /// lease epoch (another replica took the session over).
+    pub fenced: bool,
 }
 
 impl Watermark {
@@ -174,6 +194,7 @@ impl Watermark {
         Watermark {
             durable: seq,
             rejected: None,
+            fenced: false,
         }
     }
 
@@ -202,6 +223,26 @@ pub struct NewEntry {
     pub kind: Arc<str>,
     pub body: Arc<str>,
     pub at_ms: i64,
+    /// The lease epoch its writer holds (several replicas), checked against the session's in
+    /// the insert's transaction: a stale one is refused (`Watermark::fenced`). `None`: no
+    /// lease (a single daemon), no check.
+    pub epoch: Option<i64>,
+}
+
+/// What `Store::acquire_lease` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    /// The caller owns the session now, under this (new) epoch.
+    Owned { epoch: i64 },
+    /// Another replica holds a live lease on it.
+    Held {
+        owner: String,
+        /// Where that replica's peers reach it, if it said.
+        advertise_url: Option<String>,
+        expires_in_ms: i64,
+    },
+    /// No such live session.
+    Missing,
 }
 
 #[derive(Debug, Clone)]
@@ -245,6 +286,8 @@ struct Inner {
     /// To the group-commit writer; see `writer`.
     appends: mpsc::Sender<writer::Msg>,
     writer_finished: writer::Finished,
+    /// `StoreOptions::replica`.
+    replica: Option<String>,
     /// The lock file of an exclusive SQLite store, held (flock) for the store's life; the OS
     /// lets it go when the process dies, however it dies.
     _owner: Option<std::fs::File>,
@@ -254,7 +297,8 @@ impl Store {
     /// Connects (creating a SQLite file if missing), runs migrations, refuses a newer schema,
     /// and starts the journal writer.
     pub async fn open(url: &str, opts: StoreOptions) -> Result<Store, StoreError> {
-        let pool = Pool::connect(url, opts.max_connections).await?;
+        let idle_tx = opts.replica.as_ref().map(|r| r.lease_ttl);
+        let pool = Pool::connect(url, opts.max_connections, idle_tx).await?;
         let owner = match opts.exclusive {
             true => backend::claim_sqlite(url),
             false => Ok(None),
@@ -276,6 +320,7 @@ impl Store {
                 pool,
                 appends,
                 writer_finished,
+                replica: opts.replica.map(|r| r.id),
                 _owner: owner,
             }),
         })
@@ -283,7 +328,7 @@ impl Store {
 
     /// Runs migrations only; returns the schema version now in place.
     pub async fn migrate(url: &str) -> Result<i64, StoreError> {
-        let pool = Pool::connect(url, 1).await?;
+        let pool = Pool::connect(url, 1, None).await?;
         let version = pool.migrate().await;
         pool.close().await;
         version
@@ -313,7 +358,56 @@ impl Store {
         let mut finished = self.inner.writer_finished.clone();
         // Only ever resolves with an error: the writer never sends, it drops its sender.
         let _ = finished.changed().await;
+        if let Some(replica) = &self.inner.replica {
+            match lease::release_all(&self.inner.pool, replica).await {
+                Ok(n) => tracing::info!(replica, sessions = n, "session leases given back"),
+                Err(e) => {
+                    tracing::warn!(replica, error = %e, "cannot give back the session leases; peers take them over once they expire")
+                }
+            }
+        }
         self.inner.pool.close().await;
+    }
+
+    /// Takes the lease of a live session for `replica` unless another replica holds a live
+    /// one; a new epoch every time (the journal appends of older ones are refused from then
+    /// on). `ttl_ms` from now by the database's clock.
+    pub async fn acquire_lease(
+        &self,
+        session_id: &str,
+        replica: &str,
+        ttl_ms: i64,
+    ) -> Result<Acquired, StoreError> {
+        lease::acquire(&self.inner.pool, session_id, replica, ttl_ms).await
+    }
+
+    /// Extends the leases `replica` holds, `(session, epoch)`; returns the sessions it lost.
+    pub async fn renew_leases(
+        &self,
+        replica: &str,
+        held: &[(String, i64)],
+        ttl_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        lease::renew(&self.inner.pool, replica, held, ttl_ms).await
+    }
+
+    /// Gives back one lease `replica` holds under `epoch`; `false` if it held none.
+    pub async fn release_lease(
+        &self,
+        session_id: &str,
+        replica: &str,
+        epoch: i64,
+    ) -> Result<bool, StoreError> {
+        lease::release(&self.inner.pool, session_id, replica, epoch).await
+    }
+
+    /// Records `replica` as alive now, reachable at `advertise_url`.
+    pub async fn replica_heartbeat(
+        &self,
+        replica: &str,
+        advertise_url: Option<&str>,
+    ) -> Result<(), StoreError> {
+        lease::heartbeat(&self.inner.pool, replica, advertise_url).await
     }
 
     /// Fails with `Conflict` when a session with that id exists (even a deleted one).

@@ -90,6 +90,7 @@ pub(super) fn new_entry(session_id: &Arc<str>, seq: i64, kind: &str, body: Strin
         kind: kind.into(),
         body: body.into(),
         at_ms: 1_000 + seq,
+        epoch: None,
     }
 }
 

@@ -68,7 +68,8 @@ async fn check_unknown_session_append(url: String) {
         wait_stopped(&mut ghost_rx).await,
         Watermark {
             durable: 0,
-            rejected: Some(1)
+            rejected: Some(1),
+            fenced: false
         }
     );
     assert_eq!(*rx.borrow(), Watermark::at(10));
@@ -131,7 +132,8 @@ async fn check_rejected_entry(url: String) {
         stopped,
         Watermark {
             durable: BAD - 1,
-            rejected: Some(BAD)
+            rejected: Some(BAD),
+            fenced: false
         }
     );
     let seqs = |j: Vec<acpd_store::JournalEntry>| j.iter().map(|e| e.seq).collect::<Vec<_>>();
@@ -213,7 +215,8 @@ async fn check_second_writer(url: String) {
         wait_stopped(&mut rxb).await,
         Watermark {
             durable: 3,
-            rejected: Some(4)
+            rejected: Some(4),
+            fenced: false
         }
     );
     let journal = whole_journal(&a, "s1").await;

@@ -1,6 +1,9 @@
-//! Several acpd on one store. Until replicas share sessions (leases, fencing), a second
-//! daemon must never lose an entry silently: on SQLite it refuses to start, on Postgres a
-//! journal append at a seq another daemon already wrote is an error, never a no-op.
+//! Several acpd on one store. Without `replicas = true` a second daemon must never lose an
+//! entry silently: on SQLite it refuses to start, on Postgres a journal append at a seq
+//! another daemon already wrote is an error, never a no-op. With it (`takeover.rs`), sessions
+//! are leased: one owner at a time, a dead owner taken over, a paused one fenced.
+
+mod takeover;
 
 use crate::support::{Daemon, DaemonOptions, chunk_text, kind};
 
