@@ -45,7 +45,9 @@ enum Command {
     },
     /// A renewal round finished: the sessions whose lease is gone, or `None` if the store
     /// failed (the leases stand until they expire; fencing covers the rest).
-    Renewed { lost: Option<Vec<(String, i64)>> },
+    Renewed {
+        lost: Option<Vec<(String, i64)>>,
+    },
 }
 
 /// This replica in the cluster. Cheap to clone.

@@ -175,7 +175,10 @@ fn cluster(s: &Settings, store_url: &str) -> Result<Option<ClusterConfig>, Confi
             .iter()
             .any(|p| url.starts_with(p))
     {
-        return Err(invalid("advertise_url", "must be a ws://, wss:// or http(s):// URL"));
+        return Err(invalid(
+            "advertise_url",
+            "must be a ws://, wss:// or http(s):// URL",
+        ));
     }
     Ok(Some(ClusterConfig {
         replica_id,

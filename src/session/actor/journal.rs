@@ -184,7 +184,6 @@ impl Session {
         }
         self.ending = true;
     }
-
 }
 
 /// What a turn or request of a session that moved to another replica is answered.

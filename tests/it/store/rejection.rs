@@ -4,11 +4,9 @@
 use std::sync::Arc;
 
 use acpd_store::Watermark;
-use tokio::sync::watch;
-use tokio::time::timeout;
 
 use super::{
-    WAIT, new_entry, on_postgres, open, raw_per_backend, session, wait_durable, watermark,
+    new_entry, on_postgres, open, raw_per_backend, session, wait_durable, wait_stopped, watermark,
     whole_journal,
 };
 
@@ -27,14 +25,6 @@ both!(
     postgres_rejected_entry_stops_its_sessions_watermark,
     check_rejected_entry
 );
-
-/// Waits until the watermark reports a rejection; returns where it stopped.
-async fn wait_stopped(rx: &mut watch::Receiver<Watermark>) -> Watermark {
-    *timeout(WAIT, rx.wait_for(|w| w.rejected.is_some()))
-        .await
-        .expect("rejection reported in time")
-        .expect("watermark sender alive")
-}
 
 async fn check_unknown_session_append(url: String) {
     let store = open(&url).await;
