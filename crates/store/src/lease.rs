@@ -35,6 +35,9 @@ macro_rules! with_now {
     }};
 }
 
+/// Who holds a lease: owner, expiry, the owner's `advertise_url`, milliseconds left.
+type Holder = (Option<String>, Option<i64>, Option<String>, i64);
+
 /// Takes the session's lease for `replica` when nobody holds a live one (free, expired, or
 /// already `replica`'s), raising the epoch; else says who holds it.
 pub(super) async fn acquire(
@@ -63,7 +66,7 @@ pub(super) async fn acquire(
         if let Some(epoch) = epoch {
             return Ok(Acquired::Owned { epoch });
         }
-        let holder: Option<(Option<String>, Option<i64>, Option<String>, i64)> = with_now!(
+        let holder: Option<Holder> = with_now!(
             pool,
             "SELECT s.owner_instance, s.lease_until_ms, r.advertise_url, \
              COALESCE(s.lease_until_ms, 0) - {now} \

@@ -1,7 +1,8 @@
 //! Replicas on one Postgres (`--replicas`): a live session is owned by one replica through
 //! a lease; another replica refuses it (-32012, naming the owner) while the lease lives,
 //! takes it over once the owner is dead and its lease expired (journal whole, seqs going
-//! on), fences a paused owner that comes back, and gets it at once from a draining one.
+//! on), fences a paused owner that comes back, and gets it at once from a draining one. A
+//! token revoked in the shared store is cut off on every replica.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -200,4 +201,48 @@ async fn sigterm_hands_the_sessions_over_without_waiting_for_the_lease() {
     assert_eq!(agent_texts(&replay), ["one"]);
     let (_, next) = on_b.prompt(&sid, "echo two").await;
     assert_eq!(next.expect("turn on b")["stopReason"], "end_turn");
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(acpd_pg),
+    ignore = "set ACPD_TEST_DATABASE_URL to run the Postgres tests"
+)]
+async fn a_token_revoked_once_cuts_its_connections_on_every_replica() {
+    use crate::support::security_support::{self as sec, acpd, bearer};
+    let s = secret();
+    let a = Daemon::start_with(replica("a", 1500, &s.path).postgres().auth()).await;
+    let b = Daemon::start_beside(&a, replica("b", 1500, &s.path).auth()).await;
+    let token = sec::token_create(&a, "mallory").await;
+    let (h, v) = bearer(&token);
+    let mut on_a = sec::client(&a.ws_url(), &[(h, &v)], None).await;
+    let mut on_b = sec::client(&b.ws_url(), &[(h, &v)], None).await;
+
+    let data = a.dir().join("data").display().to_string();
+    let store = a.store_url();
+    let list = acpd(&["token", "list", "--data-dir", &data, "--store", &store]).await;
+    let id = list
+        .stdout
+        .lines()
+        .find(|l| l.split('\t').nth(1) == Some("mallory"))
+        .and_then(|l| l.split('\t').next())
+        .expect("mallory's token")
+        .to_owned();
+    let run = acpd(&[
+        "token",
+        "revoke",
+        &id,
+        "--data-dir",
+        &data,
+        "--store",
+        &store,
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    // Each replica checks the tokens it has in use every 2 s.
+    let within = Duration::from_secs(10);
+    let cut = tokio::time::timeout(within, async {
+        tokio::join!(on_a.wait_closed(), on_b.wait_closed())
+    });
+    cut.await.expect("both replicas cut the revoked token off");
 }
