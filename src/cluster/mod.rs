@@ -13,6 +13,7 @@
 //! Nothing here knows sessions: a lease is a session id, an epoch and a token.
 
 mod leases;
+pub mod link;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +55,8 @@ enum Command {
 #[derive(Clone)]
 pub struct Cluster {
     pub replica: Arc<str>,
+    /// The secret the replicas share: the internal link's credential.
+    pub secret: Arc<str>,
     ttl_ms: i64,
     store: Store,
     tx: mpsc::Sender<Command>,
@@ -86,6 +89,7 @@ impl Cluster {
         tracing::info!(replica = %config.replica_id, advertise_url = ?config.advertise_url, ttl_ms, "replica of a cluster: sessions are leased");
         Cluster {
             replica: Arc::from(config.replica_id.as_str()),
+            secret: Arc::from(config.secret.as_str()),
             ttl_ms,
             store,
             tx,

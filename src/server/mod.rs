@@ -5,6 +5,7 @@ mod auth;
 pub mod cert;
 mod http;
 pub mod origin;
+mod peer;
 mod registry;
 mod streamable;
 mod tcp;
@@ -247,6 +248,7 @@ pub async fn serve(
                 .delete(streamable::delete),
         )
         .route_layer(axum::middleware::from_fn_with_state(origins, origin::guard))
+        .route(crate::cluster::link::PEER_PATH, get(peer::upgrade))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz));
     let gate = http::Gate::new(

@@ -225,6 +225,23 @@ impl HubTask {
                 expires_in_ms,
             } => {
                 tracing::info!(session = %id, %owner, expires_in_ms, "session is live on another replica");
+                // Forwarded to the owner when it says where it is: one forwarder per opener.
+                if let Some(url) = advertise_url
+                    .as_ref()
+                    .filter(|_| self.shared.cluster.is_some())
+                {
+                    for (principal, profile, reply) in waiters {
+                        let h = super::remote::spawn(
+                            &id,
+                            &principal,
+                            profile.as_deref(),
+                            url.clone(),
+                            self.shared.clone(),
+                        );
+                        let _ = reply.send(Ok(h));
+                    }
+                    return;
+                }
                 for (_, _, reply) in waiters {
                     let _ = reply.send(Err(AcpError::OwnedElsewhere {
                         session: id.clone(),

@@ -10,6 +10,7 @@ mod hub;
 mod mcp;
 mod outbox;
 mod pending;
+mod remote;
 mod retention;
 pub mod roles;
 mod share;

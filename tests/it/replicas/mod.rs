@@ -1,8 +1,10 @@
 //! Several acpd on one store. Without `replicas = true` a second daemon must never lose an
 //! entry silently: on SQLite it refuses to start, on Postgres a journal append at a seq
 //! another daemon already wrote is an error, never a no-op. With it (`takeover.rs`), sessions
-//! are leased: one owner at a time, a dead owner taken over, a paused one fenced.
+//! are leased: one owner at a time, a dead owner taken over, a paused one fenced; with
+//! `--advertise-url` (`forwarding.rs`) a non-owner forwards a session to its owner.
 
+mod forwarding;
 mod takeover;
 
 use crate::support::{Daemon, DaemonOptions, chunk_text, kind};

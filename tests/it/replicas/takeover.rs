@@ -17,12 +17,12 @@ use crate::support::{
 const OWNED_ELSEWHERE: i64 = -32012;
 
 /// A cluster's shared secret, in a file of the test's own.
-struct Secret {
+pub(super) struct Secret {
     _dir: tempfile::TempDir,
-    path: PathBuf,
+    pub path: PathBuf,
 }
 
-fn secret() -> Secret {
+pub(super) fn secret() -> Secret {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("cluster-secret");
     std::fs::write(&path, "test-cluster-secret-0123456789\n").expect("write secret");
@@ -30,7 +30,7 @@ fn secret() -> Secret {
 }
 
 /// Options of replica `name` with leases of `ttl_ms`.
-fn replica(name: &str, ttl_ms: u64, secret: &Path) -> DaemonOptions {
+pub(super) fn replica(name: &str, ttl_ms: u64, secret: &Path) -> DaemonOptions {
     let mut opts = DaemonOptions::default()
         .arg("--replica-id", name)
         .arg("--lease-ttl-ms", ttl_ms)
@@ -212,6 +212,9 @@ async fn a_token_revoked_once_cuts_its_connections_on_every_replica() {
     use crate::support::security_support::{self as sec, acpd, bearer};
     let s = secret();
     let a = Daemon::start_with(replica("a", 1500, &s.path).postgres().auth()).await;
+    // A's first-start token first: a daemon accepts connections before its auth setup, and
+    // B, seeing A's token in the store, writes none of its own (and vice versa).
+    sec::local_token(&a).await;
     let b = Daemon::start_beside(&a, replica("b", 1500, &s.path).auth()).await;
     let token = sec::token_create(&a, "mallory").await;
     let (h, v) = bearer(&token);
