@@ -357,6 +357,20 @@ impl HubTask {
     }
 }
 
+/// The lease of a session just inserted here (`session/new`, `session/fork`), in a cluster:
+/// nobody else can hold it yet.
+pub(super) async fn lease_new(shared: &Shared, id: &str) -> Result<Option<i64>, AcpError> {
+    let Some(cluster) = &shared.cluster else {
+        return Ok(None);
+    };
+    match cluster.acquire(id).await? {
+        acpd_store::Acquired::Owned { epoch } => Ok(Some(epoch)),
+        other => Err(AcpError::Internal(format!(
+            "cannot lease the new session {id}: {other:?}"
+        ))),
+    }
+}
+
 /// Whether a session of profile `agent` is visible to a request scoped to `profile`.
 fn in_profile(agent: &str, profile: &Option<String>) -> bool {
     profile.as_deref().is_none_or(|p| p == agent)

@@ -484,7 +484,7 @@ impl SessionHub {
         if let Err(e) = self.shared.store.insert_session(&row).await {
             return Err((e.into(), responder));
         }
-        let epoch = match lease_new(&self.shared, &row.id).await {
+        let epoch = match hub::lease_new(&self.shared, &row.id).await {
             Ok(epoch) => epoch,
             Err(e) => return Err((e, responder)),
         };
@@ -574,20 +574,6 @@ impl SessionHub {
             out["nextCursor"] = json!(c);
         }
         Ok(out)
-    }
-}
-
-/// The lease of a session just inserted here (`session/new`, `session/fork`), in a cluster:
-/// nobody else can hold it yet.
-async fn lease_new(shared: &Shared, id: &str) -> Result<Option<i64>, AcpError> {
-    let Some(cluster) = &shared.cluster else {
-        return Ok(None);
-    };
-    match cluster.acquire(id).await? {
-        acpd_store::Acquired::Owned { epoch } => Ok(Some(epoch)),
-        other => Err(AcpError::Internal(format!(
-            "cannot lease the new session {id}: {other:?}"
-        ))),
     }
 }
 

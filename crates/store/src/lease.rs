@@ -7,8 +7,35 @@
 //! that an acquisition has to take, and nothing can move the lease between the check and the
 //! insert. Every time is the database's clock, so replicas' clocks need not agree.
 
+use super::StoreError;
 use super::backend::{Pool, db, on_pool};
-use super::{Acquired, StoreError};
+
+/// `StoreOptions::replica`.
+#[derive(Debug, Clone)]
+pub struct ReplicaOptions {
+    /// The replica's id: the owner of the leases it takes.
+    pub id: String,
+    /// The lease TTL. Also the server-side `idle_in_transaction_session_timeout` of the
+    /// replica's connections: a replica paused in the middle of a transaction would otherwise
+    /// hold its session rows locked, and no peer could take them over until it resumed.
+    pub lease_ttl: std::time::Duration,
+}
+
+/// What `Store::acquire_lease` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    /// The caller owns the session now, under this (new) epoch.
+    Owned { epoch: i64 },
+    /// Another replica holds a live lease on it.
+    Held {
+        owner: String,
+        /// Where that replica's peers reach it, if it said.
+        advertise_url: Option<String>,
+        expires_in_ms: i64,
+    },
+    /// No such live session.
+    Missing,
+}
 
 /// "Now" in epoch milliseconds, by the database's clock.
 fn now_sql(pool: &Pool) -> &'static str {

@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, watch};
 use backend::{Pool, db, on_pool};
 
 pub use backend::JOURNAL_FORMAT;
+pub use lease::{Acquired, ReplicaOptions};
 
 /// Errors at the store boundary. The session layer maps them to JSON-RPC errors once.
 #[derive(Debug, thiserror::Error)]
@@ -75,17 +76,6 @@ pub struct StoreOptions {
     /// This process is one replica of several on one Postgres: `close` gives back the session
     /// leases it holds once the journal writer is flushed (a drain's hand-off).
     pub replica: Option<ReplicaOptions>,
-}
-
-/// `StoreOptions::replica`.
-#[derive(Debug, Clone)]
-pub struct ReplicaOptions {
-    /// The replica's id: the owner of the leases it takes.
-    pub id: String,
-    /// The lease TTL. Also the server-side `idle_in_transaction_session_timeout` of the
-    /// replica's connections: a replica paused in the middle of a transaction would otherwise
-    /// hold its session rows locked, and no peer could take them over until it resumed.
-    pub lease_ttl: std::time::Duration,
 }
 
 impl Default for StoreOptions {
@@ -227,22 +217,6 @@ pub struct NewEntry {
     /// the insert's transaction: a stale one is refused (`Watermark::fenced`). `None`: no
     /// lease (a single daemon), no check.
     pub epoch: Option<i64>,
-}
-
-/// What `Store::acquire_lease` found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Acquired {
-    /// The caller owns the session now, under this (new) epoch.
-    Owned { epoch: i64 },
-    /// Another replica holds a live lease on it.
-    Held {
-        owner: String,
-        /// Where that replica's peers reach it, if it said.
-        advertise_url: Option<String>,
-        expires_in_ms: i64,
-    },
-    /// No such live session.
-    Missing,
 }
 
 #[derive(Debug, Clone)]

@@ -149,7 +149,7 @@ impl ForkJob {
         };
         tracing::info!(parent = %self.parent.id, fork = %id, entries = row.last_seq, "session forked");
         shared.mcp.inherit(&self.parent.id, &id);
-        let epoch = match crate::session::lease_new(shared, &id).await {
+        let epoch = match crate::session::hub::lease_new(shared, &id).await {
             Ok(epoch) => epoch,
             Err(e) => return Err((e, responder)),
         };
