@@ -231,11 +231,16 @@ impl HubTask {
                     .filter(|_| self.shared.cluster.is_some())
                 {
                     for (principal, profile, reply) in waiters {
+                        let to = super::remote::Owner {
+                            id: owner.clone(),
+                            url: url.clone(),
+                            expires_in_ms,
+                        };
                         let h = super::remote::spawn(
                             &id,
                             &principal,
                             profile.as_deref(),
-                            url.clone(),
+                            to,
                             self.shared.clone(),
                         );
                         let _ = reply.send(Ok(h));

@@ -31,12 +31,19 @@ const WAITING_MAX: usize = 1024;
 /// The in-band route of the forwarder's requests to the owner.
 const ROUTE: &str = "forward";
 
-/// Starts a forwarder of session `id` to the replica at `url`.
+/// The replica that owns a forwarded session, as its lease said.
+pub(super) struct Owner {
+    pub id: String,
+    pub url: String,
+    pub expires_in_ms: i64,
+}
+
+/// Starts a forwarder of session `id` to its owner.
 pub(super) fn spawn(
     id: &str,
     principal: &str,
     profile: Option<&str>,
-    url: String,
+    owner: Owner,
     shared: Shared,
 ) -> SessionHandle {
     let (tx, rx) = mpsc::channel(256);
@@ -48,7 +55,8 @@ pub(super) fn spawn(
     };
     let fwd = Forwarder {
         id: handle.id.clone(),
-        url,
+        url: owner.url.clone(),
+        owner,
         profile: profile.map(str::to_owned),
         shared: shared.clone(),
         client: None,
@@ -80,6 +88,7 @@ enum TaskDone {
 struct Forwarder {
     id: Arc<str>,
     url: String,
+    owner: Owner,
     /// The profile the client's connection is on (`None`: any).
     profile: Option<String>,
     shared: Shared,
@@ -199,9 +208,14 @@ impl Forwarder {
             }
             TaskDone::Dialled(Err(why)) => {
                 tracing::warn!(session = %self.id, url = %self.url, error = %why, "cannot forward the session to its owner");
-                let e = ResponseError::internal(
-                    "the replica that owns this session cannot be reached; retry shortly",
-                );
+                // Said like any session owned elsewhere: a dead owner's lease expires, and
+                // the retry after it takes the session over here.
+                let e = ResponseError::from(AcpError::OwnedElsewhere {
+                    session: self.id.to_string(),
+                    owner: self.owner.id.clone(),
+                    advertise_url: Some(self.owner.url.clone()),
+                    expires_in_ms: self.owner.expires_in_ms,
+                });
                 for cmd in self.waiting.drain(..) {
                     cmd.reject(e.clone()).await;
                 }

@@ -84,3 +84,30 @@ async fn a_cancel_sent_to_a_non_owner_stops_the_owners_turn() {
         .expect("the turn ends soon after the cancel");
     assert_eq!(answer.expect("answered")["stopReason"], "cancelled");
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(acpd_pg),
+    ignore = "set ACPD_TEST_DATABASE_URL to run the Postgres tests"
+)]
+async fn an_unreachable_owner_is_reported_owned_elsewhere_then_taken_over() {
+    let s = secret();
+    let mut a = Daemon::start_with(replica("a", 1500, &s.path).postgres().advertise()).await;
+    let b = Daemon::start_beside(&a, replica("b", 1500, &s.path).advertise()).await;
+    let cwd = a.work_dir();
+    let mut on_a = a.client().await;
+    let sid = on_a.open_session(&cwd).await;
+    let (_, first) = on_a.prompt(&sid, "echo one").await;
+    assert_eq!(first.expect("turn on a")["stopReason"], "end_turn");
+    a.kill().await;
+    // While A's lease lives B cannot forward to it: -32012 with a retry hint, then the
+    // takeover once the lease is out.
+    let mut on_b = b.client().await;
+    let (_, refused) = on_b.load(&sid, &cwd).await;
+    let err = refused.expect_err("a dead owner's lease still lives");
+    assert_eq!(err.code, -32012, "{err}");
+    assert!(err.data.expect("data")["acpd"]["retryAfterMs"].as_i64() <= Some(1500));
+    let (replay, _) =
+        super::takeover::load_when_free(&mut on_b, &sid, &cwd, Duration::from_secs(15)).await;
+    assert_eq!(agent_texts(&replay), ["one"]);
+}

@@ -41,7 +41,7 @@ pub(super) fn replica(name: &str, ttl_ms: u64, secret: &Path) -> DaemonOptions {
 
 /// `session/load` until it is not refused as owned elsewhere (the owner's lease has to
 /// expire first), at most `within`; the replay and the answer.
-async fn load_when_free(
+pub(super) async fn load_when_free(
     client: &mut Client,
     sid: &str,
     cwd: &Path,
