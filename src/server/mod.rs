@@ -202,6 +202,11 @@ pub async fn serve(
         core.hub.clone(),
         core.config.limits.max_connections,
         core.config.limits.max_connections_per_principal,
+        // Replicas hear of revocations made anywhere at once (LISTEN), not only at polls.
+        core.config
+            .cluster
+            .as_ref()
+            .and_then(|_| core.store.revocation_signals()),
         &core.tasks,
         core.stop.clone(),
     );

@@ -8,7 +8,7 @@
 //! Layout: `backend` (pools, migrations, error triage), `writer` (group commit of journal
 //! appends), `journal` (journal SQL), `sessions` (session rows, agent state), `auth`
 //! (principals, tokens), `grants` (shared sessions), `lease` (session leases, replicas),
-//! `rows` (row decoding, list cursor).
+//! `signals` (revocations announced with NOTIFY), `rows` (row decoding, list cursor).
 
 mod auth;
 mod backend;
@@ -18,6 +18,7 @@ mod lease;
 pub mod metrics;
 mod rows;
 mod sessions;
+mod signals;
 mod writer;
 
 use std::sync::Arc;
@@ -533,9 +534,19 @@ impl Store {
         auth::list_tokens(&self.inner.pool).await
     }
 
-    /// `false` when no live token has that id.
+    /// `false` when no live token has that id. Announced to listening daemons (Postgres).
     pub async fn revoke_token(&self, id: &str) -> Result<bool, StoreError> {
-        auth::revoke_token(&self.inner.pool, id).await
+        let revoked = auth::revoke_token(&self.inner.pool, id).await?;
+        if revoked {
+            signals::announce(&self.inner.pool, "token").await;
+        }
+        Ok(revoked)
+    }
+
+    /// Signals that a token or grant was revoked somewhere (Postgres `LISTEN`); `None` on
+    /// SQLite. Only a hint to check now: the rows are the truth.
+    pub fn revocation_signals(&self) -> Option<mpsc::Receiver<()>> {
+        signals::listen(&self.inner.pool)
     }
 
     /// Grants `principal_id` `role` on a session (again: the new role, not revoked).
@@ -555,7 +566,11 @@ impl Store {
         session_id: &str,
         principal_id: &str,
     ) -> Result<bool, StoreError> {
-        grants::revoke(&self.inner.pool, session_id, principal_id).await
+        let revoked = grants::revoke(&self.inner.pool, session_id, principal_id).await?;
+        if revoked {
+            signals::announce(&self.inner.pool, "grant").await;
+        }
+        Ok(revoked)
     }
 
     /// The live grant of `principal_id` on a session.
