@@ -318,6 +318,11 @@ impl Forwarder {
         match msg {
             Incoming::Notification(n) => {
                 let params = n.params.as_ref().map_or("null", |p| p.get());
+                // The owner's connection may carry other sessions too (a fork made through
+                // it): those reach the client through their own forwarder, never twice.
+                if session_of(params).is_some_and(|sid| sid != &*self.id) {
+                    return;
+                }
                 let method = serde_json::to_string(&n.method).unwrap_or_default();
                 let text = format!(r#"{{"jsonrpc":"2.0","method":{method},"params":{params}}}"#);
                 if client.peer.send_raw(text).await.is_err() {
@@ -344,10 +349,34 @@ impl Forwarder {
     }
 }
 
+/// `params.sessionId`, read without building the params into a tree.
+fn session_of(params: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Params {
+        #[serde(rename = "sessionId")]
+        session_id: Option<String>,
+    }
+    serde_json::from_str::<Params>(params).ok()?.session_id
+}
+
 /// The next message from the owner; never resolves while the link is not up.
 async fn next_incoming(link: &mut Link) -> Option<Incoming> {
     match link {
         Link::Up { incoming, .. } => incoming.recv().await,
         _ => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::session_of;
+
+    #[test]
+    fn session_of_reads_only_the_session_id() {
+        let p = r#"{"update":{"sessionUpdate":"agent_message_chunk","content":{"text":"x"}},"sessionId":"s-1"}"#;
+        assert_eq!(session_of(p).as_deref(), Some("s-1"));
+        assert_eq!(session_of(r#"{"other":1}"#), None);
+        assert_eq!(session_of("[1,2]"), None);
+        assert_eq!(session_of("null"), None);
     }
 }
