@@ -320,7 +320,7 @@ impl Forwarder {
                 let params = n.params.as_ref().map_or("null", |p| p.get());
                 // The owner's connection may carry other sessions too (a fork made through
                 // it): those reach the client through their own forwarder, never twice.
-                if session_of(params).is_some_and(|sid| sid != &*self.id) {
+                if session_of(params).is_some_and(|sid| *sid != *self.id) {
                     return;
                 }
                 let method = serde_json::to_string(&n.method).unwrap_or_default();
