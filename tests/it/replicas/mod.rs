@@ -71,3 +71,51 @@ async fn on_postgres_a_second_daemon_writing_a_taken_seq_fails_the_turn_instead_
         .collect();
     assert_eq!(texts, ["one", "two-from-a"]);
 }
+
+#[tokio::test]
+async fn replicas_without_postgres_or_a_secret_is_a_bad_config() {
+    use crate::support::security_support::acpd;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().display().to_string();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "0123456789abcdef0123").expect("write secret");
+    let secret = secret.display().to_string();
+    let pg = "postgres://postgres@127.0.0.1:5432/none";
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--cluster-secret-file", &secret],
+            "needs a Postgres store",
+        ),
+        (&["--store", pg], "cluster secret"),
+        (
+            &[
+                "--store",
+                pg,
+                "--cluster-secret-file",
+                &secret,
+                "--lease-ttl-ms",
+                "10",
+            ],
+            "lease_ttl_ms",
+        ),
+    ];
+    for (extra, why) in cases {
+        let mut args = vec!["check-config", "--data-dir", &data, "--replicas"];
+        args.extend_from_slice(extra);
+        let run = acpd(&args).await;
+        assert_eq!(run.code, Some(64), "{extra:?}: {}", run.stderr);
+        assert!(run.stderr.contains(why), "{extra:?}: {}", run.stderr);
+    }
+    let ok = acpd(&[
+        "check-config",
+        "--data-dir",
+        &data,
+        "--replicas",
+        "--store",
+        pg,
+        "--cluster-secret-file",
+        &secret,
+    ])
+    .await;
+    assert_eq!(ok.code, Some(0), "{}", ok.stderr);
+}
