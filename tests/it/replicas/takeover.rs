@@ -88,25 +88,29 @@ fn slow_script(prefix: &str, n: usize) -> String {
 )]
 async fn an_owner_killed_mid_turn_is_taken_over_after_its_lease_with_the_journal_whole() {
     let s = secret();
-    let mut a = Daemon::start_with(replica("a", 1500, &s.path).postgres()).await;
-    let b = Daemon::start_beside(&a, replica("b", 1500, &s.path)).await;
-    let c = Daemon::start_beside(&a, replica("c", 1500, &s.path)).await;
+    let opts = |name| replica(name, 1500, &s.path).advertise();
+    let mut a = Daemon::start_with(opts("a").postgres()).await;
+    let b = Daemon::start_beside(&a, opts("b")).await;
+    let c = Daemon::start_beside(&a, opts("c")).await;
     let cwd = a.work_dir();
     let mut on_a = a.client().await;
     let sid = on_a.open_session(&cwd).await;
     let (_, first) = on_a.prompt(&sid, "echo one").await;
     assert_eq!(first.expect("turn on a")["stopReason"], "end_turn");
 
-    // A owns it: the others refuse it while A lives.
+    // A owns it; B serves it by forwarding to A.
     let mut on_b = b.client().await;
-    assert_owned_by(&mut on_b, &sid, &cwd, "a").await;
+    let (replay, loaded) = on_b.load(&sid, &cwd).await;
+    loaded.expect("load through b");
+    assert_eq!(agent_texts(&replay), ["one"]);
 
     // kill -9 in the middle of a turn.
     on_a.send_prompt(&sid, &slow_script("mid", 40)).await;
     on_a.updates_until_text("mid2").await;
     a.kill().await;
 
-    // C takes it over once A's lease has expired: the journal is whole, seqs 1..n.
+    // C takes it over once A's lease has expired (until then A is unreachable: -32012): the
+    // journal is whole, seqs 1..n.
     let mut on_c = c.client().await;
     let (replay, _) = load_when_free(&mut on_c, &sid, &cwd, Duration::from_secs(15)).await;
     assert_consecutive(&replay);
@@ -126,8 +130,14 @@ async fn an_owner_killed_mid_turn_is_taken_over_after_its_lease_with_the_journal
     assert_eq!(seqs(&updates).first(), Some(&(last + 2)), "{updates:?}");
     assert_consecutive(&updates);
 
-    // And B, asked again, names the new owner.
-    assert_owned_by(&mut on_b, &sid, &cwd, "c").await;
+    // Re-attaching anywhere shows the same journal: B now forwards to C.
+    let mut again = b.client().await;
+    let (whole, reloaded) = again.load(&sid, &cwd).await;
+    reloaded.expect("reload through b");
+    assert_consecutive(&whole);
+    let mut expected = texts.clone();
+    expected.push("after".into());
+    assert_eq!(agent_texts(&whole), expected);
 }
 
 #[tokio::test]
