@@ -7,8 +7,8 @@
 //! that an acquisition has to take, and nothing can move the lease between the check and the
 //! insert. Every time is the database's clock, so replicas' clocks need not agree.
 
-use super::StoreError;
 use super::backend::{Pool, db, on_pool};
+use super::{Store, StoreError};
 
 /// `StoreOptions::replica`.
 #[derive(Debug, Clone)]
@@ -248,4 +248,47 @@ pub(super) async fn heartbeat(
             .map(drop)
             .map_err(db)
     )
+}
+
+impl Store {
+    /// Takes the lease of a live session for `replica` unless another replica holds a live
+    /// one; a new epoch every time (the journal appends of older ones are refused from then
+    /// on). `ttl_ms` from now by the database's clock.
+    pub async fn acquire_lease(
+        &self,
+        session_id: &str,
+        replica: &str,
+        ttl_ms: i64,
+    ) -> Result<Acquired, StoreError> {
+        acquire(&self.inner.pool, session_id, replica, ttl_ms).await
+    }
+
+    /// Extends the leases `replica` holds, `(session, epoch)`; returns the sessions it lost.
+    pub async fn renew_leases(
+        &self,
+        replica: &str,
+        held: &[(String, i64)],
+        ttl_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        renew(&self.inner.pool, replica, held, ttl_ms).await
+    }
+
+    /// Gives back one lease `replica` holds under `epoch`; `false` if it held none.
+    pub async fn release_lease(
+        &self,
+        session_id: &str,
+        replica: &str,
+        epoch: i64,
+    ) -> Result<bool, StoreError> {
+        release(&self.inner.pool, session_id, replica, epoch).await
+    }
+
+    /// Records `replica` as alive now, reachable at `advertise_url`.
+    pub async fn replica_heartbeat(
+        &self,
+        replica: &str,
+        advertise_url: Option<&str>,
+    ) -> Result<(), StoreError> {
+        heartbeat(&self.inner.pool, replica, advertise_url).await
+    }
 }

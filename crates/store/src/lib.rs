@@ -344,46 +344,8 @@ impl Store {
         self.inner.pool.close().await;
     }
 
-    /// Takes the lease of a live session for `replica` unless another replica holds a live
-    /// one; a new epoch every time (the journal appends of older ones are refused from then
-    /// on). `ttl_ms` from now by the database's clock.
-    pub async fn acquire_lease(
-        &self,
-        session_id: &str,
-        replica: &str,
-        ttl_ms: i64,
-    ) -> Result<Acquired, StoreError> {
-        lease::acquire(&self.inner.pool, session_id, replica, ttl_ms).await
-    }
-
-    /// Extends the leases `replica` holds, `(session, epoch)`; returns the sessions it lost.
-    pub async fn renew_leases(
-        &self,
-        replica: &str,
-        held: &[(String, i64)],
-        ttl_ms: i64,
-    ) -> Result<Vec<String>, StoreError> {
-        lease::renew(&self.inner.pool, replica, held, ttl_ms).await
-    }
-
-    /// Gives back one lease `replica` holds under `epoch`; `false` if it held none.
-    pub async fn release_lease(
-        &self,
-        session_id: &str,
-        replica: &str,
-        epoch: i64,
-    ) -> Result<bool, StoreError> {
-        lease::release(&self.inner.pool, session_id, replica, epoch).await
-    }
-
-    /// Records `replica` as alive now, reachable at `advertise_url`.
-    pub async fn replica_heartbeat(
-        &self,
-        replica: &str,
-        advertise_url: Option<&str>,
-    ) -> Result<(), StoreError> {
-        lease::heartbeat(&self.inner.pool, replica, advertise_url).await
-    }
+    // The session leases of replicas (`acquire_lease`, `renew_leases`, `release_lease`,
+    // `replica_heartbeat`) are in `lease.rs`, beside their SQL.
 
     /// Fails with `Conflict` when a session with that id exists (even a deleted one).
     pub async fn insert_session(&self, row: &SessionRow) -> Result<(), StoreError> {
