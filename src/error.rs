@@ -18,6 +18,8 @@ use acpd_wire::{PeerError, ResponseError, code};
 pub const FORBIDDEN: i64 = -32010;
 /// A prompt while a turn runs, refused (`busy_prompts = "refuse"`).
 pub const BUSY: i64 = -32011;
+/// The session is owned (a live lease) by another replica of the cluster.
+pub const OWNED_ELSEWHERE: i64 = -32012;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AcpError {
@@ -46,6 +48,14 @@ pub enum AcpError {
     /// A prompt while a turn runs, under `busy_prompts = "refuse"`.
     #[error("a turn is running in this session")]
     Busy,
+    /// Another replica holds the session's live lease (several replicas).
+    #[error("session {session} is owned by replica {owner}")]
+    OwnedElsewhere {
+        session: String,
+        owner: String,
+        advertise_url: Option<String>,
+        expires_in_ms: i64,
+    },
     #[error("{0}")]
     Internal(String),
 }
@@ -128,6 +138,22 @@ impl From<AcpError> for ResponseError {
                 "a turn is running in this session (busy_prompts = \"refuse\"); send the prompt \
                  when it has ended, or session/cancel it",
             ),
+            AcpError::OwnedElsewhere {
+                session,
+                owner,
+                advertise_url,
+                expires_in_ms,
+            } => ResponseError::new(
+                OWNED_ELSEWHERE,
+                "this session is live on another replica; connect there, or retry once its \
+                 lease has expired",
+            )
+            .with_data(json!({ "acpd": {
+                "sessionId": session,
+                "owner": owner,
+                "advertiseUrl": advertise_url,
+                "retryAfterMs": expires_in_ms.max(0),
+            }})),
             AcpError::Internal(m) => {
                 tracing::error!(error = %m, "internal error");
                 ResponseError::internal("internal error")

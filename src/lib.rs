@@ -6,6 +6,7 @@
 mod acp;
 mod agent;
 mod cli;
+mod cluster;
 mod config;
 mod error;
 mod mcp_tunnel;

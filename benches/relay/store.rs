@@ -61,6 +61,7 @@ async fn append_all(store: &Store, session_id: &str, n: i64) -> Result<Duration>
             kind: kind.clone(),
             body: body.into(),
             at_ms: seq,
+            epoch: None,
         };
         store.append(entry, durable.clone()).await?;
     }

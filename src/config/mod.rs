@@ -107,6 +107,87 @@ impl BusyPrompts {
     }
 }
 
+/// Several replicas on one Postgres (`replicas = true`).
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// This replica's name in the store: owner of the leases it takes.
+    pub replica_id: String,
+    /// Where peers reach it, recorded in the `replicas` table.
+    pub advertise_url: Option<String>,
+    /// How long a lease lasts without renewal; renewed every third of it.
+    pub lease_ttl: Duration,
+    /// Shared by the replicas (the internal link's credential).
+    pub secret: String,
+}
+
+/// The shortest cluster secret accepted, in bytes.
+const MIN_SECRET: usize = 16;
+
+/// `HOSTNAME-PID`: unique per process, and a restarted pod (same hostname) is a new replica.
+fn default_replica_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "acpd".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// The cluster settings, validated; `None` unless `replicas` is on.
+fn cluster(s: &Settings, store_url: &str) -> Result<Option<ClusterConfig>, ConfigError> {
+    let invalid = |what, message: &str| ConfigError::Invalid {
+        what,
+        message: message.to_owned(),
+    };
+    if !s.replicas {
+        return Ok(None);
+    }
+    if !(store_url.starts_with("postgres://") || store_url.starts_with("postgresql://")) {
+        return Err(invalid(
+            "replicas",
+            "needs a Postgres store (SQLite is single-replica)",
+        ));
+    }
+    if s.lease_ttl_ms < 300 {
+        return Err(invalid("lease_ttl_ms", "must be at least 300"));
+    }
+    let secret = match &s.cluster_secret_file {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.clone(),
+            source: e,
+        })?,
+        None => std::env::var("ACPD_CLUSTER_SECRET").unwrap_or_default(),
+    };
+    let secret = secret.trim().to_owned();
+    if secret.len() < MIN_SECRET {
+        return Err(invalid(
+            "cluster secret",
+            "replicas need cluster_secret_file or ACPD_CLUSTER_SECRET, at least 16 bytes",
+        ));
+    }
+    let replica_id = s.replica_id.clone().unwrap_or_else(default_replica_id);
+    if replica_id.is_empty() || replica_id.len() > 200 {
+        return Err(invalid("replica_id", "must be 1 to 200 bytes"));
+    }
+    if let Some(url) = &s.advertise_url
+        && !["ws://", "wss://", "http://", "https://"]
+            .iter()
+            .any(|p| url.starts_with(p))
+    {
+        return Err(invalid(
+            "advertise_url",
+            "must be a ws://, wss:// or http(s):// URL",
+        ));
+    }
+    Ok(Some(ClusterConfig {
+        replica_id,
+        advertise_url: s.advertise_url.clone(),
+        lease_ttl: Duration::from_millis(s.lease_ttl_ms),
+        secret,
+    }))
+}
+
 /// Session behaviour knobs.
 #[derive(Debug, Clone)]
 pub struct SessionSettings {
@@ -178,6 +259,8 @@ pub struct Config {
     pub web_console: bool,
     /// How long a web console sign-in (its cookie) lasts.
     pub web_session_ttl: Duration,
+    /// Several replicas on one Postgres, if on.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Config {
@@ -188,6 +271,8 @@ impl Config {
     /// Validates layered settings; `agent_flags` are the `--agent NAME=COMMAND` profiles,
     /// which join the file's `[agents]` (a flag wins over a file profile of the same name).
     fn from_settings(s: Settings, agent_flags: &[String]) -> Result<Config, ConfigError> {
+        // No store given is SQLite in the data directory.
+        let cluster = cluster(&s, s.store.as_deref().unwrap_or("sqlite:"))?;
         let data_dir = s.data_dir.unwrap_or_else(acpd_wire::local::data_dir);
         let store_url = s
             .store
@@ -343,6 +428,7 @@ impl Config {
             fs_roots,
             web_console: s.web_console,
             web_session_ttl: Duration::from_secs(s.web_session_ttl_secs),
+            cluster,
         })
     }
 

@@ -60,6 +60,15 @@ pub struct Settings {
     pub busy_prompts: String,
     pub web_console: bool,
     pub web_session_ttl_secs: u64,
+    /// Several replicas on one Postgres (leases, fencing, takeover); needs a cluster secret.
+    pub replicas: bool,
+    /// Default: `HOSTNAME-PID`.
+    pub replica_id: Option<String>,
+    /// Default: none (peers cannot reach this replica).
+    pub advertise_url: Option<String>,
+    pub lease_ttl_ms: u64,
+    /// Default: the `ACPD_CLUSTER_SECRET` variable.
+    pub cluster_secret_file: Option<PathBuf>,
     /// The directories each principal (by name) may use; see `roots::FsRoots`.
     pub roots: BTreeMap<String, Vec<PathBuf>>,
     pub default_roots: Vec<PathBuf>,
@@ -106,6 +115,11 @@ impl Default for Settings {
             busy_prompts: "queue".to_owned(),
             web_console: true,
             web_session_ttl_secs: 7 * 24 * 3600,
+            replicas: false,
+            replica_id: None,
+            advertise_url: None,
+            lease_ttl_ms: 10_000,
+            cluster_secret_file: None,
             roots: BTreeMap::new(),
             default_roots: Vec::new(),
             agents: BTreeMap::new(),
@@ -299,6 +313,29 @@ pub struct Args {
     #[arg(long, env = "ACPD_WEB_SESSION_TTL_SECS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub web_session_ttl_secs: Option<u64>,
+    /// Run as one of several replicas on one Postgres store (session leases, fencing,
+    /// takeover); needs a cluster secret.
+    #[arg(long, env = "ACPD_REPLICAS")]
+    #[serde(skip_serializing_if = "is_false")]
+    pub replicas: bool,
+    /// This replica's name in the store (default: HOSTNAME-PID); unique among the replicas.
+    #[arg(long, env = "ACPD_REPLICA_ID")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_id: Option<String>,
+    /// The URL peers reach this replica at (e.g. `ws://acpd-0.acpd:7420`), recorded in the
+    /// store.
+    #[arg(long, env = "ACPD_ADVERTISE_URL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise_url: Option<String>,
+    /// How long a session lease lasts without renewal, in milliseconds: a dead replica's
+    /// sessions are taken over after it.
+    #[arg(long, env = "ACPD_LEASE_TTL_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_ms: Option<u64>,
+    /// A file holding the secret the replicas share (else `ACPD_CLUSTER_SECRET`).
+    #[arg(long, env = "ACPD_CLUSTER_SECRET_FILE", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_secret_file: Option<PathBuf>,
 }
 
 /// A switch can only be turned on from the command line, as before the layering was generic.
@@ -456,12 +493,17 @@ mod tests {
             busy_prompts: Some("refuse".into()),
             no_web_console: true,
             web_session_ttl_secs: Some(18),
+            replicas: true,
+            replica_id: Some("r1".into()),
+            advertise_url: Some("ws://r1:7420".into()),
+            lease_ttl_ms: Some(19),
+            cluster_secret_file: path(),
         };
         let given = toml::Table::try_from(&args).unwrap();
         let merged = Settings::default().overridden_by(&args).unwrap();
         let merged = toml::Table::try_from(&merged).unwrap();
         // All but `config` and `--agent`, which are not keys of their own.
-        assert_eq!(given.len(), 34);
+        assert_eq!(given.len(), 39);
         for (k, v) in given {
             assert_eq!(merged.get(&k), Some(&v), "{k}");
         }

@@ -5,6 +5,7 @@ mod auth;
 pub mod cert;
 mod http;
 pub mod origin;
+mod peer;
 mod registry;
 mod streamable;
 mod tcp;
@@ -104,6 +105,11 @@ impl Core {
             &config.store_url,
             StoreOptions {
                 exclusive: true,
+                // A drain gives this replica's leases back after the last append.
+                replica: config.cluster.as_ref().map(|c| acpd_store::ReplicaOptions {
+                    id: c.replica_id.clone(),
+                    lease_ttl: c.lease_ttl,
+                }),
                 ..StoreOptions::default()
             },
         )
@@ -111,6 +117,10 @@ impl Core {
         let config = Arc::new(config);
         let tasks = TaskTracker::new();
         let stop = CancellationToken::new();
+        let cluster = config
+            .cluster
+            .as_ref()
+            .map(|c| crate::cluster::Cluster::spawn(c, store.clone(), &tasks, stop.clone()));
         let pool = AgentPool::spawn(config.clone(), tasks.clone(), stop.clone());
         let mcp = crate::mcp_tunnel::McpTunnels::new(&tasks, stop.clone());
         let hub = SessionHub::spawn(
@@ -118,6 +128,7 @@ impl Core {
             pool,
             config.sessions.clone(),
             mcp.clone(),
+            cluster,
             tasks.clone(),
             stop.clone(),
         );
@@ -193,6 +204,11 @@ pub async fn serve(
         core.hub.clone(),
         core.config.limits.max_connections,
         core.config.limits.max_connections_per_principal,
+        // Replicas hear of revocations made anywhere at once (LISTEN), not only at polls.
+        core.config
+            .cluster
+            .as_ref()
+            .and_then(|_| core.store.revocation_signals()),
         &core.tasks,
         core.stop.clone(),
     );
@@ -251,6 +267,7 @@ pub async fn serve(
                 .delete(streamable::delete),
         )
         .route_layer(axum::middleware::from_fn_with_state(origins, origin::guard))
+        .route(crate::cluster::link::PEER_PATH, get(peer::upgrade))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz));
     if let Some(web) = web {

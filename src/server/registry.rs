@@ -12,6 +12,9 @@
 //! Session grants (`acpd share --revoke`, also another process) are polled the same way, more
 //! often (`GRANT_CHECK`): a grant revoked since the last look is handed to the hub, whose live
 //! session cuts the grantee's clients off (`SessionHub::grant_revoked`).
+//!
+//! Replicas on Postgres also hear of revocations at once (`Store::revocation_signals`,
+//! `LISTEN`): a signal starts both checks now, on top of the polls.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -103,6 +106,7 @@ impl Registry {
         hub: SessionHub,
         max_total: usize,
         max_per_principal: usize,
+        signals: Option<mpsc::Receiver<()>>,
         tasks: &TaskTracker,
         shutdown: CancellationToken,
     ) -> Registry {
@@ -117,9 +121,11 @@ impl Registry {
             self_tx: tx.downgrade(),
             checking: false,
             grants_checking: false,
+            again: false,
+            grants_again: false,
             grants_seen: crate::session::now_ms(),
         };
-        tasks.spawn(task.run(rx, shutdown));
+        tasks.spawn(task.run(rx, signals, shutdown));
         Registry {
             tx,
             tasks: tasks.clone(),
@@ -169,13 +175,22 @@ struct Task {
     checking: bool,
     /// The same for grant checks.
     grants_checking: bool,
+    /// A signal came while a check ran (it may have read the rows before the revocation):
+    /// another check follows it.
+    again: bool,
+    grants_again: bool,
     /// Grants revoked at or before this (epoch ms) were handled (or predate this daemon:
     /// opening a session reads the grant afresh, so nothing older is live).
     grants_seen: i64,
 }
 
 impl Task {
-    async fn run(mut self, mut rx: mpsc::Receiver<Command>, shutdown: CancellationToken) {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Command>,
+        mut signals: Option<mpsc::Receiver<()>>,
+        shutdown: CancellationToken,
+    ) {
         let mut check = tokio::time::interval(REVOCATION_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut grants = tokio::time::interval(GRANT_CHECK);
@@ -199,9 +214,15 @@ impl Task {
                         if let Some(revoked) = revoked {
                             self.cut_off(&revoked);
                         }
+                        if std::mem::take(&mut self.again) {
+                            self.start_check(&shutdown);
+                        }
                     }
                     Some(Command::GrantsChecked { revoked }) => {
                         self.grants_checking = false;
+                        if std::mem::take(&mut self.grants_again) {
+                            self.start_grant_check(&shutdown);
+                        }
                         if let Some((revoked, seen)) = revoked {
                             self.grants_seen = self.grants_seen.max(seen);
                             for (session, principal) in revoked {
@@ -214,6 +235,12 @@ impl Task {
                 },
                 _ = check.tick() => self.start_check(&shutdown),
                 _ = grants.tick() => self.start_grant_check(&shutdown),
+                Some(()) = next_signal(&mut signals) => {
+                    tracing::info!("revocation signalled by the store: checking now");
+                    (self.again, self.grants_again) = (self.checking, self.grants_checking);
+                    self.start_check(&shutdown);
+                    self.start_grant_check(&shutdown);
+                }
             }
             metrics::gauge!(crate::metrics::CONNECTIONS_REGISTERED).set(self.live.len() as f64);
         }
@@ -314,5 +341,13 @@ impl Task {
             self.tasks
                 .spawn(async move { hub.revoked(&principal, !still_valid).await });
         }
+    }
+}
+
+/// The next revocation signal; never resolves without a listener.
+async fn next_signal(signals: &mut Option<mpsc::Receiver<()>>) -> Option<()> {
+    match signals {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }

@@ -40,6 +40,7 @@ pub(super) fn spawn(
     agent: Option<(AgentHandle, String)>,
     shared: Shared,
     serial: u64,
+    lease: Option<crate::cluster::Lease>,
 ) -> SessionHandle {
     let (tx, rx) = mpsc::channel(256);
     let (ev_tx, ev_rx) = mpsc::channel(1024);
@@ -87,6 +88,7 @@ pub(super) fn spawn(
         upkeep: Upkeep::default(),
         rows: rows::RowWrites::default(),
         status,
+        lease,
     };
     if let Some((agent, agent_sid)) = agent {
         agent.register(&session.id, Some(&agent_sid), session.events.clone());
@@ -196,6 +198,9 @@ pub(super) struct Session {
     next_seq: i64,
     durable: Arc<acpd_store::DurableSeq>,
     durable_rx: watch::Receiver<acpd_store::Watermark>,
+    /// Several replicas: the lease this replica holds on the session; every append carries
+    /// its epoch (`journal.rs`), and its `lost` token lets the session go.
+    lease: Option<crate::cluster::Lease>,
     // The agent side (`restore.rs`).
     agent: AgentState,
     /// Given to the agent router so the agent's messages reach this actor.
@@ -267,6 +272,7 @@ impl Session {
                 // `flush` below looks at lagging clients.
                 _ = sleep_until(lag_check) => {}
                 _ = tokio::time::sleep_until(idle_since + idle), if self.is_idle() => break,
+                _ = lease_lost(&self.lease), if !self.ending => self.let_go().await,
             }
             self.start_queued().await;
             self.flush().await;
@@ -314,6 +320,12 @@ impl Session {
         self.flush().await;
         if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } = &self.agent {
             agent.unregister(&self.id);
+        }
+        // The lease goes back once what was appended is settled: a peer takes the session
+        // at once. A lost lease is not ours to give back (the store checks the epoch).
+        if let (Some(lease), Some(cluster)) = (&self.lease, &self.shared.cluster) {
+            let upto = self.next_seq - 1;
+            cluster.release(self.id.clone(), lease.epoch, self.durable_rx.clone(), upto);
         }
         let _ = self
             .shared
@@ -561,6 +573,14 @@ fn with_session_id(params: Value, id: &str) -> Value {
             Value::Object(m)
         }
         other => other,
+    }
+}
+
+/// Resolves when the session's lease is found lost (never without a lease).
+async fn lease_lost(lease: &Option<crate::cluster::Lease>) {
+    match lease {
+        Some(l) => l.lost.cancelled().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -3,6 +3,10 @@
 //! profile, when the connection is scoped to one) and the live-session limit. A
 //! `session/new` reserves its place under that limit before it asks the agent
 //! (`Reservation`), so concurrent ones cannot all pass the check.
+//!
+//! In a cluster the reading task first takes the session's lease (`cluster::Cluster::acquire`)
+//! and reads the row after it, so the row's `last_seq` is at or past every append the
+//! previous owner got in: from the new epoch on, the store refuses that owner's appends.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +16,22 @@ use tokio::sync::{mpsc, oneshot};
 use super::{HubCommand, SessionCommand, SessionHandle, Shared, actor};
 use crate::agent::AgentHandle;
 use crate::error::AcpError;
-use acpd_store::{SessionRow, StoreError};
+use acpd_store::{Acquired, SessionRow, StoreError};
+
+/// What the lease side of opening a session found.
+#[derive(Debug)]
+pub(crate) enum Leased {
+    /// No cluster: no lease.
+    Single,
+    /// This replica owns the session now, under this epoch.
+    Owned(i64),
+    /// Another replica holds a live lease.
+    Elsewhere {
+        owner: String,
+        advertise_url: Option<String>,
+        expires_in_ms: i64,
+    },
+}
 
 /// Who waits for a session the hub is reading from the store: principal, profile (`None`:
 /// any), reply.
@@ -91,10 +110,15 @@ impl HubTask {
                     profile,
                     reply,
                 } => self.open(id, principal, profile, reply),
-                HubCommand::Loaded { id, row } => self.loaded(id, *row),
-                HubCommand::Spawn { row, agent, reply } => {
+                HubCommand::Loaded { id, row, lease } => self.loaded(id, *row, lease),
+                HubCommand::Spawn {
+                    row,
+                    agent,
+                    epoch,
+                    reply,
+                } => {
                     self.release(&row.principal_id);
-                    let _ = reply.send(self.start(*row, agent));
+                    let _ = reply.send(self.start(*row, agent, epoch));
                 }
                 HubCommand::Admit { principal, reply } => {
                     let admitted = self.admits(&principal);
@@ -171,15 +195,79 @@ impl HubTask {
         self.opening
             .insert(id.clone(), vec![(principal, profile, reply)]);
         let (store, hub) = (self.shared.store.clone(), self.shared.hub.clone());
+        let cluster = self.shared.cluster.clone();
         self.shared.tasks.spawn(async move {
-            let row = store.session(&id).await;
+            let lease = match &cluster {
+                None => Ok(Leased::Single),
+                Some(c) => c.acquire(&id).await.map(|a| match a {
+                    Acquired::Owned { epoch } => Leased::Owned(epoch),
+                    Acquired::Held {
+                        owner,
+                        advertise_url,
+                        expires_in_ms,
+                    } => Leased::Elsewhere {
+                        owner,
+                        advertise_url,
+                        expires_in_ms,
+                    },
+                    // No such live session: the row read says so.
+                    Acquired::Missing => Leased::Single,
+                }),
+            };
+            let (row, lease) = match lease {
+                Ok(lease @ Leased::Elsewhere { .. }) => (Ok(None), lease),
+                Ok(lease) => (store.session(&id).await, lease),
+                Err(e) => (Err(e), Leased::Single),
+            };
             let row = Box::new(row);
-            let _ = hub.send(HubCommand::Loaded { id, row }).await;
+            let _ = hub.send(HubCommand::Loaded { id, row, lease }).await;
         });
     }
 
-    fn loaded(&mut self, id: String, row: Result<Option<SessionRow>, StoreError>) {
+    fn loaded(&mut self, id: String, row: Result<Option<SessionRow>, StoreError>, lease: Leased) {
         let waiters = self.opening.remove(&id).unwrap_or_default();
+        let epoch = match lease {
+            Leased::Single => None,
+            Leased::Owned(epoch) => Some(epoch),
+            Leased::Elsewhere {
+                owner,
+                advertise_url,
+                expires_in_ms,
+            } => {
+                tracing::info!(session = %id, %owner, expires_in_ms, "session is live on another replica");
+                // Forwarded to the owner when it says where it is: one forwarder per opener.
+                if let Some(url) = advertise_url
+                    .as_ref()
+                    .filter(|_| self.shared.cluster.is_some())
+                {
+                    for (principal, profile, reply) in waiters {
+                        let to = super::remote::Owner {
+                            id: owner.clone(),
+                            url: url.clone(),
+                            expires_in_ms,
+                        };
+                        let h = super::remote::spawn(
+                            &id,
+                            &principal,
+                            profile.as_deref(),
+                            to,
+                            self.shared.clone(),
+                        );
+                        let _ = reply.send(Ok(h));
+                    }
+                    return;
+                }
+                for (_, _, reply) in waiters {
+                    let _ = reply.send(Err(AcpError::OwnedElsewhere {
+                        session: id.clone(),
+                        owner: owner.clone(),
+                        advertise_url: advertise_url.clone(),
+                        expires_in_ms,
+                    }));
+                }
+                return;
+            }
+        };
         let row = match row {
             Ok(row) => row,
             Err(e) => {
@@ -202,7 +290,7 @@ impl HubTask {
                         Some(h) => Ok(h.clone()),
                         None if !self.admits(&principal) => Err(AcpError::TooManySessions),
                         None => {
-                            let h = self.start(row.clone(), None);
+                            let h = self.start(row.clone(), None, epoch);
                             handle = Some(h.clone());
                             Ok(h)
                         }
@@ -213,6 +301,13 @@ impl HubTask {
                 _ => Err(AcpError::SessionNotFound(id.clone())),
             };
             let _ = reply.send(r);
+        }
+        // Leased for nobody (another principal's id, the limit): given back at once.
+        if handle.is_none()
+            && let (Some(epoch), Some(c)) = (epoch, &self.shared.cluster)
+        {
+            let (_, settled) = acpd_store::watermark(0);
+            c.release(Arc::from(id.as_str()), epoch, settled, 0);
         }
     }
 
@@ -262,12 +357,32 @@ impl HubTask {
         }
     }
 
-    fn start(&mut self, row: SessionRow, agent: Option<(AgentHandle, String)>) -> SessionHandle {
+    fn start(
+        &mut self,
+        row: SessionRow,
+        agent: Option<(AgentHandle, String)>,
+        epoch: Option<i64>,
+    ) -> SessionHandle {
         self.serial += 1;
         let id: Arc<str> = Arc::from(row.id.as_str());
-        let handle = actor::spawn(row, agent, self.shared.clone(), self.serial);
+        let lease = epoch.and_then(|e| Some(self.shared.cluster.as_ref()?.hold(id.clone(), e)));
+        let handle = actor::spawn(row, agent, self.shared.clone(), self.serial, lease);
         self.live.insert(id, (self.serial, handle.clone()));
         handle
+    }
+}
+
+/// The lease of a session just inserted here (`session/new`, `session/fork`), in a cluster:
+/// nobody else can hold it yet.
+pub(super) async fn lease_new(shared: &Shared, id: &str) -> Result<Option<i64>, AcpError> {
+    let Some(cluster) = &shared.cluster else {
+        return Ok(None);
+    };
+    match cluster.acquire(id).await? {
+        acpd_store::Acquired::Owned { epoch } => Ok(Some(epoch)),
+        other => Err(AcpError::Internal(format!(
+            "cannot lease the new session {id}: {other:?}"
+        ))),
     }
 }
 

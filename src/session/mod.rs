@@ -10,6 +10,7 @@ mod hub;
 mod mcp;
 mod outbox;
 mod pending;
+mod remote;
 mod retention;
 pub mod roles;
 mod share;
@@ -29,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use crate::agent::{AgentHandle, AgentKey, AgentPool};
 use crate::config::SessionSettings;
 use crate::error::AcpError;
-use acpd_store::{ListQuery, SessionRow, Store, StoreError};
+use acpd_store::{SessionRow, Store, StoreError};
 use acpd_wire::{PeerHandle, Responder, ResponseError};
 
 /// Identifies one client connection.
@@ -240,6 +241,8 @@ pub(crate) struct Shared {
     /// Prompt turns running across all sessions. Each actor adds and removes its own; the
     /// drain reads it to know when running turns are done. A counter, not shared state.
     pub turns: Arc<std::sync::atomic::AtomicUsize>,
+    /// Several replicas: the leases this one holds (`None`: a single daemon, no leases).
+    pub cluster: Option<crate::cluster::Cluster>,
 }
 
 pub(crate) enum HubCommand {
@@ -250,14 +253,17 @@ pub(crate) enum HubCommand {
         profile: Option<String>,
         reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
     },
-    /// The store's answer for a session being opened.
+    /// The store's answer for a session being opened (in a cluster: after its lease).
     Loaded {
         id: String,
         row: Box<Result<Option<SessionRow>, StoreError>>,
+        lease: hub::Leased,
     },
     Spawn {
         row: Box<SessionRow>,
         agent: Option<(AgentHandle, String)>,
+        /// The lease epoch of a session just created here (several replicas).
+        epoch: Option<i64>,
         reply: oneshot::Sender<SessionHandle>,
     },
     /// Cancel the running turn of every live session (the end of a drain).
@@ -306,6 +312,7 @@ impl SessionHub {
         pool: AgentPool,
         settings: SessionSettings,
         mcp: crate::mcp_tunnel::McpTunnels,
+        cluster: Option<crate::cluster::Cluster>,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> SessionHub {
@@ -319,6 +326,7 @@ impl SessionHub {
             hub: tx,
             mcp,
             turns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            cluster,
         };
         let task = hub::HubTask {
             shared: shared.clone(),
@@ -489,6 +497,10 @@ impl SessionHub {
         if let Err(e) = self.shared.store.insert_session(&row).await {
             return Err((e.into(), responder));
         }
+        let epoch = match hub::lease_new(&self.shared, &row.id).await {
+            Ok(epoch) => epoch,
+            Err(e) => return Err((e, responder)),
+        };
         result["sessionId"] = Value::String(id);
         let (reply, rx) = oneshot::channel();
         let _ = self
@@ -497,6 +509,7 @@ impl SessionHub {
             .send(HubCommand::Spawn {
                 row: Box::new(row),
                 agent: Some((agent, agent_sid)),
+                epoch,
                 reply,
             })
             .await;
@@ -518,63 +531,6 @@ impl SessionHub {
             Err(_) => unreachable!("the command given back is the one sent"),
         }
     }
-
-    /// `session/list` for one principal (of one profile, or of all with `None`), from the
-    /// store; titles and times merged from `agent`'s own list (the connection's agent, for
-    /// the sessions of its profile) when it has one (`titles.rs`).
-    pub async fn list(
-        &self,
-        principal: &str,
-        profile: Option<&str>,
-        cwd: Option<String>,
-        cursor: Option<String>,
-        agent: Option<(AgentHandle, String)>,
-    ) -> Result<Value, AcpError> {
-        let q = ListQuery {
-            principal_id: principal.to_owned(),
-            cwd,
-            agent: profile.map(str::to_owned),
-            cursor,
-            limit: self.shared.settings.list_page_size,
-        };
-        let page = self.shared.store.list_sessions(&q).await?;
-        let theirs = match &agent {
-            Some((a, _)) if titles::agent_lists(a) => titles::from_agent(a, q.cwd.as_deref()).await,
-            _ => HashMap::new(),
-        };
-        let sessions: Vec<Value> = page
-            .sessions
-            .iter()
-            .map(|s| {
-                let mut v = json!({
-                    "sessionId": s.id,
-                    "cwd": s.cwd,
-                    "updatedAt": rfc3339(s.updated_at_ms),
-                    "_meta": { "acpd": { "agent": s.agent } },
-                });
-                if let Some(t) = &s.title {
-                    v["title"] = json!(t);
-                }
-                if let Ok(Value::Array(dirs)) = serde_json::from_str::<Value>(&s.additional_dirs)
-                    && !dirs.is_empty()
-                {
-                    v["additionalDirectories"] = Value::Array(dirs);
-                }
-                if let (Some((_, name)), Some(asid)) = (&agent, &s.agent_session_id)
-                    && *name == s.agent
-                    && let Some(info) = theirs.get(asid)
-                {
-                    titles::merge(&mut v, info);
-                }
-                v
-            })
-            .collect();
-        let mut out = json!({ "sessions": sessions });
-        if let Some(c) = page.next_cursor {
-            out["nextCursor"] = json!(c);
-        }
-        Ok(out)
-    }
 }
 
 /// A new acpd session id (`session/new`, `session/fork`).
@@ -584,10 +540,4 @@ fn new_session_id() -> String {
 
 pub(crate) fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
-}
-
-fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

@@ -223,6 +223,7 @@ mod tests {
                     kind: kind.into(),
                     body: body(seq, kind, &format!("m{i}")).into(),
                     at_ms: seq,
+                    epoch: None,
                 };
                 store.append(entry, durable.clone()).await.unwrap();
             }

@@ -2,14 +2,83 @@
 //! (claude-agent-acp, opencode) name their sessions only there, never in a
 //! `session_info_update`; so when the agent advertises `sessionCapabilities.list`, acpd asks it
 //! (a few pages, bounded in time) and merges by the agent's session id: the agent's title
-//! where acpd's journal has none, the later of the two `updatedAt`s.
+//! where acpd's journal has none, the later of the two `updatedAt`s. `SessionHub::list` is
+//! here too: the page from the store with those merged in.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::SessionHub;
 use crate::agent::AgentHandle;
+use crate::error::AcpError;
+use acpd_store::ListQuery;
+
+impl SessionHub {
+    /// `session/list` for one principal (of one profile, or of all with `None`), from the
+    /// store; titles and times merged from `agent`'s own list (the connection's agent, for
+    /// the sessions of its profile) when it has one (`titles.rs`).
+    pub async fn list(
+        &self,
+        principal: &str,
+        profile: Option<&str>,
+        cwd: Option<String>,
+        cursor: Option<String>,
+        agent: Option<(AgentHandle, String)>,
+    ) -> Result<Value, AcpError> {
+        let q = ListQuery {
+            principal_id: principal.to_owned(),
+            cwd,
+            agent: profile.map(str::to_owned),
+            cursor,
+            limit: self.shared.settings.list_page_size,
+        };
+        let page = self.shared.store.list_sessions(&q).await?;
+        let theirs = match &agent {
+            Some((a, _)) if agent_lists(a) => from_agent(a, q.cwd.as_deref()).await,
+            _ => HashMap::new(),
+        };
+        let sessions: Vec<Value> = page
+            .sessions
+            .iter()
+            .map(|s| {
+                let mut v = json!({
+                    "sessionId": s.id,
+                    "cwd": s.cwd,
+                    "updatedAt": rfc3339(s.updated_at_ms),
+                    "_meta": { "acpd": { "agent": s.agent } },
+                });
+                if let Some(t) = &s.title {
+                    v["title"] = json!(t);
+                }
+                if let Ok(Value::Array(dirs)) = serde_json::from_str::<Value>(&s.additional_dirs)
+                    && !dirs.is_empty()
+                {
+                    v["additionalDirectories"] = Value::Array(dirs);
+                }
+                if let (Some((_, name)), Some(asid)) = (&agent, &s.agent_session_id)
+                    && *name == s.agent
+                    && let Some(info) = theirs.get(asid)
+                {
+                    merge(&mut v, info);
+                }
+                v
+            })
+            .collect();
+        let mut out = json!({ "sessions": sessions });
+        if let Some(c) = page.next_cursor {
+            out["nextCursor"] = json!(c);
+        }
+        Ok(out)
+    }
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
 
 /// At most this many pages of the agent's list are read per `session/list`.
 const MAX_PAGES: usize = 10;

@@ -102,7 +102,12 @@ pub(crate) fn claim_sqlite(url: &str) -> Result<Option<std::fs::File>, StoreErro
 
 impl Pool {
     /// Connects to the store named by `url` without touching its schema.
-    pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Pool, StoreError> {
+    /// `idle_tx`: Postgres ends a session whose transaction sits idle longer (replicas).
+    pub(crate) async fn connect(
+        url: &str,
+        max_connections: u32,
+        idle_tx: Option<Duration>,
+    ) -> Result<Pool, StoreError> {
         let max_connections = max_connections.max(1);
         if url.starts_with("sqlite:") {
             let opts = SqliteConnectOptions::from_str(url)
@@ -155,8 +160,12 @@ impl Pool {
             };
             pool.map(Pool::Sqlite).map_err(db)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let opts = PgConnectOptions::from_str(url)
+            let mut opts = PgConnectOptions::from_str(url)
                 .map_err(|e| StoreError::InvalidUrl(format!("{}: {e}", redact(url))))?;
+            if let Some(t) = idle_tx {
+                let ms = t.as_millis().to_string();
+                opts = opts.options([("idle_in_transaction_session_timeout", ms.as_str())]);
+            }
             // test_before_acquire (the default) pings idle connections, so connections killed
             // by a server restart are replaced instead of failing the next query.
             PgPoolOptions::new()

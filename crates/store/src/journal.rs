@@ -30,6 +30,13 @@ pub(crate) trait JournalSql {
     /// deleted" check and the insert and leave orphan rows.
     async fn raise_last_seq(&mut self, marks: &[(&str, i64)]) -> Result<u64, sqlx::Error>;
     async fn insert_entries(&mut self, rows: &[Ins<'_>]) -> Result<(), sqlx::Error>;
+    /// The first `(session_id, epoch)` of `fences` whose epoch is not the session's lease
+    /// epoch (fencing). Run it after `raise_last_seq`, whose row locks keep the lease from
+    /// moving until the transaction ends.
+    async fn stale_epoch(
+        &mut self,
+        fences: &[(&str, i64)],
+    ) -> Result<Option<(String, i64)>, sqlx::Error>;
     /// The kind and body stored at `(session_id, seq)`, if any.
     async fn stored(
         &mut self,
@@ -114,6 +121,23 @@ impl JournalSql for SqliteConnection {
         Ok(())
     }
 
+    async fn stale_epoch(
+        &mut self,
+        fences: &[(&str, i64)],
+    ) -> Result<Option<(String, i64)>, sqlx::Error> {
+        for (id, epoch) in fences {
+            let now: Option<i64> =
+                sqlx::query_scalar("SELECT lease_epoch FROM sessions WHERE id = $1")
+                    .bind(*id)
+                    .fetch_optional(&mut *self)
+                    .await?;
+            if now.is_some_and(|now| now != *epoch) {
+                return Ok(Some(((*id).to_owned(), *epoch)));
+            }
+        }
+        Ok(None)
+    }
+
     async fn stored(
         &mut self,
         session_id: &str,
@@ -184,6 +208,25 @@ impl JournalSql for PgConnection {
             check_skipped(&mut *self, rows).await?;
         }
         Ok(())
+    }
+
+    async fn stale_epoch(
+        &mut self,
+        fences: &[(&str, i64)],
+    ) -> Result<Option<(String, i64)>, sqlx::Error> {
+        if fences.is_empty() {
+            return Ok(None);
+        }
+        let ids: Vec<&str> = fences.iter().map(|f| f.0).collect();
+        let epochs: Vec<i64> = fences.iter().map(|f| f.1).collect();
+        sqlx::query_as(
+            "SELECT v.id, v.epoch FROM UNNEST($1::text[], $2::int8[]) AS v (id, epoch) \
+             JOIN sessions s ON s.id = v.id WHERE s.lease_epoch <> v.epoch LIMIT 1",
+        )
+        .bind(ids)
+        .bind(epochs)
+        .fetch_optional(&mut *self)
+        .await
     }
 
     async fn stored(

@@ -8,16 +8,20 @@
 //! Layout: `backend` (pools, migrations, error triage), `writer` (group commit of journal
 //! appends), `journal` (journal SQL), `sessions` (session rows, agent state), `auth`
 //! (principals, tokens), `grants` (shared sessions), `web` (the web console's sign-in codes and
-//! cookie credentials, its journal page read), `rows` (row decoding, list cursor).
+//! cookie credentials, its journal page read), `lease` (session leases, replicas), `signals`
+//! (revocations announced with NOTIFY), `rows` (row decoding, list cursor).
 
 mod auth;
 mod backend;
 mod grants;
 mod journal;
+mod lease;
 pub mod metrics;
 mod rows;
 mod sessions;
+mod signals;
 mod web;
+pub use web::WebSessionRow;
 mod writer;
 
 use std::sync::Arc;
@@ -27,6 +31,7 @@ use tokio::sync::{mpsc, watch};
 use backend::{Pool, db, on_pool};
 
 pub use backend::JOURNAL_FORMAT;
+pub use lease::{Acquired, ReplicaOptions};
 
 /// Errors at the store boundary. The session layer maps them to JSON-RPC errors once.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +77,9 @@ pub struct StoreOptions {
     /// daemon on the same file refuses to start. SQLite is single-replica; two daemons would
     /// each think they own every session. Admin commands leave it off and share the file.
     pub exclusive: bool,
+    /// This process is one replica of several on one Postgres: `close` gives back the session
+    /// leases it holds once the journal writer is flushed (a drain's hand-off).
+    pub replica: Option<ReplicaOptions>,
 }
 
 impl Default for StoreOptions {
@@ -81,6 +89,7 @@ impl Default for StoreOptions {
             journal_queue: 8192,
             max_connections: 8,
             exclusive: false,
+            replica: None,
         }
     }
 }
@@ -168,6 +177,9 @@ pub struct Watermark {
     /// The seq of an entry the database rejected (a constraint, a bad value): the watermark
     /// stops below it for good, and later appends through the same watch are not written.
     pub rejected: Option<i64>,
+    /// The rejection was fencing: the entry carried an epoch that is no longer the session's
+    /// lease epoch (another replica took the session over).
+    pub fenced: bool,
 }
 
 impl Watermark {
@@ -176,6 +188,7 @@ impl Watermark {
         Watermark {
             durable: seq,
             rejected: None,
+            fenced: false,
         }
     }
 
@@ -204,6 +217,10 @@ pub struct NewEntry {
     pub kind: Arc<str>,
     pub body: Arc<str>,
     pub at_ms: i64,
+    /// The lease epoch its writer holds (several replicas), checked against the session's in
+    /// the insert's transaction: a stale one is refused (`Watermark::fenced`). `None`: no
+    /// lease (a single daemon), no check.
+    pub epoch: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -224,17 +241,6 @@ pub struct GrantRow {
     pub granted_by: String,
     pub created_at_ms: i64,
     pub revoked_at_ms: Option<i64>,
-}
-
-/// A web console's cookie credential (only its SHA-256 is stored).
-#[derive(Debug, Clone, PartialEq)]
-pub struct WebSessionRow {
-    pub hash: String,
-    pub principal_id: String,
-    /// The token it was exchanged for (`None`: a one-time code from `acpd web-login`).
-    pub token_id: Option<String>,
-    pub created_at_ms: i64,
-    pub expires_at_ms: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -258,6 +264,8 @@ struct Inner {
     /// To the group-commit writer; see `writer`.
     appends: mpsc::Sender<writer::Msg>,
     writer_finished: writer::Finished,
+    /// `StoreOptions::replica`.
+    replica: Option<String>,
     /// The lock file of an exclusive SQLite store, held (flock) for the store's life; the OS
     /// lets it go when the process dies, however it dies.
     _owner: Option<std::fs::File>,
@@ -267,7 +275,8 @@ impl Store {
     /// Connects (creating a SQLite file if missing), runs migrations, refuses a newer schema,
     /// and starts the journal writer.
     pub async fn open(url: &str, opts: StoreOptions) -> Result<Store, StoreError> {
-        let pool = Pool::connect(url, opts.max_connections).await?;
+        let idle_tx = opts.replica.as_ref().map(|r| r.lease_ttl);
+        let pool = Pool::connect(url, opts.max_connections, idle_tx).await?;
         let owner = match opts.exclusive {
             true => backend::claim_sqlite(url),
             false => Ok(None),
@@ -289,6 +298,7 @@ impl Store {
                 pool,
                 appends,
                 writer_finished,
+                replica: opts.replica.map(|r| r.id),
                 _owner: owner,
             }),
         })
@@ -296,7 +306,7 @@ impl Store {
 
     /// Runs migrations only; returns the schema version now in place.
     pub async fn migrate(url: &str) -> Result<i64, StoreError> {
-        let pool = Pool::connect(url, 1).await?;
+        let pool = Pool::connect(url, 1, None).await?;
         let version = pool.migrate().await;
         pool.close().await;
         version
@@ -326,8 +336,19 @@ impl Store {
         let mut finished = self.inner.writer_finished.clone();
         // Only ever resolves with an error: the writer never sends, it drops its sender.
         let _ = finished.changed().await;
+        if let Some(replica) = &self.inner.replica {
+            match lease::release_all(&self.inner.pool, replica).await {
+                Ok(n) => tracing::info!(replica, sessions = n, "session leases given back"),
+                Err(e) => {
+                    tracing::warn!(replica, error = %e, "cannot give back the session leases; peers take them over once they expire")
+                }
+            }
+        }
         self.inner.pool.close().await;
     }
+
+    // The session leases of replicas (`acquire_lease`, `renew_leases`, `release_lease`,
+    // `replica_heartbeat`) are in `lease.rs`, beside their SQL.
 
     /// Fails with `Conflict` when a session with that id exists (even a deleted one).
     pub async fn insert_session(&self, row: &SessionRow) -> Result<(), StoreError> {
@@ -478,9 +499,19 @@ impl Store {
         auth::list_tokens(&self.inner.pool).await
     }
 
-    /// `false` when no live token has that id.
+    /// `false` when no live token has that id. Announced to listening daemons (Postgres).
     pub async fn revoke_token(&self, id: &str) -> Result<bool, StoreError> {
-        auth::revoke_token(&self.inner.pool, id).await
+        let revoked = auth::revoke_token(&self.inner.pool, id).await?;
+        if revoked {
+            signals::announce(&self.inner.pool, "token").await;
+        }
+        Ok(revoked)
+    }
+
+    /// Signals that a token or grant was revoked somewhere (Postgres `LISTEN`); `None` on
+    /// SQLite. Only a hint to check now: the rows are the truth.
+    pub fn revocation_signals(&self) -> Option<mpsc::Receiver<()>> {
+        signals::listen(&self.inner.pool)
     }
 
     /// Grants `principal_id` `role` on a session (again: the new role, not revoked).
@@ -500,7 +531,11 @@ impl Store {
         session_id: &str,
         principal_id: &str,
     ) -> Result<bool, StoreError> {
-        grants::revoke(&self.inner.pool, session_id, principal_id).await
+        let revoked = grants::revoke(&self.inner.pool, session_id, principal_id).await?;
+        if revoked {
+            signals::announce(&self.inner.pool, "grant").await;
+        }
+        Ok(revoked)
     }
 
     /// The live grant of `principal_id` on a session.
@@ -530,54 +565,5 @@ impl Store {
     /// The principal with that id, if any.
     pub async fn principal(&self, id: &str) -> Result<Option<PrincipalRow>, StoreError> {
         grants::principal(&self.inner.pool, id).await
-    }
-
-    /// Stores a one-time sign-in code (its hash) for the web console.
-    pub async fn insert_web_login(
-        &self,
-        hash: &str,
-        principal_id: &str,
-        expires_at_ms: i64,
-    ) -> Result<(), StoreError> {
-        web::insert_login(&self.inner.pool, hash, principal_id, expires_at_ms).await
-    }
-
-    /// Uses up a sign-in code: its principal if it existed and had not expired. A second
-    /// call with the same hash is `None`.
-    pub async fn take_web_login(&self, hash: &str) -> Result<Option<String>, StoreError> {
-        web::take_login(&self.inner.pool, hash).await
-    }
-
-    /// Stores a cookie credential; expired ones are dropped on the way.
-    pub async fn insert_web_session(&self, row: &WebSessionRow) -> Result<(), StoreError> {
-        web::insert_session(&self.inner.pool, row).await
-    }
-
-    /// The live cookie credential with that hash (not expired, its token not revoked).
-    pub async fn web_session(
-        &self,
-        hash: &str,
-    ) -> Result<Option<(WebSessionRow, PrincipalRow)>, StoreError> {
-        web::session(&self.inner.pool, hash).await
-    }
-
-    /// Sign-out. `false` when there was no such credential.
-    pub async fn delete_web_session(&self, hash: &str) -> Result<bool, StoreError> {
-        web::delete_session(&self.inner.pool, hash).await
-    }
-
-    /// Ends the web sessions that revoking token `token_id` ends; returns how many.
-    pub async fn revoke_web_sessions(&self, token_id: &str) -> Result<u64, StoreError> {
-        web::revoke_for_token(&self.inner.pool, token_id).await
-    }
-
-    /// The newest `limit` entries with `seq < before_seq`, ascending.
-    pub async fn journal_before(
-        &self,
-        session_id: &str,
-        before_seq: i64,
-        limit: i64,
-    ) -> Result<Vec<JournalEntry>, StoreError> {
-        web::journal_before(&self.inner.pool, session_id, before_seq, limit).await
     }
 }

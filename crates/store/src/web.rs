@@ -2,7 +2,70 @@
 //! the journal read it pages back with (the last entries before a seq).
 
 use super::backend::{Pool, conflict_or_db, db, now_ms, on_pool};
-use super::{JournalEntry, PrincipalRow, StoreError, WebSessionRow, rows};
+use super::{JournalEntry, PrincipalRow, Store, StoreError, rows};
+
+/// A web console's cookie credential (only its SHA-256 is stored).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebSessionRow {
+    pub hash: String,
+    pub principal_id: String,
+    /// The token it was exchanged for (`None`: a one-time code from `acpd web-login`).
+    pub token_id: Option<String>,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+/// The web console's part of the store's API.
+impl Store {
+    /// Stores a one-time sign-in code (its hash) for the web console.
+    pub async fn insert_web_login(
+        &self,
+        hash: &str,
+        principal_id: &str,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        insert_login(&self.inner.pool, hash, principal_id, expires_at_ms).await
+    }
+
+    /// Uses up a sign-in code: its principal if it existed and had not expired. A second
+    /// call with the same hash is `None`.
+    pub async fn take_web_login(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        take_login(&self.inner.pool, hash).await
+    }
+
+    /// Stores a cookie credential; expired ones are dropped on the way.
+    pub async fn insert_web_session(&self, row: &WebSessionRow) -> Result<(), StoreError> {
+        insert_session(&self.inner.pool, row).await
+    }
+
+    /// The live cookie credential with that hash (not expired, its token not revoked).
+    pub async fn web_session(
+        &self,
+        hash: &str,
+    ) -> Result<Option<(WebSessionRow, PrincipalRow)>, StoreError> {
+        session(&self.inner.pool, hash).await
+    }
+
+    /// Sign-out. `false` when there was no such credential.
+    pub async fn delete_web_session(&self, hash: &str) -> Result<bool, StoreError> {
+        delete_session(&self.inner.pool, hash).await
+    }
+
+    /// Ends the web sessions that revoking token `token_id` ends; returns how many.
+    pub async fn revoke_web_sessions(&self, token_id: &str) -> Result<u64, StoreError> {
+        revoke_for_token(&self.inner.pool, token_id).await
+    }
+
+    /// The newest `limit` entries with `seq < before_seq`, ascending.
+    pub async fn journal_before(
+        &self,
+        session_id: &str,
+        before_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<JournalEntry>, StoreError> {
+        journal_before(&self.inner.pool, session_id, before_seq, limit).await
+    }
+}
 
 pub(super) async fn insert_login(
     pool: &Pool,

@@ -9,8 +9,10 @@
 //! dropped because the database went away, and the bounded channel pushes back on `append`
 //! meanwhile. An entry the database refuses as data is never skipped silently: it stops its
 //! session's watermark (`Watermark::rejected`), which the session reports as an error.
+//! So does an entry whose lease epoch is stale (`NewEntry::epoch`, several replicas): the
+//! check runs in the insert's own transaction, under the session row's lock (fencing).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,6 +63,22 @@ struct Writer {
 }
 
 type Item = (NewEntry, Arc<DurableSeq>);
+
+/// Why a commit failed.
+#[derive(Debug, thiserror::Error)]
+enum CommitError {
+    #[error(transparent)]
+    Sql(#[from] sqlx::Error),
+    /// An entry of the batch carried a lease epoch that is not the session's any more.
+    #[error("session {session}: lease epoch {epoch} is stale (another replica owns the session)")]
+    Fenced { session: String, epoch: i64 },
+}
+
+impl CommitError {
+    fn transient(&self) -> bool {
+        matches!(self, CommitError::Sql(e) if classify(e) == Failure::Transient)
+    }
+}
 type Batch = Vec<Item>;
 
 impl Writer {
@@ -131,7 +149,7 @@ impl Writer {
     /// Retries transient failures (the database went away, was busy) forever with capped
     /// backoff; returns any other error at once: one about the data itself, or one no retry is
     /// known to fix (which then rejects the entries rather than wedging every session).
-    async fn commit_with_retry(&self, items: &[&Item]) -> Result<(), sqlx::Error> {
+    async fn commit_with_retry(&self, items: &[&Item]) -> Result<(), CommitError> {
         let mut retried = false;
         let backoff = ExponentialBuilder::default()
             .with_min_delay(BACKOFF_START)
@@ -144,7 +162,7 @@ impl Writer {
         let result = attempt
             .retry(backoff)
             .sleep(tokio::time::sleep)
-            .when(|e| classify(e) == Failure::Transient)
+            .when(CommitError::transient)
             .notify(|e, wait| {
                 retried = true;
                 metrics::counter!(crate::metrics::STORE_ERRORS_TOTAL).increment(1);
@@ -171,8 +189,14 @@ impl Writer {
     }
 }
 
-/// One transaction: raise the touched sessions' `last_seq`, then insert every entry.
-async fn write(pool: &Pool, items: &[&Item]) -> Result<(), sqlx::Error> {
+/// One transaction: raise the touched sessions' `last_seq` (which row-locks them), check the
+/// lease epochs the entries carry, then insert every entry.
+async fn write(pool: &Pool, items: &[&Item]) -> Result<(), CommitError> {
+    let fences: BTreeSet<(&str, i64)> = items
+        .iter()
+        .filter_map(|(e, _)| e.epoch.map(|epoch| (&*e.session_id, epoch)))
+        .collect();
+    let fences: Vec<(&str, i64)> = fences.into_iter().collect();
     let mut marks: BTreeMap<&str, i64> = BTreeMap::new();
     for (e, _) in items.iter().copied() {
         let m = marks.entry(&*e.session_id).or_insert(e.seq);
@@ -192,8 +216,12 @@ async fn write(pool: &Pool, items: &[&Item]) -> Result<(), sqlx::Error> {
     on_pool!(pool, |p| {
         let mut tx = p.begin_with(begin_write(pool)).await?;
         tx.raise_last_seq(&marks).await?;
+        // Dropping the transaction rolls it back: nothing of a fenced batch goes in.
+        if let Some((session, epoch)) = tx.stale_epoch(&fences).await? {
+            return Err(CommitError::Fenced { session, epoch });
+        }
         tx.insert_entries(&rows).await?;
-        tx.commit().await
+        tx.commit().await.map_err(CommitError::from)
     })
 }
 
@@ -226,17 +254,28 @@ fn advance(items: &[&Item]) {
 
 /// Stops the watch of an entry the database refused: its session learns of it, and nothing
 /// after it goes in through that watch (the journal keeps no gap).
-fn reject((entry, durable): &Item, e: &sqlx::Error) {
-    metrics::counter!(crate::metrics::STORE_ERRORS_TOTAL).increment(1);
-    tracing::error!(
-        error = %e,
-        session_id = %entry.session_id,
-        seq = entry.seq,
-        "journal entry rejected by the database; the session's journal stops before it"
-    );
+fn reject((entry, durable): &Item, e: &CommitError) {
+    let fenced = matches!(e, CommitError::Fenced { .. });
+    if fenced {
+        tracing::warn!(
+            error = %e,
+            session_id = %entry.session_id,
+            seq = entry.seq,
+            "journal entry fenced: another replica owns the session now"
+        );
+    } else {
+        metrics::counter!(crate::metrics::STORE_ERRORS_TOTAL).increment(1);
+        tracing::error!(
+            error = %e,
+            session_id = %entry.session_id,
+            seq = entry.seq,
+            "journal entry rejected by the database; the session's journal stops before it"
+        );
+    }
     durable.send_modify(|v| {
         if v.rejected.is_none() {
             v.rejected = Some(entry.seq);
+            v.fenced = fenced;
         }
     });
 }

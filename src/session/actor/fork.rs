@@ -149,10 +149,15 @@ impl ForkJob {
         };
         tracing::info!(parent = %self.parent.id, fork = %id, entries = row.last_seq, "session forked");
         shared.mcp.inherit(&self.parent.id, &id);
+        let epoch = match crate::session::hub::lease_new(shared, &id).await {
+            Ok(epoch) => epoch,
+            Err(e) => return Err((e, responder)),
+        };
         let (reply, rx) = oneshot::channel();
         let spawn = HubCommand::Spawn {
             row: Box::new(row),
             agent: Some((self.agent, self.agent_sid)),
+            epoch,
             reply,
         };
         let _ = shared.hub.send(spawn).await;
@@ -250,6 +255,8 @@ impl ForkJob {
                     kind: e.kind.into(),
                     body: rewrite(&e.body, id, seq).into(),
                     at_ms: e.at_ms,
+                    // A brand-new session: nobody else can own it yet.
+                    epoch: None,
                 };
                 store.append(entry, mark.clone()).await?;
             }

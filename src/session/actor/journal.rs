@@ -48,6 +48,7 @@ impl Session {
             kind: spliced.kind.into(),
             body: text.clone(),
             at_ms: now_ms(),
+            epoch: self.lease.as_ref().map(|l| l.epoch),
         };
         if let Err(e) = self.shared.store.append(entry, self.durable.clone()).await {
             tracing::error!(session = %self.id, seq, error = %e, "journal append failed");
@@ -98,11 +99,15 @@ impl Session {
     pub(super) async fn flush(&mut self) {
         let mark = *self.durable_rx.borrow_and_update();
         if let Some(rejected) = mark.rejected {
-            let err = ResponseError::internal(format!(
-                "the session store rejected update {rejected} of this session, so nothing \
-                 after it can be kept; the turn is stopped and the session reopens from its \
-                 journal on the next request"
-            ));
+            let err = if mark.fenced {
+                moved_err(&self.id)
+            } else {
+                ResponseError::internal(format!(
+                    "the session store rejected update {rejected} of this session, so nothing \
+                     after it can be kept; the turn is stopped and the session reopens from its \
+                     journal on the next request"
+                ))
+            };
             // The updates after it will never be durable: they must never be sent.
             self.outbox.discard_updates_after(mark.durable, &err);
             self.fail_parked_after(rejected, &err);
@@ -137,12 +142,30 @@ impl Session {
     /// and answered with `err`, and the session ends, so the next request opens it again from
     /// its journal (with a fresh watermark).
     async fn journal_stopped(&mut self, durable: i64, rejected: i64, err: ResponseError) {
-        tracing::error!(
-            session = %self.id,
-            seq = rejected,
-            durable,
-            "the store rejected a journal entry; ending the session"
-        );
+        if self.durable_rx.borrow().fenced {
+            tracing::warn!(session = %self.id, seq = rejected, durable, "journal append fenced: another replica owns the session; letting it go");
+        } else {
+            tracing::error!(
+                session = %self.id,
+                seq = rejected,
+                durable,
+                "the store rejected a journal entry; ending the session"
+            );
+        }
+        self.end_turns(err).await;
+    }
+
+    /// The lease was found lost (another replica took the session over): the running turn is
+    /// cancelled at this replica's agent, what waits is answered, and the session ends here.
+    /// Its appends from now on would be fenced anyway; this is the early notice.
+    pub(super) async fn let_go(&mut self) {
+        tracing::warn!(session = %self.id, "session lease lost; letting the session go");
+        self.end_turns(moved_err(&self.id)).await;
+    }
+
+    /// Cancels the running turn at the agent, answers every in-band request with `err`, and
+    /// ends the session.
+    async fn end_turns(&mut self, err: ResponseError) {
         let turn = self
             .turn
             .inflight
@@ -161,7 +184,18 @@ impl Session {
         }
         self.ending = true;
     }
+}
 
+/// What a turn or request of a session that moved to another replica is answered.
+fn moved_err(id: &str) -> ResponseError {
+    ResponseError::new(
+        crate::error::OWNED_ELSEWHERE,
+        "this session moved to another replica; the next request opens it where it lives now",
+    )
+    .with_data(json!({ "acpd": { "sessionId": id, "moved": true } }))
+}
+
+impl Session {
     /// A journal page for a lagging client arrived (see `outbox.rs`).
     pub(super) fn on_catch_up(
         &mut self,

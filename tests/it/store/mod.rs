@@ -52,6 +52,7 @@ where
 
 mod grants;
 mod journal;
+mod leases;
 mod rejection;
 mod retention;
 mod sessions;
@@ -91,6 +92,7 @@ pub(super) fn new_entry(session_id: &Arc<str>, seq: i64, kind: &str, body: Strin
         kind: kind.into(),
         body: body.into(),
         at_ms: 1_000 + seq,
+        epoch: None,
     }
 }
 
@@ -110,6 +112,14 @@ pub(super) async fn wait_durable(rx: &mut watch::Receiver<Watermark>, seq: i64) 
         .await
         .expect("watermark reached in time")
         .expect("watermark sender alive");
+}
+
+/// Waits until the watermark reports a rejection; returns where it stopped.
+pub(super) async fn wait_stopped(rx: &mut watch::Receiver<Watermark>) -> Watermark {
+    *timeout(WAIT, rx.wait_for(|w| w.rejected.is_some()))
+        .await
+        .expect("rejection reported in time")
+        .expect("watermark sender alive")
 }
 
 /// All of a session's journal, read in pages.

@@ -4,11 +4,9 @@
 use std::sync::Arc;
 
 use acpd_store::Watermark;
-use tokio::sync::watch;
-use tokio::time::timeout;
 
 use super::{
-    WAIT, new_entry, on_postgres, open, raw_per_backend, session, wait_durable, watermark,
+    new_entry, on_postgres, open, raw_per_backend, session, wait_durable, wait_stopped, watermark,
     whole_journal,
 };
 
@@ -27,14 +25,6 @@ both!(
     postgres_rejected_entry_stops_its_sessions_watermark,
     check_rejected_entry
 );
-
-/// Waits until the watermark reports a rejection; returns where it stopped.
-async fn wait_stopped(rx: &mut watch::Receiver<Watermark>) -> Watermark {
-    *timeout(WAIT, rx.wait_for(|w| w.rejected.is_some()))
-        .await
-        .expect("rejection reported in time")
-        .expect("watermark sender alive")
-}
 
 async fn check_unknown_session_append(url: String) {
     let store = open(&url).await;
@@ -68,7 +58,8 @@ async fn check_unknown_session_append(url: String) {
         wait_stopped(&mut ghost_rx).await,
         Watermark {
             durable: 0,
-            rejected: Some(1)
+            rejected: Some(1),
+            fenced: false
         }
     );
     assert_eq!(*rx.borrow(), Watermark::at(10));
@@ -131,7 +122,8 @@ async fn check_rejected_entry(url: String) {
         stopped,
         Watermark {
             durable: BAD - 1,
-            rejected: Some(BAD)
+            rejected: Some(BAD),
+            fenced: false
         }
     );
     let seqs = |j: Vec<acpd_store::JournalEntry>| j.iter().map(|e| e.seq).collect::<Vec<_>>();
@@ -213,7 +205,8 @@ async fn check_second_writer(url: String) {
         wait_stopped(&mut rxb).await,
         Watermark {
             durable: 3,
-            rejected: Some(4)
+            rejected: Some(4),
+            fenced: false
         }
     );
     let journal = whole_journal(&a, "s1").await;

@@ -31,6 +31,8 @@ pub struct DaemonOptions {
     pub auth: bool,
     /// Store sessions in SQLite whatever `ACPD_TEST_E2E_STORE` says.
     pub sqlite: bool,
+    /// Pass `--advertise-url ws://ADDR` with the daemon's own listener (replicas).
+    pub advertise: bool,
 }
 
 impl DaemonOptions {
@@ -57,6 +59,11 @@ impl DaemonOptions {
 
     pub fn auth(mut self) -> DaemonOptions {
         self.auth = true;
+        self
+    }
+
+    pub fn advertise(mut self) -> DaemonOptions {
+        self.advertise = true;
         self
     }
 }
@@ -229,6 +236,9 @@ impl Daemon {
         ]);
         if !self.opts.auth {
             args.push("--no-auth".into());
+        }
+        if self.opts.advertise {
+            args.extend(["--advertise-url".into(), format!("ws://{}", self.addr)]);
         }
         args.extend(self.opts.args.iter().cloned());
         args

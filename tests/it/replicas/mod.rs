@@ -1,6 +1,11 @@
-//! Several acpd on one store. Until replicas share sessions (leases, fencing), a second
-//! daemon must never lose an entry silently: on SQLite it refuses to start, on Postgres a
-//! journal append at a seq another daemon already wrote is an error, never a no-op.
+//! Several acpd on one store. Without `replicas = true` a second daemon must never lose an
+//! entry silently: on SQLite it refuses to start, on Postgres a journal append at a seq
+//! another daemon already wrote is an error, never a no-op. With it (`takeover.rs`), sessions
+//! are leased: one owner at a time, a dead owner taken over, a paused one fenced; with
+//! `--advertise-url` (`forwarding.rs`) a non-owner forwards a session to its owner.
+
+mod forwarding;
+mod takeover;
 
 use crate::support::{Daemon, DaemonOptions, chunk_text, kind};
 
@@ -65,4 +70,52 @@ async fn on_postgres_a_second_daemon_writing_a_taken_seq_fails_the_turn_instead_
         .filter_map(|u| chunk_text(u))
         .collect();
     assert_eq!(texts, ["one", "two-from-a"]);
+}
+
+#[tokio::test]
+async fn replicas_without_postgres_or_a_secret_is_a_bad_config() {
+    use crate::support::security_support::acpd;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().display().to_string();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "0123456789abcdef0123").expect("write secret");
+    let secret = secret.display().to_string();
+    let pg = "postgres://postgres@127.0.0.1:5432/none";
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--cluster-secret-file", &secret],
+            "needs a Postgres store",
+        ),
+        (&["--store", pg], "cluster secret"),
+        (
+            &[
+                "--store",
+                pg,
+                "--cluster-secret-file",
+                &secret,
+                "--lease-ttl-ms",
+                "10",
+            ],
+            "lease_ttl_ms",
+        ),
+    ];
+    for (extra, why) in cases {
+        let mut args = vec!["check-config", "--data-dir", &data, "--replicas"];
+        args.extend_from_slice(extra);
+        let run = acpd(&args).await;
+        assert_eq!(run.code, Some(64), "{extra:?}: {}", run.stderr);
+        assert!(run.stderr.contains(why), "{extra:?}: {}", run.stderr);
+    }
+    let ok = acpd(&[
+        "check-config",
+        "--data-dir",
+        &data,
+        "--replicas",
+        "--store",
+        pg,
+        "--cluster-secret-file",
+        &secret,
+    ])
+    .await;
+    assert_eq!(ok.code, Some(0), "{}", ok.stderr);
 }
