@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 pub const CONNECTIONS_LIVE: &str = "acpd_connections_live";
 pub const CONNECTIONS_TOTAL: &str = "acpd_connections_total";
@@ -37,6 +37,11 @@ pub fn install() -> Option<&'static PrometheusHandle> {
                 .set_buckets(&[
                     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
                 ])
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full(JOURNAL_BATCH_SIZE.to_owned()),
+                    &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0],
+                )
                 .ok()?
                 .build_recorder();
             let handle = recorder.handle();

@@ -194,6 +194,12 @@ async fn metrics_move_with_traffic() {
         after.contains("acpd_journal_commit_seconds_bucket"),
         "{after}"
     );
+    // Batch sizes are counted in entries, not on the seconds' buckets (where every batch of
+    // more than five entries fell into +Inf).
+    assert!(
+        after.contains("acpd_journal_batch_size_bucket{le=\"512\"}"),
+        "{after}"
+    );
 }
 
 #[tokio::test]
