@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+# CPU per update of acpd and of acp-shim, read from /proc (utime+stime) around each prompt:
+# starts target/release's acpd (SQLite, no auth) with the scripted agent, connects acp-shim,
+# streams N updates of SIZE bytes REPS times and prints rate and µs of CPU per update.
+#   python3 bench/cpu.py [N=200000] [SIZE=64] [REPS=3]
+# PERF=FILE: `perf record --call-graph dwarf` of acpd (of acp-shim with PERF_SHIM=1) during the
+# last run. LOAD=K: then K session/loads of the session, timed. METRICS=1: the journal's
+# commit metrics at the end. BIN=DIR: binaries from DIR. Build first:
+#   cargo build --release -p acpd -p acp-shim -p acpd-scripted-agent
+import json, os, socket, subprocess, sys, time, tempfile
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 200000
+SIZE = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+REPS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+BIN = os.environ.get("BIN", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release"))
+PERF = os.environ.get("PERF")
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+d = tempfile.mkdtemp()
+acpd = subprocess.Popen([f"{BIN}/acpd", "serve", "--no-auth", "--listen", f"127.0.0.1:{port}", "--data-dir", d,
+    "--agent", f"s={BIN}/acpd-scripted-agent", "--journal-max-entries", "0", "--journal-max-bytes", "0",
+    "--max-requests-per-second", "0", "--max-connections", "0", "--max-connections-per-principal", "0"],
+    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d + "/acpd.log", "w"))
+for _ in range(100):
+    try: socket.create_connection(("127.0.0.1", port)).close(); break
+    except OSError: time.sleep(0.05)
+shim = subprocess.Popen([f"{BIN}/acp-shim", f"ws://127.0.0.1:{port}/acp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    env=dict(os.environ, ACPD_LOG="warn"))
+nid = [0]
+def send(m, p):
+    nid[0] += 1
+    shim.stdin.write((json.dumps({"jsonrpc": "2.0", "id": nid[0], "method": m, "params": p}) + "\n").encode()); shim.stdin.flush()
+    return nid[0]
+def wait(i):
+    key = b'"id":%d' % i
+    n = 0
+    while True:
+        l = shim.stdout.readline()
+        if not l: raise SystemExit("eof")
+        if key in l and b'"result"' in l or key in l and b'"error"' in l: return n, l
+        n += 1
+def cpu(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+wait(send("initialize", {"protocolVersion": 1, "clientCapabilities": {}}))
+_, l = wait(send("session/new", {"cwd": "/tmp", "mcpServers": []}))
+sid = json.loads(l)["result"]["sessionId"]
+perf = None
+for r in range(REPS):
+    if PERF and r == REPS - 1:
+        perf = subprocess.Popen(["perf", "record", "-F", "1000", "--call-graph", "dwarf,16384", "-o", PERF, "-p", str(shim.pid if os.environ.get("PERF_SHIM") else acpd.pid)], stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+    c0 = cpu(acpd.pid); s0 = cpu(shim.pid); t0 = time.time()
+    n, l = wait(send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": f"stream {N} {SIZE}"}]}))
+    t = time.time() - t0; c = cpu(acpd.pid) - c0; sc = cpu(shim.pid) - s0
+    print(f"run {r}: {n} lines in {t:.3f}s = {n/t:,.0f}/s; acpd cpu {c:.2f}s = {c/n*1e6:.2f} us/update; shim {sc/n*1e6:.2f} us/update", flush=True)
+    if perf: perf.send_signal(2); perf.wait()
+if os.environ.get("LOAD"):
+    for r in range(int(os.environ["LOAD"])):
+        sh = subprocess.Popen([f"{BIN}/acp-shim", f"ws://127.0.0.1:{port}/acp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ, ACPD_LOG="warn"))
+        shim_old = shim; shim = sh
+        wait(send("initialize", {"protocolVersion": 1, "clientCapabilities": {}}))
+        t0 = time.time(); n, _ = wait(send("session/load", {"sessionId": sid, "cwd": "/tmp", "mcpServers": []})); t = time.time() - t0
+        print(f"load {r}: {n} lines in {t*1000:.1f} ms", flush=True)
+        sh.stdin.close(); sh.wait(); shim = shim_old
+if os.environ.get("METRICS"):
+    import urllib.request
+    m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    print("\n".join(l for l in m.splitlines() if "journal_batch_size" in l or "journal_commit_seconds_sum" in l or "journal_commit_seconds_count" in l))
+shim.stdin.close(); shim.wait(); acpd.terminate(); acpd.wait()
