@@ -127,6 +127,16 @@ async fn screenshot(b: &Browser, name: &str, width: u32, height: u32) {
     std::fs::write(dir.join(format!("{name}.png")), png).expect("write the screenshot");
 }
 
+/// Clicks the element with that id.
+async fn click(b: &Browser, id: &str) {
+    b.find(Locator::Id(id))
+        .await
+        .unwrap_or_else(|e| panic!("#{id}: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("click #{id}: {e}"));
+}
+
 /// Sizes the window so that the viewport (not the window) is `width`×`height`.
 async fn viewport(b: &Browser, width: u32, height: u32) {
     b.set_window_size(width, height).await.expect("resize");
@@ -159,12 +169,7 @@ async fn displayed(b: &Browser, css: &str) -> bool {
 async fn type_prompt(b: &Browser, text: &str) {
     let input = b.find(Locator::Id("prompt")).await.expect("the prompt box");
     input.send_keys(text).await.expect("type");
-    b.find(Locator::Id("send"))
-        .await
-        .expect("send")
-        .click()
-        .await
-        .expect("click send");
+    click(b, "send").await;
 }
 
 async fn until_turn(b: &Browser, state: &str) {
@@ -386,12 +391,7 @@ async fn the_console_in_a_real_browser() {
         "return document.getElementById('turn').dataset.state === 'running' && !document.getElementById('cancel').disabled",
     )
     .await;
-    b.find(Locator::Id("cancel"))
-        .await
-        .expect("cancel")
-        .click()
-        .await
-        .expect("click cancel");
+    click(&b, "cancel").await;
     until_turn(&b, "cancelled").await;
     // So is another client's turn, cancelled from the page.
     let id = editor.send_prompt(&sid, "wait_for_cancel").await;
@@ -401,12 +401,7 @@ async fn the_console_in_a_real_browser() {
         "return !document.getElementById('cancel').disabled",
     )
     .await;
-    b.find(Locator::Id("cancel"))
-        .await
-        .expect("cancel")
-        .click()
-        .await
-        .expect("click cancel");
+    click(&b, "cancel").await;
     let (_, r) = editor.collect_updates_until_response(&id).await;
     assert_eq!(r.expect("the editor's turn")["stopReason"], "cancelled");
 
@@ -424,12 +419,7 @@ async fn the_console_in_a_real_browser() {
         "return !document.getElementById('older').hidden",
     )
     .await;
-    b.find(Locator::Id("older"))
-        .await
-        .expect("older")
-        .click()
-        .await
-        .expect("click older");
+    click(&b, "older").await;
     until(
         &b,
         "older entries",
