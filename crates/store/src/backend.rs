@@ -68,6 +68,9 @@ pub(crate) fn claim_sqlite(url: &str) -> Result<Option<std::fs::File>, StoreErro
     path.push(".lock");
     let path = std::path::PathBuf::from(path);
     let io = |e: std::io::Error| StoreError::Unavailable(format!("{}: {e}", path.display()));
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
     // Private like every file of the data directory.
     let mut file = std::fs::OpenOptions::new()
         .mode(0o600)

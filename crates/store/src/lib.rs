@@ -275,19 +275,14 @@ impl Store {
     /// Connects (creating a SQLite file if missing), runs migrations, refuses a newer schema,
     /// and starts the journal writer.
     pub async fn open(url: &str, opts: StoreOptions) -> Result<Store, StoreError> {
+        // The lock before the first connection: a second daemon is refused at once, before
+        // it opens (and may wait on the busy timeout of) a file another daemon is writing.
+        let owner = match opts.exclusive {
+            true => backend::claim_sqlite(url)?,
+            false => None,
+        };
         let idle_tx = opts.replica.as_ref().map(|r| r.lease_ttl);
         let pool = Pool::connect(url, opts.max_connections, idle_tx).await?;
-        let owner = match opts.exclusive {
-            true => backend::claim_sqlite(url),
-            false => Ok(None),
-        };
-        let owner = match owner {
-            Ok(owner) => owner,
-            Err(e) => {
-                pool.close().await;
-                return Err(e);
-            }
-        };
         if let Err(e) = pool.migrate().await {
             pool.close().await;
             return Err(e);

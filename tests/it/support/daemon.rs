@@ -154,7 +154,7 @@ impl Daemon {
     }
 
     /// Runs `acpd serve` on `other`'s store to its exit, for a start that must be refused;
-    /// returns how it exited and what it wrote to stderr (panics if it runs for 10 s).
+    /// returns how it exited and what it wrote to stderr (panics if it runs for 30 s).
     pub async fn run_beside_to_exit(other: &Daemon) -> (ExitStatus, String) {
         let daemon = Daemon::beside(other, DaemonOptions::default()).await;
         let log = std::fs::File::create(daemon.log_path()).expect("daemon log file");
@@ -165,9 +165,9 @@ impl Daemon {
             .stderr(log)
             .kill_on_drop(true)
             .status();
-        let status = tokio::time::timeout(Duration::from_secs(10), status)
+        let status = tokio::time::timeout(Duration::from_secs(30), status)
             .await
-            .expect("acpd should exit within 10 s")
+            .expect("acpd should exit within 30 s")
             .expect("run acpd");
         let stderr = std::fs::read_to_string(daemon.log_path()).unwrap_or_default();
         (status, stderr)
