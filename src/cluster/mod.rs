@@ -14,7 +14,6 @@
 
 mod leases;
 pub mod link;
-pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,7 +90,7 @@ impl Cluster {
         tasks.spawn(keeper.run(rx, shutdown));
         tracing::info!(replica = %config.replica_id, advertise_url = ?config.advertise_url, ttl_ms, "replica of a cluster: sessions are leased");
         if let Some(url) = &config.advertise_url
-            && tls::clear_and_not_loopback(url)
+            && crate::config::cluster_tls::clear_and_not_loopback(url)
         {
             tracing::warn!(advertise_url = %url, "the internal link to this replica is plain ws://: the cluster secret travels in clear; advertise a wss:// URL (TLS on this replica) unless the network is private");
         }

@@ -4,6 +4,7 @@
 //! < flags); `Config::from_args` derives what depends on other settings and validates.
 //! `data_dir` makes the data directory and the SQLite database private to the daemon's user.
 
+pub mod cluster_tls;
 pub mod data_dir;
 pub mod roots;
 mod settings;
@@ -182,7 +183,7 @@ fn cluster(s: &Settings, store_url: &str) -> Result<Option<ClusterConfig>, Confi
             "must be a ws://, wss:// or http(s):// URL",
         ));
     }
-    let tls = crate::cluster::tls::client_config(s.cluster_ca_file.as_deref())
+    let tls = cluster_tls::client_config(s.cluster_ca_file.as_deref())
         .map_err(|m| invalid("cluster_ca_file", &m))?;
     Ok(Some(ClusterConfig {
         replica_id,
