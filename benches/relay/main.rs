@@ -8,6 +8,7 @@
 mod conns;
 mod opts;
 mod procs;
+mod replicas;
 mod report;
 mod store;
 
@@ -546,6 +547,9 @@ fn main() -> Result<()> {
                 tmp.path(),
                 &mut report,
             )?;
+            if let (true, Some(a)) = (opts.wants("replicas"), &admin) {
+                replicas::run(mode, &opts, &bins, a, tmp.path(), &mut report)?;
+            }
         }
         if opts.wants("conns") {
             run_conns(&opts, &bins, tmp.path(), &mut report)?;
@@ -559,7 +563,7 @@ fn main() -> Result<()> {
     }
     outcome?;
     if pg.is_none() {
-        report.note("Postgres: skipped (set ACPD_TEST_DATABASE_URL to include it)");
+        report.note("Postgres and replicas: skipped (set ACPD_TEST_DATABASE_URL to include them)");
     }
     print!("{}", report.render());
     Ok(())

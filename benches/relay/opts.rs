@@ -16,7 +16,9 @@ pub struct Opts {
 }
 
 /// The sections `--only` can pick.
-const SECTIONS: [&str; 6] = ["rt", "stream", "load", "start", "store", "conns"];
+const SECTIONS: [&str; 7] = [
+    "rt", "stream", "load", "start", "store", "conns", "replicas",
+];
 
 impl Opts {
     pub fn parse() -> Result<Opts> {

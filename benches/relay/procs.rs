@@ -120,7 +120,19 @@ impl Server {
     /// the per-connection request limit is off because the round trips are back to back, and
     /// the connection limits because the idle-connection rows hold 10 000 at once.
     pub fn acpd(mode: Mode, bins: &Bins, dir: &Path, store: Option<&str>) -> Result<Server> {
-        let port = free_port()?;
+        Server::acpd_with(mode, bins, dir, store, free_port()?, &[])
+    }
+
+    /// `acpd` on `port` with `extra` arguments (a replica's, which must know its port to
+    /// advertise it).
+    pub fn acpd_with(
+        mode: Mode,
+        bins: &Bins,
+        dir: &Path,
+        store: Option<&str>,
+        port: u16,
+        extra: &[String],
+    ) -> Result<Server> {
         std::fs::create_dir_all(dir)?;
         let log = std::fs::File::create(dir.join("acpd.log"))?;
         let mut cmd = mode.command(&bins.acpd);
@@ -145,6 +157,7 @@ impl Server {
         if let Some(url) = store {
             cmd.args(["--store", url]);
         }
+        cmd.args(extra);
         let mut child = cmd.spawn().context("starting acpd")?;
         wait_port(port, &mut child, "acpd")?;
         Ok(Server { port, child })

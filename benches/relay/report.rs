@@ -210,6 +210,15 @@ impl Report {
                 "  (ceiling: the agent alone, over stdio, streams at {line} the relay)"
             ));
         }
+        let line = per_mode(&|m| {
+            let x = self.ratio("replicas", crate::replicas::FORWARDED, m)?[0];
+            Some(format!("{x:.2}×"))
+        });
+        if !line.is_empty() {
+            out.push(format!(
+                "streaming through a forwarding replica: {line} the owner's rate (no goal set)"
+            ));
+        }
         // The prompt answers with two messages (an update, then the response); websocat
         // leaves Nagle on, so its second write waits for a delayed ACK (~40 ms). The
         // one-message echo compares the relays' own cost without that stall.

@@ -3,8 +3,11 @@
 //! ordinary client connection for that principal (`server::peer`); this side gets a `Link`
 //! like every other transport's, so a `Peer` speaks JSON-RPC over it.
 
+use std::sync::Arc;
+
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
+use tokio_tungstenite::Connector;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -31,6 +34,8 @@ pub struct OnBehalf<'a> {
     pub principal_name: &'a str,
     pub profile: Option<&'a str>,
     pub secret: &'a str,
+    /// Checks the peer's certificate when its URL is `wss://`; unused for `ws://`.
+    pub tls: Arc<rustls::ClientConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +50,8 @@ pub enum DialError {
 }
 
 /// Connects to the replica at `advertise_url` (`ws://host:port`, `http://` is read as
-/// `ws://`); the link ends when either side closes it or `cancel` fires.
+/// `ws://`, `https://` as `wss://`, which is dialled over rustls with `who.tls`); the link
+/// ends when either side closes it or `cancel` fires.
 pub async fn dial(
     advertise_url: &str,
     who: OnBehalf<'_>,
@@ -70,12 +76,14 @@ pub async fn dial(
     if let Some(p) = who.profile {
         h.insert(PROFILE_HEADER, header(p)?);
     }
-    let (ws, _) = tokio_tungstenite::connect_async(req)
-        .await
-        .map_err(|e| DialError::Connect {
-            url: url.clone(),
-            source: Box::new(e),
-        })?;
+    let connector = Connector::Rustls(who.tls.clone());
+    let (ws, _) =
+        tokio_tungstenite::connect_async_tls_with_config(req, None, false, Some(connector))
+            .await
+            .map_err(|e| DialError::Connect {
+                url: url.clone(),
+                source: Box::new(e),
+            })?;
     let (in_tx, in_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
     let (out_tx, mut out_rx) = mpsc::channel::<String>(acpd_wire::LINK_QUEUE);
     let link = Link {

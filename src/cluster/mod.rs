@@ -57,6 +57,8 @@ pub struct Cluster {
     pub replica: Arc<str>,
     /// The secret the replicas share: the internal link's credential.
     pub secret: Arc<str>,
+    /// How the internal link checks a `wss://` peer.
+    pub tls: Arc<rustls::ClientConfig>,
     ttl_ms: i64,
     store: Store,
     tx: mpsc::Sender<Command>,
@@ -87,9 +89,15 @@ impl Cluster {
         };
         tasks.spawn(keeper.run(rx, shutdown));
         tracing::info!(replica = %config.replica_id, advertise_url = ?config.advertise_url, ttl_ms, "replica of a cluster: sessions are leased");
+        if let Some(url) = &config.advertise_url
+            && crate::config::cluster_tls::clear_and_not_loopback(url)
+        {
+            tracing::warn!(advertise_url = %url, "the internal link to this replica is plain ws://: the cluster secret travels in clear; advertise a wss:// URL (TLS on this replica) unless the network is private");
+        }
         Cluster {
             replica: Arc::from(config.replica_id.as_str()),
             secret: Arc::from(config.secret.as_str()),
+            tls: config.tls.clone(),
             ttl_ms,
             store,
             tx,

@@ -4,6 +4,7 @@
 //! < flags); `Config::from_args` derives what depends on other settings and validates.
 //! `data_dir` makes the data directory and the SQLite database private to the daemon's user.
 
+pub mod cluster_tls;
 pub mod data_dir;
 pub mod roots;
 mod settings;
@@ -118,6 +119,8 @@ pub struct ClusterConfig {
     pub lease_ttl: Duration,
     /// Shared by the replicas (the internal link's credential).
     pub secret: String,
+    /// How the internal link checks a `wss://` peer (web PKI roots + `cluster_ca_file`).
+    pub tls: std::sync::Arc<rustls::ClientConfig>,
 }
 
 /// The shortest cluster secret accepted, in bytes.
@@ -180,11 +183,14 @@ fn cluster(s: &Settings, store_url: &str) -> Result<Option<ClusterConfig>, Confi
             "must be a ws://, wss:// or http(s):// URL",
         ));
     }
+    let tls = cluster_tls::client_config(s.cluster_ca_file.as_deref())
+        .map_err(|m| invalid("cluster_ca_file", &m))?;
     Ok(Some(ClusterConfig {
         replica_id,
         advertise_url: s.advertise_url.clone(),
         lease_ttl: Duration::from_millis(s.lease_ttl_ms),
         secret,
+        tls,
     }))
 }
 

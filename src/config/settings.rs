@@ -69,6 +69,8 @@ pub struct Settings {
     pub lease_ttl_ms: u64,
     /// Default: the `ACPD_CLUSTER_SECRET` variable.
     pub cluster_secret_file: Option<PathBuf>,
+    /// Default: the web PKI roots alone.
+    pub cluster_ca_file: Option<PathBuf>,
     /// The directories each principal (by name) may use; see `roots::FsRoots`.
     pub roots: BTreeMap<String, Vec<PathBuf>>,
     pub default_roots: Vec<PathBuf>,
@@ -120,6 +122,7 @@ impl Default for Settings {
             advertise_url: None,
             lease_ttl_ms: 10_000,
             cluster_secret_file: None,
+            cluster_ca_file: None,
             roots: BTreeMap::new(),
             default_roots: Vec::new(),
             agents: BTreeMap::new(),
@@ -336,6 +339,11 @@ pub struct Args {
     #[arg(long, env = "ACPD_CLUSTER_SECRET_FILE", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster_secret_file: Option<PathBuf>,
+    /// PEM certificates the internal link trusts (beside the web PKI roots) when a peer's
+    /// advertise URL is wss:// or https://.
+    #[arg(long, env = "ACPD_CLUSTER_CA_FILE", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_ca_file: Option<PathBuf>,
 }
 
 /// A switch can only be turned on from the command line, as before the layering was generic.
@@ -498,12 +506,13 @@ mod tests {
             advertise_url: Some("ws://r1:7420".into()),
             lease_ttl_ms: Some(19),
             cluster_secret_file: path(),
+            cluster_ca_file: path(),
         };
         let given = toml::Table::try_from(&args).unwrap();
         let merged = Settings::default().overridden_by(&args).unwrap();
         let merged = toml::Table::try_from(&merged).unwrap();
         // All but `config` and `--agent`, which are not keys of their own.
-        assert_eq!(given.len(), 39);
+        assert_eq!(given.len(), 40);
         for (k, v) in given {
             assert_eq!(merged.get(&k), Some(&v), "{k}");
         }

@@ -182,6 +182,7 @@ impl Forwarder {
                 principal_name: &client.principal_name,
                 profile: profile.as_deref(),
                 secret: &cluster.secret,
+                tls: cluster.tls.clone(),
             };
             let cancel = shutdown.child_token();
             let dialled = async {

@@ -33,6 +33,8 @@ pub struct DaemonOptions {
     pub sqlite: bool,
     /// Pass `--advertise-url ws://ADDR` with the daemon's own listener (replicas).
     pub advertise: bool,
+    /// With `advertise`: `wss://ADDR` (the daemon serves TLS).
+    pub advertise_wss: bool,
 }
 
 impl DaemonOptions {
@@ -64,6 +66,12 @@ impl DaemonOptions {
 
     pub fn advertise(mut self) -> DaemonOptions {
         self.advertise = true;
+        self
+    }
+
+    pub fn advertise_wss(mut self) -> DaemonOptions {
+        self.advertise = true;
+        self.advertise_wss = true;
         self
     }
 }
@@ -238,7 +246,11 @@ impl Daemon {
             args.push("--no-auth".into());
         }
         if self.opts.advertise {
-            args.extend(["--advertise-url".into(), format!("ws://{}", self.addr)]);
+            let scheme = if self.opts.advertise_wss { "wss" } else { "ws" };
+            args.extend([
+                "--advertise-url".into(),
+                format!("{scheme}://{}", self.addr),
+            ]);
         }
         args.extend(self.opts.args.iter().cloned());
         args
