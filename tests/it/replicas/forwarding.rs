@@ -25,22 +25,7 @@ async fn a_client_on_a_non_owner_gets_every_update_of_the_owners_turn_exactly_on
 
     // B prompts A's session: the turn runs on A, its updates come through B.
     let mut on_b = b.client().await;
-    let script: String = (1..=60)
-        .map(|i| format!("echo chunk-{i}"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let (updates, answer) = on_b.prompt(&sid, &script).await;
-    assert_eq!(
-        answer.expect("the turn through b")["stopReason"],
-        "end_turn"
-    );
-    let expected: Vec<String> = (1..=60).map(|i| format!("chunk-{i}")).collect();
-    assert_eq!(
-        agent_texts(&updates),
-        expected,
-        "every update once, in order"
-    );
-    assert_consecutive(&updates);
+    let updates = super::prompt_through(&mut on_b, &sid, 60).await;
 
     // A's own client saw the same entries under the same seqs (the owner numbered them).
     let on_a_saw = on_a.updates_until_text("chunk-60").await;
@@ -57,7 +42,7 @@ async fn a_client_on_a_non_owner_gets_every_update_of_the_owners_turn_exactly_on
     let (replay, loaded) = on_c.load(&sid, &cwd).await;
     loaded.expect("load through c");
     assert_consecutive(&replay);
-    assert_eq!(agent_texts(&replay), expected);
+    assert_eq!(agent_texts(&replay), agent_texts(&updates));
 }
 
 #[tokio::test]

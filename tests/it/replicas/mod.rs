@@ -9,7 +9,11 @@ mod forwarding;
 mod takeover;
 mod tls;
 
-use crate::support::{Daemon, DaemonOptions, chunk_text, kind};
+use serde_json::Value;
+
+use crate::support::{
+    Client, Daemon, DaemonOptions, agent_texts, assert_consecutive, chunk_text, kind,
+};
 
 #[tokio::test]
 async fn a_second_daemon_on_the_same_sqlite_file_refuses_to_start() {
@@ -120,4 +124,26 @@ async fn replicas_without_postgres_or_a_secret_is_a_bad_config() {
     ])
     .await;
     assert_eq!(ok.code, Some(0), "{}", ok.stderr);
+}
+
+/// Prompts `n` echo lines on `sid` through `client` (a replica that does not own the session):
+/// the turn ends normally and every chunk comes once, in order, under consecutive seqs.
+async fn prompt_through(client: &mut Client, sid: &str, n: usize) -> Vec<Value> {
+    let script: String = (1..=n)
+        .map(|i| format!("echo chunk-{i}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let (updates, answer) = client.prompt(sid, &script).await;
+    assert_eq!(
+        answer.expect("the turn through a non-owner")["stopReason"],
+        "end_turn"
+    );
+    let expected: Vec<String> = (1..=n).map(|i| format!("chunk-{i}")).collect();
+    assert_eq!(
+        agent_texts(&updates),
+        expected,
+        "every update once, in order"
+    );
+    assert_consecutive(&updates);
+    updates
 }

@@ -4,8 +4,8 @@
 //! sends it the secret: it cannot forward. A bad CA file is a config error.
 
 use super::takeover::{replica, secret};
+use crate::support::Daemon;
 use crate::support::security_support::{acpd, client, make_cert, trusting, wss_url};
-use crate::support::{Daemon, agent_texts, assert_consecutive};
 
 #[tokio::test]
 #[cfg_attr(
@@ -32,22 +32,7 @@ async fn a_client_on_a_non_owner_streams_the_owners_session_over_a_tls_link() {
     let sid = on_a.open_session(&cwd).await;
 
     let mut on_b = client(&wss_url(&b), &[], trust()).await;
-    let script: String = (1..=40)
-        .map(|i| format!("echo chunk-{i}"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let (updates, answer) = on_b.prompt(&sid, &script).await;
-    assert_eq!(
-        answer.expect("the turn through b")["stopReason"],
-        "end_turn"
-    );
-    let expected: Vec<String> = (1..=40).map(|i| format!("chunk-{i}")).collect();
-    assert_eq!(
-        agent_texts(&updates),
-        expected,
-        "every update once, in order"
-    );
-    assert_consecutive(&updates);
+    super::prompt_through(&mut on_b, &sid, 40).await;
 
     let mut on_c = client(&wss_url(&c), &[], trust()).await;
     let (_, refused) = on_c.prompt(&sid, "echo never").await;
