@@ -401,7 +401,7 @@ impl PeerTask {
                 permit = link.outgoing.reserve(), if !self.to_write.is_empty() => match permit {
                     Ok(p) => {
                         p.send(self.to_write.pop_front().unwrap_or_default());
-                        self.write_ready(&link.outgoing);
+                        send_ready(&mut self.to_write, &link.outgoing);
                     }
                     Err(_) => break,
                 },
@@ -417,12 +417,7 @@ impl PeerTask {
                 permit = deliver.reserve(), if !self.to_deliver.is_empty() => match permit {
                     Ok(p) => {
                         if let Some(m) = self.to_deliver.pop_front() { p.send(m) }
-                        while let Some(m) = self.to_deliver.pop_front() {
-                            if let Err(e) = deliver.try_send(m) {
-                                if let mpsc::error::TrySendError::Full(m) = e { self.to_deliver.push_front(m) }
-                                break;
-                            }
-                        }
+                        send_ready(&mut self.to_deliver, &deliver);
                     }
                     // The owner is gone: nobody can answer; the dropped responders reply -32603.
                     Err(_) => self.to_deliver.clear(),
@@ -448,18 +443,6 @@ impl PeerTask {
         for (_, reply) in self.ours.drain() {
             if let Reply::Oneshot(tx) = reply {
                 let _ = tx.send(Err(PeerError::Disconnected));
-            }
-        }
-    }
-
-    /// Hands the link what it has room for now, after the frame a permit was awaited for.
-    fn write_ready(&mut self, out: &mpsc::Sender<String>) {
-        while let Some(t) = self.to_write.pop_front() {
-            if let Err(e) = out.try_send(t) {
-                if let mpsc::error::TrySendError::Full(t) = e {
-                    self.to_write.push_front(t);
-                }
-                break;
             }
         }
     }
@@ -511,6 +494,20 @@ impl PeerTask {
                     );
                 }
             }
+        }
+    }
+}
+
+/// Moves the front of `queue` into `tx` while it has room now (after the item a permit was
+/// awaited for): a burst costs one pass of the peer's loop. A closed `tx` drops what it was
+/// offered; the next pass sees it closed.
+fn send_ready<T>(queue: &mut VecDeque<T>, tx: &mpsc::Sender<T>) {
+    while let Some(item) = queue.pop_front() {
+        if let Err(e) = tx.try_send(item) {
+            if let mpsc::error::TrySendError::Full(item) = e {
+                queue.push_front(item);
+            }
+            break;
         }
     }
 }
