@@ -48,12 +48,13 @@ async fn attach_beyond_the_journal_end_is_an_error_with_the_end() {
 /// SQLite store, as a restore from an older backup would.
 async fn truncate_journal(db: &std::path::Path, sid: &str, keep: i64) -> Result<()> {
     let url = format!("sqlite://{}", db.display());
-    let pool = sqlx::SqlitePool::connect(&url).await?;
-    sqlx::query("DELETE FROM journal WHERE session_id = ? AND seq > ?")
-        .bind(sid)
-        .bind(keep)
-        .execute(&pool)
+    // Through the store, which splits a row holding entries on both sides of the cut.
+    let store = acpd_store::Store::open(&url, Default::default()).await?;
+    store
+        .replace_journal_range(sid, keep + 1, i64::MAX, &[])
         .await?;
+    store.close().await;
+    let pool = sqlx::SqlitePool::connect(&url).await?;
     sqlx::query("UPDATE sessions SET last_seq = ? WHERE id = ?")
         .bind(keep)
         .bind(sid)

@@ -147,9 +147,12 @@ async fn bulk_journal(url: &str, sid: &str, after: i64, n: i64) {
     }
 }
 
-/// `(count, min seq, max seq, body of the newest)` of a session's journal.
+/// `(entries, min seq, max seq, body of the newest row)` of a session's journal.
 async fn journal_stats(url: &str, sid: &str) -> (i64, i64, i64, String) {
-    const STATS: &str = "SELECT COUNT(*), COALESCE(MIN(seq), 0), COALESCE(MAX(seq), 0), \
+    // A row holds `n_entries` entries from `seq` on (a pack); the newest row's body holds the
+    // newest entry last.
+    const STATS: &str = "SELECT COALESCE(SUM(n_entries), 0), COALESCE(MIN(seq), 0), \
+         COALESCE(MAX(seq + n_entries - 1), 0), \
          COALESCE((SELECT body FROM journal WHERE session_id = $1 ORDER BY seq DESC LIMIT 1), '') \
          FROM journal WHERE session_id = $1";
     if url.starts_with("sqlite:") {

@@ -6,7 +6,8 @@
 //! THIS FILE IS THE CONTRACT the session layer codes against.
 //!
 //! Layout: `backend` (pools, migrations, error triage), `writer` (group commit of journal
-//! appends), `journal` (journal SQL), `sessions` (session rows, agent state), `auth`
+//! appends), `pack` (a run of entries stored as one row), `journal` (journal SQL), `trim`
+//! (retention's journal SQL), `sessions` (session rows, agent state), `auth`
 //! (principals, tokens), `grants` (shared sessions), `web` (the web console's sign-in codes and
 //! cookie credentials, its journal page read), `lease` (session leases, replicas), `signals`
 //! (revocations announced with NOTIFY), `rows` (row decoding, list cursor).
@@ -17,9 +18,11 @@ mod grants;
 mod journal;
 mod lease;
 pub mod metrics;
+mod pack;
 mod rows;
 mod sessions;
 mod signals;
+mod trim;
 mod web;
 pub use web::WebSessionRow;
 mod writer;
@@ -428,7 +431,7 @@ impl Store {
         kinds: &[&str],
         limit: i64,
     ) -> Result<Vec<(i64, i64)>, StoreError> {
-        journal::journal_neighbours(&self.inner.pool, session_id, after_seq, kinds, limit).await
+        trim::journal_neighbours(&self.inner.pool, session_id, after_seq, kinds, limit).await
     }
 
     /// Drops the oldest entries of a session's journal until at most `max_entries` entries and
@@ -440,12 +443,12 @@ impl Store {
         max_entries: u64,
         max_bytes: u64,
     ) -> Result<u64, StoreError> {
-        journal::trim_journal(&self.inner.pool, session_id, max_entries, max_bytes).await
+        trim::trim_journal(&self.inner.pool, session_id, max_entries, max_bytes).await
     }
 
     /// Count and total body bytes of a session's journal.
     pub async fn journal_size(&self, session_id: &str) -> Result<(i64, i64), StoreError> {
-        journal::journal_size(&self.inner.pool, session_id).await
+        trim::journal_size(&self.inner.pool, session_id).await
     }
 
     /// Sets one agent-private value; `Conflict` when the session is unknown or deleted.

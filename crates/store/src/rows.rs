@@ -4,6 +4,7 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 use sqlx::sqlite::SqliteRow;
 
+use super::pack::Row as JournalRow;
 use super::{JournalEntry, PrincipalRow, SessionRow, StoreError, TokenRow};
 
 /// Column list matching `session_row`; every session query selects exactly these.
@@ -16,6 +17,7 @@ pub(crate) trait Columns {
     fn text(&self, col: &str) -> Result<String, sqlx::Error>;
     fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error>;
     fn int(&self, col: &str) -> Result<i64, sqlx::Error>;
+    fn int32(&self, col: &str) -> Result<i32, sqlx::Error>;
     fn opt_int(&self, col: &str) -> Result<Option<i64>, sqlx::Error>;
     fn flag(&self, col: &str) -> Result<bool, sqlx::Error>;
 }
@@ -30,6 +32,9 @@ macro_rules! impl_columns {
                 self.try_get(col)
             }
             fn int(&self, col: &str) -> Result<i64, sqlx::Error> {
+                self.try_get(col)
+            }
+            fn int32(&self, col: &str) -> Result<i32, sqlx::Error> {
                 self.try_get(col)
             }
             fn opt_int(&self, col: &str) -> Result<Option<i64>, sqlx::Error> {
@@ -65,14 +70,28 @@ pub(crate) fn session_row(r: &impl Columns) -> Result<SessionRow, sqlx::Error> {
     })
 }
 
-pub(crate) fn journal_entry(r: &impl Columns) -> Result<JournalEntry, sqlx::Error> {
-    Ok(JournalEntry {
+/// Column list matching `journal_row`.
+pub(crate) const JOURNAL_COLUMNS: &str = "session_id, seq, n_entries, kind, body, at_ms";
+
+/// One journal row: a pack of entries (`pack::Row::entries` splits it).
+pub(crate) fn journal_row(r: &impl Columns) -> Result<JournalRow, sqlx::Error> {
+    Ok(JournalRow {
         session_id: r.text("session_id")?,
         seq: r.int("seq")?,
+        n_entries: r.int32("n_entries")?,
         kind: r.text("kind")?,
         body: r.text("body")?,
         at_ms: r.int("at_ms")?,
     })
+}
+
+/// The entries of journal rows, in the rows' order.
+pub(crate) fn journal_entries<R: Columns>(rows: &[R]) -> Result<Vec<JournalEntry>, sqlx::Error> {
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        out.extend(journal_row(r)?.entries()?);
+    }
+    Ok(out)
 }
 
 pub(crate) fn token_row(r: &impl Columns) -> Result<TokenRow, sqlx::Error> {

@@ -2,6 +2,7 @@
 //! the journal read it pages back with (the last entries before a seq).
 
 use super::backend::{Pool, conflict_or_db, db, now_ms, on_pool};
+use super::rows::JOURNAL_COLUMNS;
 use super::{JournalEntry, PrincipalRow, Store, StoreError, rows};
 
 /// A web console's cookie credential (only its SHA-256 is stored).
@@ -214,23 +215,25 @@ pub(super) async fn journal_before(
     before_seq: i64,
     limit: i64,
 ) -> Result<Vec<JournalEntry>, StoreError> {
+    // Rows hold up to PACK_MAX entries each, so `limit` rows hold at least `limit` entries.
+    let sql = format!(
+        "SELECT {JOURNAL_COLUMNS} FROM journal \
+         WHERE session_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
+    );
     on_pool!(pool, |p| {
-        let found = sqlx::query(
-            "SELECT session_id, seq, kind, body, at_ms FROM journal \
-             WHERE session_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
-        )
-        .bind(session_id)
-        .bind(before_seq)
-        .bind(limit.max(0))
-        .fetch_all(p)
-        .await
-        .map_err(db)?;
-        let mut out = found
-            .iter()
-            .map(rows::journal_entry)
-            .collect::<Result<Vec<_>, _>>()
+        let found = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(session_id)
+            .bind(before_seq)
+            .bind(limit.max(0))
+            .fetch_all(p)
+            .await
             .map_err(db)?;
-        out.reverse();
+        let mut out = rows::journal_entries(&found).map_err(db)?;
+        // Newest first by row, ascending within each: sort, then keep the newest `limit`.
+        out.retain(|e| e.seq < before_seq);
+        out.sort_by_key(|e| e.seq);
+        let extra = out.len().saturating_sub(limit.max(0) as usize);
+        out.drain(..extra);
         Ok(out)
     })
 }

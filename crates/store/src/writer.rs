@@ -20,7 +20,8 @@ use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::{mpsc, watch};
 
 use super::backend::{Failure, Pool, begin_write, classify, on_pool};
-use super::journal::{Ins, JournalSql};
+use super::journal::JournalSql;
+use super::pack::Ins;
 use super::{DurableSeq, NewEntry, StoreOptions};
 
 const BACKOFF_START: Duration = Duration::from_millis(50);

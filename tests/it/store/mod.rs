@@ -53,6 +53,7 @@ where
 mod grants;
 mod journal;
 mod leases;
+mod packs;
 mod rejection;
 mod retention;
 mod sessions;
