@@ -60,7 +60,8 @@ async fn append_all(store: &Store, session_id: &str, n: i64) -> Result<Duration>
             seq,
             kind: kind.clone(),
             body: body.into(),
-            at_ms: seq,
+            // The clock, as acpd stamps entries: a burst shares its millisecond and packs.
+            at_ms: now_ms(),
             epoch: None,
         };
         store.append(entry, durable.clone()).await?;
@@ -73,6 +74,12 @@ async fn append_all(store: &Store, session_id: &str, n: i64) -> Result<Duration>
         mark.rejected
     );
     Ok(start.elapsed())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn session(id: &str, principal_id: &str) -> SessionRow {
