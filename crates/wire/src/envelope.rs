@@ -52,6 +52,38 @@ impl From<Notification> for RawNotification {
     }
 }
 
+/// The string member `name` at the top level of the JSON object `object`, read up to that
+/// member only: what follows it is not scanned at all, so a caller that needs one leading
+/// member of a long message (an update's `sessionId`, its `sessionUpdate`) does not read the
+/// rest. For text already validated as JSON. `None` when absent, not a string, or not an object.
+pub fn str_member(object: &str, name: &str) -> Option<String> {
+    use serde::Deserializer as _;
+    use serde::de::{Error, IgnoredAny, MapAccess, Visitor};
+
+    struct Find<'n, 's>(&'n str, &'s mut Option<String>);
+    impl<'de> Visitor<'de> for Find<'_, '_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == self.0 {
+                    *self.1 = Some(map.next_value::<String>()?);
+                    // Not a failure: the only way to leave the object before its end.
+                    return Err(A::Error::custom("found"));
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+    let mut found = None;
+    let mut de = serde_json::Deserializer::from_str(object);
+    let _ = de.deserialize_map(Find(name, &mut found));
+    found
+}
+
 /// The members of a frame that decide what it is. Borrowed where the text has no escapes;
 /// unknown members are skipped (still validated as JSON).
 #[derive(Deserialize)]
@@ -143,5 +175,34 @@ mod tests {
             panic!()
         };
         assert_eq!(raw, full);
+    }
+
+    #[test]
+    fn a_string_member_is_found_at_the_top_level_only() {
+        let m = |t: &str, n: &str| str_member(t, n);
+        assert_eq!(
+            m(r#"{"sessionId":"a","update":{"x":[1,2]}}"#, "sessionId").as_deref(),
+            Some("a")
+        );
+        assert_eq!(
+            m(
+                r#"{"update":{"sessionId":"no"},"sessionId":"b"}"#,
+                "sessionId"
+            )
+            .as_deref(),
+            Some("b")
+        );
+        assert_eq!(
+            m(r#"{"s\u0041":"c\u0041\n"}"#, "sA").as_deref(),
+            Some("cA\n")
+        );
+        assert_eq!(m(r#"{"update":{"sessionId":"nested"}}"#, "sessionId"), None);
+        assert_eq!(m(r#"{"sessionId":7}"#, "sessionId"), None);
+        assert_eq!(m("[1]", "sessionId"), None);
+        // Stops at the member: what follows is not read.
+        assert_eq!(
+            m(r#"{"a":"x", this is not JSON"#, "a").as_deref(),
+            Some("x")
+        );
     }
 }

@@ -8,7 +8,7 @@ mod msg;
 mod peer;
 pub mod resume;
 
-pub use envelope::RawNotification;
+pub use envelope::{RawNotification, str_member};
 pub use msg::{
     Malformed, Message, Notification, Request, RequestId, Response, ResponseError, code,
 };

@@ -385,17 +385,10 @@ impl Router {
     }
 }
 
-/// The `sessionId` member of raw params, read without parsing the rest into a tree.
+/// The `sessionId` member of raw params. The scan stops there: agents put it first, so the
+/// update after it (nearly all the bytes) is not read again (the peer validated all of it).
 fn raw_session_id(params: &RawValue) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Sid<'a> {
-        #[serde(rename = "sessionId", borrow, default)]
-        session_id: Option<std::borrow::Cow<'a, str>>,
-    }
-    serde_json::from_str::<Sid>(params.get())
-        .ok()?
-        .session_id
-        .map(|s| s.into_owned())
+    acpd_wire::str_member(params.get(), "sessionId")
 }
 
 fn session_id_of(params: &Value) -> Option<String> {

@@ -34,13 +34,6 @@ impl Spliced {
     }
 }
 
-/// The kind of an update body, read without parsing the rest.
-#[derive(serde::Deserialize)]
-struct Kind<'a> {
-    #[serde(rename = "sessionUpdate", borrow, default)]
-    session_update: Option<std::borrow::Cow<'a, str>>,
-}
-
 /// `None` when `params` is not a JSON object.
 pub(super) fn splice(params: &RawValue, session_id: &str, seq: i64) -> Option<Spliced> {
     match serde_json::from_str::<BTreeMap<&str, &RawValue>>(params.get()) {
@@ -51,10 +44,10 @@ pub(super) fn splice(params: &RawValue, session_id: &str, seq: i64) -> Option<Sp
 
 fn fast(members: &BTreeMap<&str, &RawValue>, session_id: &str, seq: i64) -> Spliced {
     let update = members.get("update").copied();
+    // Read up to `sessionUpdate` only (agents write it first): the body is not scanned again.
     let kind = update
-        .and_then(|u| serde_json::from_str::<Kind>(u.get()).ok())
-        .and_then(|k| k.session_update)
-        .map_or_else(|| "unknown".to_owned(), |k| k.into_owned());
+        .and_then(|u| acpd_wire::str_member(u.get(), "sessionUpdate"))
+        .unwrap_or_else(|| "unknown".to_owned());
     let mut text = String::with_capacity(params_len(members) + session_id.len() + 96);
     text.push_str(r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#);
     push_json_str(&mut text, session_id);
