@@ -256,14 +256,18 @@ async fn check_skipped<C: JournalSql + ?Sized>(
     Ok(())
 }
 
-/// The rows that may hold an entry after `$2`: a pack starts at most `PACK_MAX - 1` below its
-/// last entry, so the index range starts there. `limit` rows hold at least `limit` entries.
+/// The rows holding entries in `($2, $2 + $3]`: a pack starts at most `PACK_MAX - 1` below its
+/// last entry, so the index range starts there; it ends at the seq bound, so a page of a
+/// packed journal reads about `$3` entries, not `$3` rows of up to `PACK_MAX` each.
 fn after_sql() -> String {
     format!(
         "SELECT {JOURNAL_COLUMNS} FROM journal WHERE session_id = $1 AND seq > $2 - {PACK_MAX} \
-         AND seq + n_entries > $2 + 1 ORDER BY seq LIMIT $3"
+         AND seq + n_entries > $2 + 1 AND seq <= $2 + $3 ORDER BY seq"
     )
 }
+
+/// Where the journal goes on after a gap (compaction merges runs, so seqs may skip).
+const NEXT_ROW: &str = "SELECT MIN(seq) FROM journal WHERE session_id = $1 AND seq > $2";
 
 pub(super) async fn journal_after(
     pool: &Pool,
@@ -271,20 +275,46 @@ pub(super) async fn journal_after(
     after_seq: i64,
     limit: i64,
 ) -> Result<Vec<JournalEntry>, StoreError> {
-    let limit = limit.max(0);
-    on_pool!(pool, |p| {
-        let found = sqlx::query(sqlx::AssertSqlSafe(after_sql()))
+    let limit = limit.max(0) as usize;
+    let mut out: Vec<JournalEntry> = Vec::new();
+    let mut from = after_seq;
+    // One range read for a journal without gaps; a short page looks past a gap and goes on.
+    while out.len() < limit {
+        let want = (limit - out.len()) as i64;
+        let found = on_pool!(pool, |p| sqlx::query(sqlx::AssertSqlSafe(after_sql()))
             .bind(session_id)
-            .bind(after_seq)
-            .bind(limit)
+            .bind(from)
+            .bind(want)
             .fetch_all(p)
             .await
-            .map_err(db)?;
-        let mut out = rows::journal_entries(&found).map_err(db)?;
-        out.retain(|e| e.seq > after_seq);
-        out.truncate(limit as usize);
-        Ok(out)
-    })
+            .map_err(db)?
+            .iter()
+            .map(rows::journal_row)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(db)?);
+        for row in found {
+            let entries = row.entries().map_err(db)?;
+            out.extend(
+                entries
+                    .into_iter()
+                    .filter(|e| e.seq > from)
+                    .take(limit - out.len()),
+            );
+        }
+        if out.len() >= limit {
+            break;
+        }
+        let bound = from.saturating_add(want);
+        let next: Option<i64> = on_pool!(pool, |p| sqlx::query_scalar(NEXT_ROW)
+            .bind(session_id)
+            .bind(bound)
+            .fetch_one(p)
+            .await
+            .map_err(db)?);
+        let Some(next) = next else { break };
+        from = out.last().map_or(from, |e| e.seq).max(next - 1);
+    }
+    Ok(out)
 }
 
 pub(super) async fn replace_journal_range(

@@ -5,7 +5,7 @@ use sqlx::postgres::PgRow;
 use sqlx::sqlite::SqliteRow;
 
 use super::pack::Row as JournalRow;
-use super::{JournalEntry, PrincipalRow, SessionRow, StoreError, TokenRow};
+use super::{PrincipalRow, SessionRow, StoreError, TokenRow};
 
 /// Column list matching `session_row`; every session query selects exactly these.
 pub(crate) const SESSION_COLUMNS: &str = "id, principal_id, agent, agent_session_id, cwd, \
@@ -83,15 +83,6 @@ pub(crate) fn journal_row(r: &impl Columns) -> Result<JournalRow, sqlx::Error> {
         body: r.text("body")?,
         at_ms: r.int("at_ms")?,
     })
-}
-
-/// The entries of journal rows, in the rows' order.
-pub(crate) fn journal_entries<R: Columns>(rows: &[R]) -> Result<Vec<JournalEntry>, sqlx::Error> {
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        out.extend(journal_row(r)?.entries()?);
-    }
-    Ok(out)
 }
 
 pub(crate) fn token_row(r: &impl Columns) -> Result<TokenRow, sqlx::Error> {

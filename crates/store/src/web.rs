@@ -2,6 +2,7 @@
 //! the journal read it pages back with (the last entries before a seq).
 
 use super::backend::{Pool, conflict_or_db, db, now_ms, on_pool};
+use super::pack::PACK_MAX;
 use super::rows::JOURNAL_COLUMNS;
 use super::{JournalEntry, PrincipalRow, Store, StoreError, rows};
 
@@ -215,25 +216,49 @@ pub(super) async fn journal_before(
     before_seq: i64,
     limit: i64,
 ) -> Result<Vec<JournalEntry>, StoreError> {
-    // Rows hold up to PACK_MAX entries each, so `limit` rows hold at least `limit` entries.
+    // Rows holding entries in `[$2 - $3, $2)`, newest first; a short page looks past a gap.
     let sql = format!(
-        "SELECT {JOURNAL_COLUMNS} FROM journal \
-         WHERE session_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
+        "SELECT {JOURNAL_COLUMNS} FROM journal WHERE session_id = $1 AND seq < $2 \
+         AND seq > $2 - $3 - {PACK_MAX} AND seq + n_entries > $2 - $3 ORDER BY seq DESC"
     );
-    on_pool!(pool, |p| {
-        let found = sqlx::query(sqlx::AssertSqlSafe(sql))
+    // Rows never overlap: the newest row below a seq holds the newest entry below it.
+    let prev = "SELECT seq + n_entries - 1 FROM journal WHERE session_id = $1 AND seq < $2 \
+         ORDER BY seq DESC LIMIT 1";
+    let limit = limit.max(0) as usize;
+    let mut out: Vec<JournalEntry> = Vec::new();
+    let mut before = before_seq;
+    while out.len() < limit {
+        let want = (limit - out.len()) as i64;
+        let found = on_pool!(pool, |p| sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
             .bind(session_id)
-            .bind(before_seq)
-            .bind(limit.max(0))
+            .bind(before)
+            .bind(want)
             .fetch_all(p)
             .await
-            .map_err(db)?;
-        let mut out = rows::journal_entries(&found).map_err(db)?;
-        // Newest first by row, ascending within each: sort, then keep the newest `limit`.
-        out.retain(|e| e.seq < before_seq);
-        out.sort_by_key(|e| e.seq);
-        let extra = out.len().saturating_sub(limit.max(0) as usize);
-        out.drain(..extra);
-        Ok(out)
-    })
+            .map_err(db)?
+            .iter()
+            .map(rows::journal_row)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(db)?);
+        for row in found {
+            let mut entries = row.entries().map_err(db)?;
+            entries.retain(|e| e.seq < before);
+            let keep = entries.len().min(limit - out.len());
+            out.extend(entries.drain(entries.len() - keep..).rev());
+        }
+        if out.len() >= limit {
+            break;
+        }
+        let bound = before.saturating_sub(want);
+        let prev: Option<i64> = on_pool!(pool, |p| sqlx::query_scalar(prev)
+            .bind(session_id)
+            .bind(bound)
+            .fetch_optional(p)
+            .await
+            .map_err(db)?);
+        let Some(prev) = prev else { break };
+        before = out.last().map_or(before, |e| e.seq).min(prev + 1);
+    }
+    out.reverse();
+    Ok(out)
 }

@@ -167,6 +167,27 @@ async fn check_split(url: String) {
     same(&journal[..309], &sent[100..409]);
     same(&journal[310..], &sent[420..]);
 
+    // Pages across the gaps compaction leaves, narrower and wider than the page.
+    let page = |r: Result<Vec<JournalEntry>, _>| seqs(r.expect("page"));
+    let want: Vec<i64> = (401..410).chain(420..426).collect();
+    assert_eq!(page(store.journal_after("s1", 400, 15).await), want);
+    let want: Vec<i64> = (400..410).chain(420..425).collect();
+    assert_eq!(page(store.journal_before("s1", 425, 15).await), want);
+    let wide = JournalEntry {
+        seq: 900,
+        ..merged.clone()
+    };
+    store
+        .replace_journal_range("s1", 500, 900, std::slice::from_ref(&wide))
+        .await
+        .expect("replace");
+    let want: Vec<i64> = (451..500).chain(900..951).collect();
+    assert_eq!(page(store.journal_after("s1", 450, 100).await), want);
+    let want: Vec<i64> = (391..410).chain(420..500).chain([900]).collect();
+    assert_eq!(page(store.journal_before("s1", 901, 100).await), want);
+    assert_eq!(page(store.journal_after("s1", N, 10).await), Vec::<i64>::new());
+    assert_eq!(page(store.journal_before("s1", 101, 10).await), Vec::<i64>::new());
+
     // Another session's stream is stored beside it, untouched.
     let other = stream(&store, "s2", 300).await;
     same(&whole_journal(&store, "s2").await, &other);
