@@ -304,15 +304,17 @@ pub(super) async fn journal_after(
         if out.len() >= limit {
             break;
         }
-        let bound = from.saturating_add(want);
+        // Past what was read, not past the range: the journal may have grown into the range
+        // since (a live session), and what grew there must not be skipped.
+        let read = out.last().map_or(from, |e| e.seq);
         let next: Option<i64> = on_pool!(pool, |p| sqlx::query_scalar(NEXT_ROW)
             .bind(session_id)
-            .bind(bound)
+            .bind(read)
             .fetch_one(p)
             .await
             .map_err(db)?);
         let Some(next) = next else { break };
-        from = out.last().map_or(from, |e| e.seq).max(next - 1);
+        from = read.max(next - 1);
     }
     Ok(out)
 }

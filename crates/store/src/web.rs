@@ -249,15 +249,17 @@ pub(super) async fn journal_before(
         if out.len() >= limit {
             break;
         }
-        let bound = before.saturating_sub(want);
+        // Below what was read, not below the range: compaction may have rewritten the range
+        // since, and what is there now must not be skipped.
+        let read = out.last().map_or(before, |e| e.seq);
         let prev: Option<i64> = on_pool!(pool, |p| sqlx::query_scalar(prev)
             .bind(session_id)
-            .bind(bound)
+            .bind(read)
             .fetch_optional(p)
             .await
             .map_err(db)?);
         let Some(prev) = prev else { break };
-        before = out.last().map_or(before, |e| e.seq).min(prev + 1);
+        before = read.min(prev + 1);
     }
     out.reverse();
     Ok(out)

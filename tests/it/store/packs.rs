@@ -185,8 +185,14 @@ async fn check_split(url: String) {
     assert_eq!(page(store.journal_after("s1", 450, 100).await), want);
     let want: Vec<i64> = (391..410).chain(420..500).chain([900]).collect();
     assert_eq!(page(store.journal_before("s1", 901, 100).await), want);
-    assert_eq!(page(store.journal_after("s1", N, 10).await), Vec::<i64>::new());
-    assert_eq!(page(store.journal_before("s1", 101, 10).await), Vec::<i64>::new());
+    assert_eq!(
+        page(store.journal_after("s1", N, 10).await),
+        Vec::<i64>::new()
+    );
+    assert_eq!(
+        page(store.journal_before("s1", 101, 10).await),
+        Vec::<i64>::new()
+    );
 
     // Another session's stream is stored beside it, untouched.
     let other = stream(&store, "s2", 300).await;
