@@ -6,7 +6,7 @@
 use sqlx::{PgConnection, SqliteConnection};
 
 use super::backend::{Pool, begin_write, db, on_pool};
-use super::pack::{Ins, PACK_MAX, Pack, entries_within, pack};
+use super::pack::{Ins, PACK_MAX, Pack, Row, entries_within, pack};
 use super::rows::JOURNAL_COLUMNS;
 use super::{JournalEntry, StoreError, rows};
 
@@ -281,17 +281,7 @@ pub(super) async fn journal_after(
     // One range read for a journal without gaps; a short page looks past a gap and goes on.
     while out.len() < limit {
         let want = (limit - out.len()) as i64;
-        let found = on_pool!(pool, |p| sqlx::query(sqlx::AssertSqlSafe(after_sql()))
-            .bind(session_id)
-            .bind(from)
-            .bind(want)
-            .fetch_all(p)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(rows::journal_row)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(db)?);
+        let found = read_rows(pool, &after_sql(), session_id, from, want).await?;
         for row in found {
             let entries = row.entries().map_err(db)?;
             out.extend(
@@ -317,6 +307,30 @@ pub(super) async fn journal_after(
         from = read.max(next - 1);
     }
     Ok(out)
+}
+
+/// The rows (`JOURNAL_COLUMNS`) that `sql` selects with `$1` the session and `$2`, `$3`.
+pub(crate) async fn read_rows(
+    pool: &Pool,
+    sql: &str,
+    session_id: &str,
+    a: i64,
+    b: i64,
+) -> Result<Vec<Row>, StoreError> {
+    on_pool!(pool, |p| {
+        let found = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .bind(session_id)
+            .bind(a)
+            .bind(b)
+            .fetch_all(p)
+            .await
+            .map_err(db)?;
+        found
+            .iter()
+            .map(rows::journal_row)
+            .collect::<Result<_, _>>()
+            .map_err(db)
+    })
 }
 
 pub(super) async fn replace_journal_range(

@@ -2,6 +2,7 @@
 //! the journal read it pages back with (the last entries before a seq).
 
 use super::backend::{Pool, conflict_or_db, db, now_ms, on_pool};
+use super::journal::read_rows;
 use super::pack::PACK_MAX;
 use super::rows::JOURNAL_COLUMNS;
 use super::{JournalEntry, PrincipalRow, Store, StoreError, rows};
@@ -229,17 +230,7 @@ pub(super) async fn journal_before(
     let mut before = before_seq;
     while out.len() < limit {
         let want = (limit - out.len()) as i64;
-        let found = on_pool!(pool, |p| sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(session_id)
-            .bind(before)
-            .bind(want)
-            .fetch_all(p)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(rows::journal_row)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(db)?);
+        let found = read_rows(pool, &sql, session_id, before, want).await?;
         for row in found {
             let mut entries = row.entries().map_err(db)?;
             entries.retain(|e| e.seq < before);

@@ -65,6 +65,19 @@ pub(super) async fn open(url: &str) -> Store {
         .expect("open store")
 }
 
+/// A store holding a session of principal "alice" for each id.
+pub(super) async fn open_with_sessions(url: &str, ids: &[&str]) -> Store {
+    let store = open(url).await;
+    let p = store.ensure_principal("alice").await.expect("principal");
+    for id in ids {
+        store
+            .insert_session(&session(id, &p.id, "/w", 1))
+            .await
+            .expect("insert session");
+    }
+    store
+}
+
 pub(super) fn session(id: &str, principal: &str, cwd: &str, created_at_ms: i64) -> SessionRow {
     SessionRow {
         id: id.to_owned(),

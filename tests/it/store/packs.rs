@@ -6,7 +6,7 @@ use std::sync::Arc;
 use acpd_store::{JournalEntry, NewEntry, Store};
 use sqlx::{Connection, PgConnection, SqliteConnection};
 
-use super::{on_postgres, open, session, wait_durable, watermark, whole_journal};
+use super::{on_postgres, open_with_sessions, wait_durable, watermark, whole_journal};
 
 both!(
     sqlite_a_stream_is_stored_in_packs_and_read_back_entry_by_entry,
@@ -76,12 +76,7 @@ async fn rows(url: &str, id: &str) -> i64 {
 }
 
 async fn check_read_back(url: String) {
-    let store = open(&url).await;
-    let p = store.ensure_principal("alice").await.expect("principal");
-    store
-        .insert_session(&session("s1", &p.id, "/w", 1))
-        .await
-        .expect("insert");
+    let store = open_with_sessions(&url, &["s1"]).await;
     let sent = stream(&store, "s1", N).await;
 
     let stored = rows(&url, "s1").await;
@@ -129,14 +124,7 @@ async fn check_read_back(url: String) {
 }
 
 async fn check_split(url: String) {
-    let store = open(&url).await;
-    let p = store.ensure_principal("alice").await.expect("principal");
-    for id in ["s1", "s2"] {
-        store
-            .insert_session(&session(id, &p.id, "/w", 1))
-            .await
-            .expect("insert");
-    }
+    let store = open_with_sessions(&url, &["s1", "s2"]).await;
     let sent = stream(&store, "s1", N).await;
     let seqs = |j: Vec<JournalEntry>| j.iter().map(|e| e.seq).collect::<Vec<_>>();
 
