@@ -117,8 +117,9 @@ impl Server {
 
     /// acpd hosting the scripted agent as profile `s`, on SQLite in `dir` or on `store`.
     /// Retention is off so a pass over a 100 000-entry journal does not overlap the next run;
-    /// the per-connection request limit is off because the round trips are back to back, and
-    /// the connection limits because the idle-connection rows hold 10 000 at once.
+    /// the per-connection request limit is off because the round trips are back to back, the
+    /// live-session limit for the session/new round trips, and the connection limits because
+    /// the idle-connection rows hold 10 000 at once.
     pub fn acpd(mode: Mode, bins: &Bins, dir: &Path, store: Option<&str>) -> Result<Server> {
         Server::acpd_with(mode, bins, dir, store, free_port()?, &[])
     }
@@ -145,6 +146,9 @@ impl Server {
             .arg(format!("s={}", bins.agent.display()))
             .args(["--journal-max-entries", "0", "--journal-max-bytes", "0"])
             .args(["--max-requests-per-second", "0"])
+            // The session/new round trips open thousands of sessions (closed a hundred at a
+            // time): no live-session limit gets in the way of a batch.
+            .args(["--max-sessions-per-principal", "0"])
             .args([
                 "--max-connections",
                 "0",
@@ -311,6 +315,33 @@ impl LineClient {
         }
     }
 
+    /// Reads until every one of `ids` is answered (in any order), failing on an error answer.
+    pub fn wait_all(&mut self, ids: &[u64]) -> Result<()> {
+        let mut owed: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        while !owed.is_empty() {
+            self.line.clear();
+            if self.r.read_line(&mut self.line)? == 0 {
+                bail!("the relay closed its stdout");
+            }
+            let probe: Probe<'_> = serde_json::from_str(&self.line)
+                .with_context(|| format!("bad line from the relay: {}", self.line.trim_end()))?;
+            match (
+                probe.method.as_deref(),
+                probe.id.as_ref().and_then(Value::as_u64),
+            ) {
+                (Some("session/update"), _) => self.update_bytes += self.line.len() as u64,
+                (None, Some(id)) if owed.remove(&id) => {
+                    let msg: Value = serde_json::from_str(&self.line)?;
+                    if let Some(e) = msg.get("error") {
+                        bail!("request {id} failed: {e}");
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     pub fn call(&mut self, method: &str, params: Value) -> Result<Answer> {
         let id = self.send(method, params)?;
         self.wait(id)
@@ -326,7 +357,20 @@ impl LineClient {
     }
 
     pub fn new_session(&mut self) -> Result<String> {
-        let a = self.call("session/new", json!({ "cwd": "/tmp", "mcpServers": [] }))?;
+        self.new_session_with(json!({ "cwd": "/tmp", "mcpServers": [] }))
+    }
+
+    /// `session/new` with the scripted agent answering alone (no update before the answer).
+    pub fn new_session_quiet(&mut self) -> Result<String> {
+        self.new_session_with(json!({
+            "cwd": "/tmp",
+            "mcpServers": [],
+            "_meta": { "scripted": { "quiet": true } },
+        }))
+    }
+
+    fn new_session_with(&mut self, params: Value) -> Result<String> {
+        let a = self.call("session/new", params)?;
         a.result["sessionId"]
             .as_str()
             .map(str::to_owned)

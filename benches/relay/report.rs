@@ -241,6 +241,23 @@ impl Report {
                 }
             }
         }
+        // Issue 13's goal for opening a session, the session row's durable write included.
+        for label in [SHIM_SQLITE, SHIM_PG] {
+            let line = per_mode(&|m| {
+                let x = self.ratio("rt-new", label, m)?;
+                Some(format!(
+                    "p50 {:.2}× p99 {:.2}× ({})",
+                    x[0],
+                    x[1],
+                    verdict(x[0] <= 1.5 && x[1] <= 2.0)
+                ))
+            });
+            if !line.is_empty() {
+                out.push(format!(
+                    "session/new round trip p50 ≤ 1.5×, p99 ≤ 2× the relay — {label}: {line}"
+                ));
+            }
+        }
         let line = per_mode(&|m| {
             let v = self.get("start", "acp-shim", m)?[0];
             Some(format!("{v:.1} ms ({})", verdict(v < 10.0)))

@@ -12,6 +12,8 @@
 //! Flags: `--no-load` (no `loadSession`), `--no-resume` (no `sessionCapabilities.resume`),
 //! `--fork` (`session/fork`), `--list` (`session/list`, with titles only there),
 //! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes).
+//! A `session/new` with `_meta.scripted.quiet: true` is answered without the
+//! `available_commands_update` that otherwise comes before the answer.
 
 mod io;
 mod mcp_http;
@@ -151,13 +153,18 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             })?;
             // Sent before the response on purpose: the daemon must hold it until the client
             // knows the session (Zed drops updates for sessions it has not registered yet).
-            agent.emit(
-                &sid,
-                json!({
-                    "sessionUpdate": "available_commands_update",
-                    "availableCommands": [{ "name": "echo", "description": "Echo text" }],
-                }),
-            );
+            // `_meta.scripted.quiet`: the answer alone (the benchmark's session/new round
+            // trip is one message each way on every path; a relay that leaves Nagle on
+            // would stall a second one for a delayed ACK).
+            if params.pointer("/_meta/scripted/quiet") != Some(&json!(true)) {
+                agent.emit(
+                    &sid,
+                    json!({
+                        "sessionUpdate": "available_commands_update",
+                        "availableCommands": [{ "name": "echo", "description": "Echo text" }],
+                    }),
+                );
+            }
             let mut result = agent.with_session(&sid, |s| s.setup_result())?;
             result["sessionId"] = json!(sid);
             Ok(result)

@@ -62,6 +62,15 @@ fn initializes_opens_a_session_and_streams_a_script() {
         .expect("a session id")
         .to_owned();
 
+    // Quiet: the answer is the next message, with nothing before it.
+    send(
+        json!({"jsonrpc":"2.0","id":4,"method":"session/new","params":{"cwd":"/","mcpServers":[],
+        "_meta":{"scripted":{"quiet":true}}}}),
+    );
+    let quiet = next();
+    assert_eq!(quiet["id"], 4, "an update came before the quiet answer: {quiet}");
+    assert!(quiet["result"]["sessionId"].is_string(), "{quiet}");
+
     send(
         json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{
         "sessionId": sid, "prompt": [{"type":"text","text":"stream 500 16"}]}}),
