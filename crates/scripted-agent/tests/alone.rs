@@ -68,7 +68,10 @@ fn initializes_opens_a_session_and_streams_a_script() {
         "_meta":{"scripted":{"quiet":true}}}}),
     );
     let quiet = next();
-    assert_eq!(quiet["id"], 4, "an update came before the quiet answer: {quiet}");
+    assert_eq!(
+        quiet["id"], 4,
+        "an update came before the quiet answer: {quiet}"
+    );
     assert!(quiet["result"]["sessionId"].is_string(), "{quiet}");
 
     send(
