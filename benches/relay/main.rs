@@ -6,6 +6,7 @@
 //! appear when `ACPD_TEST_DATABASE_URL` names a server (a throwaway database is used).
 
 mod conns;
+mod new_session;
 mod opts;
 mod procs;
 mod replicas;

@@ -39,9 +39,12 @@ impl Mode {
     }
 
     /// A command whose process is pinned like the mode says (`taskset -c 0` without the extra
-    /// exec, so start times stay honest) and dies with the benchmark.
+    /// exec, so start times stay honest) and dies with the benchmark. The scripted agent it
+    /// starts (itself, or through websocat or acpd) writes no line per request on stderr:
+    /// acpd would log each one while the other paths drop them.
     pub fn command(self, program: impl AsRef<OsStr>) -> Command {
         let mut cmd = Command::new(program);
+        cmd.env("ACPD_SCRIPTED_AGENT_QUIET", "1");
         // SAFETY: only async-signal-safe calls (sched_setaffinity, prctl) between fork and exec.
         unsafe {
             cmd.pre_exec(move || {

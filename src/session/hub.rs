@@ -2,7 +2,8 @@
 //! the row; the answer comes back as `Loaded`), checks the owning principal (and the
 //! profile, when the connection is scoped to one) and the live-session limit. A
 //! `session/new` reserves its place under that limit before it asks the agent
-//! (`Reservation`), so concurrent ones cannot all pass the check.
+//! (`Reservation`), so concurrent ones cannot all pass the check; it starts its actor itself
+//! and tells the hub (`Started`) without waiting for an answer (`create.rs`).
 //!
 //! In a cluster the reading task first takes the session's lease (`cluster::Cluster::acquire`)
 //! and reads the row after it, so the row's `last_seq` is at or past every append the
@@ -50,7 +51,6 @@ pub(super) struct HubTask {
     pub opening: HashMap<String, Vec<OpenWaiter>>,
     /// Places under the live-session limit held by `session/new`s still under way.
     pub reserved: HashMap<String, usize>,
-    pub serial: u64,
 }
 
 /// A place under a principal's live-session limit, held from the admission of a
@@ -63,18 +63,29 @@ pub(crate) struct Reservation {
 }
 
 impl Reservation {
-    pub(super) fn new(shared: &Shared, principal: &str) -> Reservation {
-        Reservation {
+    /// Asks the hub for a place of `principal`; `None`: over the limit (or shutting down).
+    pub(super) async fn admit(shared: &Shared, principal: &str) -> Option<Reservation> {
+        let (reply, rx) = oneshot::channel();
+        let admit = HubCommand::Admit {
+            principal: principal.to_owned(),
+            reply,
+        };
+        if shared.hub.send(admit).await.is_err() || !rx.await.unwrap_or(false) {
+            return None;
+        }
+        Some(Reservation {
             principal: principal.to_owned(),
             hub: shared.hub.clone(),
             tasks: shared.tasks.clone(),
             used: false,
-        }
+        })
     }
 
-    /// The session is being started: the hub counts it as live from now on.
-    pub(super) fn use_up(mut self) {
+    /// The session's actor runs: the hub counts it as live from this message on (which also
+    /// gives the place back). Nothing waits for the hub to take it.
+    pub(super) async fn started(mut self, handle: SessionHandle, serial: u64) {
         self.used = true;
+        let _ = self.hub.send(HubCommand::Started { handle, serial }).await;
     }
 }
 
@@ -119,6 +130,13 @@ impl HubTask {
                 } => {
                     self.release(&row.principal_id);
                     let _ = reply.send(self.start(*row, agent, epoch));
+                }
+                HubCommand::Started { handle, serial } => {
+                    self.release(&handle.principal);
+                    // An actor already gone (a shutdown) is not live.
+                    if !handle.is_closed() {
+                        self.live.insert(handle.id.clone(), (serial, handle));
+                    }
                 }
                 HubCommand::Admit { principal, reply } => {
                     let admitted = self.admits(&principal);
@@ -363,11 +381,11 @@ impl HubTask {
         agent: Option<(AgentHandle, String)>,
         epoch: Option<i64>,
     ) -> SessionHandle {
-        self.serial += 1;
+        let serial = self.shared.next_serial();
         let id: Arc<str> = Arc::from(row.id.as_str());
         let lease = epoch.and_then(|e| Some(self.shared.cluster.as_ref()?.hold(id.clone(), e)));
-        let handle = actor::spawn(row, agent, self.shared.clone(), self.serial, lease);
-        self.live.insert(id, (self.serial, handle.clone()));
+        let handle = actor::spawn(row, agent, self.shared.clone(), serial, lease);
+        self.live.insert(id, (serial, handle.clone()));
         handle
     }
 }

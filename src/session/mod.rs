@@ -6,6 +6,7 @@ mod actor;
 pub(crate) use actor::agent_forks;
 mod claim;
 pub mod compaction;
+mod create;
 mod hub;
 mod mcp;
 mod outbox;
@@ -27,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::agent::{AgentHandle, AgentKey, AgentPool};
+use crate::agent::{AgentHandle, AgentPool};
 use crate::config::SessionSettings;
 use crate::error::AcpError;
 use acpd_store::{SessionRow, Store, StoreError};
@@ -243,6 +244,17 @@ pub(crate) struct Shared {
     pub turns: Arc<std::sync::atomic::AtomicUsize>,
     /// Several replicas: the leases this one holds (`None`: a single daemon, no leases).
     pub cluster: Option<crate::cluster::Cluster>,
+    /// Numbers the actors started, so the hub tells an ended actor from a newer one of the
+    /// same session. A counter, not shared state.
+    pub serials: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Shared {
+    pub(crate) fn next_serial(&self) -> u64 {
+        self.serials
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1
+    }
 }
 
 pub(crate) enum HubCommand {
@@ -258,6 +270,12 @@ pub(crate) enum HubCommand {
         id: String,
         row: Box<Result<Option<SessionRow>, StoreError>>,
         lease: hub::Leased,
+    },
+    /// `session/new` started this session's actor: live from now on (its reserved place is
+    /// given back).
+    Started {
+        handle: SessionHandle,
+        serial: u64,
     },
     Spawn {
         row: Box<SessionRow>,
@@ -327,13 +345,13 @@ impl SessionHub {
             mcp,
             turns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             cluster,
+            serials: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         };
         let task = hub::HubTask {
             shared: shared.clone(),
             live: HashMap::new(),
             opening: HashMap::new(),
             reserved: HashMap::new(),
-            serial: 0,
         };
         tasks.spawn(task.run(rx));
         SessionHub { shared }
@@ -389,7 +407,7 @@ impl SessionHub {
     }
 
     /// `session/new`: creates the agent-side session, records it, starts its actor and
-    /// attaches `client`, which answers `responder`.
+    /// attaches `client`, which answers `responder` (`create.rs`).
     pub async fn create(
         &self,
         principal: &str,
@@ -398,138 +416,7 @@ impl SessionHub {
         params: Value,
         responder: Responder,
     ) -> Result<SessionHandle, (AcpError, Responder)> {
-        let (reply, rx) = oneshot::channel();
-        let admit = HubCommand::Admit {
-            principal: principal.to_owned(),
-            reply,
-        };
-        if self.shared.hub.send(admit).await.is_err() || !rx.await.unwrap_or(false) {
-            return Err((AcpError::TooManySessions, responder));
-        }
-        // Held until the session is started; every early return below gives it back.
-        let reservation = hub::Reservation::new(&self.shared, principal);
-        let key = AgentKey {
-            principal: principal.to_owned(),
-            profile: profile.to_owned(),
-        };
-        let agent = match self.shared.pool.get(key, client.init.clone()).await {
-            Ok(a) => a,
-            Err(e) => return Err((e.into(), responder)),
-        };
-        let Some(cwd) = params.get("cwd").and_then(Value::as_str).map(str::to_owned) else {
-            return Err((AcpError::InvalidParams("cwd is required".into()), responder));
-        };
-        // Stdio MCP servers the policy does not allow never reach a hosted agent.
-        let policy = &self.shared.settings.mcp_policy;
-        let (params, mcp_refused) = match mcp::for_agent(profile, &params, policy, "(new)") {
-            Ok(p) => p,
-            Err(why) => return Err((AcpError::InvalidParams(why), responder)),
-        };
-        // The id comes first: the tunnelled servers' routes are the session's. What is stored
-        // is their `acpd-mcp:` form; only the agent gets loopback URLs.
-        let id = new_session_id();
-        let servers = params
-            .get("mcpServers")
-            .cloned()
-            .unwrap_or_else(|| json!([]));
-        if client.carries_mcp() {
-            self.shared.mcp.carry(&id, &client.peer, &servers);
-        }
-        let mut to_agent = params.clone();
-        to_agent["mcpServers"] = self.shared.mcp.for_agent(&id, &servers).await;
-        let mut result = match agent.request("session/new", to_agent).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.shared.mcp.end(&id);
-                return Err((e.into(), responder));
-            }
-        };
-        if !mcp_refused.is_empty() {
-            if !result["_meta"].is_object() {
-                result["_meta"] = json!({});
-            }
-            if !result["_meta"]["acpd"].is_object() {
-                result["_meta"]["acpd"] = json!({});
-            }
-            result["_meta"]["acpd"]["mcpServersRefused"] = json!(mcp_refused);
-        }
-        let Some(agent_sid) = result
-            .get("sessionId")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-        else {
-            return Err((
-                AcpError::Internal("the agent's session/new answer has no sessionId".into()),
-                responder,
-            ));
-        };
-        let now = now_ms();
-        let row = SessionRow {
-            id: id.clone(),
-            principal_id: principal.to_owned(),
-            agent: profile.to_owned(),
-            agent_session_id: Some(agent_sid.clone()),
-            cwd,
-            additional_dirs: params
-                .get("additionalDirectories")
-                .cloned()
-                .unwrap_or_else(|| json!([]))
-                .to_string(),
-            title: None,
-            mode_id: result
-                .pointer("/modes/currentModeId")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            config_values: "{}".into(),
-            meta: json!({
-                "modes": result.get("modes"),
-                "configOptions": result.get("configOptions"),
-                "mcpServers": servers,
-            })
-            .to_string(),
-            created_at_ms: now,
-            updated_at_ms: now,
-            closed: false,
-            last_seq: 0,
-            owner_instance: None,
-            lease_until_ms: None,
-        };
-        if let Err(e) = self.shared.store.insert_session(&row).await {
-            return Err((e.into(), responder));
-        }
-        let epoch = match hub::lease_new(&self.shared, &row.id).await {
-            Ok(epoch) => epoch,
-            Err(e) => return Err((e, responder)),
-        };
-        result["sessionId"] = Value::String(id);
-        let (reply, rx) = oneshot::channel();
-        let _ = self
-            .shared
-            .hub
-            .send(HubCommand::Spawn {
-                row: Box::new(row),
-                agent: Some((agent, agent_sid)),
-                epoch,
-                reply,
-            })
-            .await;
-        // Once `Spawn` is queued the hub gives the place back itself (nothing awaits between).
-        reservation.use_up();
-        let Ok(handle) = rx.await else {
-            return Err((AcpError::SessionGone, responder));
-        };
-        let cmd = SessionCommand::Attach {
-            client,
-            mode: AttachMode::New { result },
-            responder: Some(responder),
-        };
-        match handle.send(cmd).await {
-            Ok(()) => Ok(handle),
-            Err(SessionCommand::Attach {
-                responder: Some(r), ..
-            }) => Err((AcpError::SessionGone, r)),
-            Err(_) => unreachable!("the command given back is the one sent"),
-        }
+        create::create(&self.shared, principal, profile, client, params, responder).await
     }
 }
 

@@ -206,3 +206,30 @@ async fn sessions_survive_a_daemon_kill() {
     assert_eq!(agent_texts(&turn), ["after the crash"]);
     assert!(turn.iter().all(|u| seq(u) > seq(seen.last().unwrap())));
 }
+
+/// SQLite's WAL is checkpointed by a task of the store's own (the pool's connections never
+/// checkpoint inside a commit): while the daemon runs, what it journals reaches the database
+/// file.
+#[tokio::test]
+async fn the_journal_reaches_the_sqlite_file_while_the_daemon_runs() {
+    let daemon = Daemon::start_with(DaemonOptions::default().sqlite()).await;
+    let db = daemon.dir().join("acpd.db");
+    let before = std::fs::metadata(&db).expect("the SQLite file").len();
+    let mut client = daemon.client().await.with_timeout(Duration::from_secs(60));
+    let sid = client.open_session(&daemon.work_dir()).await;
+    // About 8 MiB of journal, far past SQLite's 1000-page (4 MiB) WAL threshold.
+    let (_, result) = client.prompt(&sid, "stream 30000 256").await;
+    assert_eq!(result.expect("stream")["stopReason"], "end_turn");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = std::fs::metadata(&db).expect("the SQLite file").len();
+        if now >= before + 4 * 1024 * 1024 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the database file stayed at {now} bytes (from {before}): nothing checkpointed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,5 +1,6 @@
 //! `session/new` through acpd: acpd's own ids, early agent updates held until after the
-//! response, and the session's modes and config options relayed both ways.
+//! response, the session live and durable as soon as it is answered, and the session's modes
+//! and config options relayed both ways.
 
 use serde_json::json;
 
@@ -56,6 +57,78 @@ async fn early_agent_updates_are_held_until_after_the_response() {
         })
     );
     seq(&update);
+}
+
+/// The actor `session/new` started is the session's one actor from the moment it is
+/// answered: another connection attaching right after the answer joins it (two clients
+/// attached) instead of opening the session a second time from its row.
+#[tokio::test]
+async fn a_new_session_is_live_for_other_connections_once_answered() {
+    let daemon = Daemon::start().await;
+    let mut creator = daemon.client().await;
+    let mut other = daemon.client().await;
+    for _ in 0..20 {
+        let sid = creator.new_session(&daemon.work_dir()).await;
+        let joined = other
+            .request(
+                "_acpd/session/attach",
+                json!({ "sessionId": sid, "afterSeq": 0 }),
+            )
+            .await
+            .expect("attach right after session/new");
+        assert_eq!(
+            joined["clients"].as_array().map(Vec::len),
+            Some(2),
+            "the attach found another actor than the creator's: {joined}"
+        );
+    }
+}
+
+/// A session acpd answered is in the store: killed (SIGKILL) right after the last answer,
+/// the restarted daemon lists every one, loads it and runs a turn in it.
+#[tokio::test]
+async fn answered_sessions_survive_a_kill_right_after_the_answer() {
+    const N: usize = 30;
+    let mut daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let mut sids = Vec::new();
+    for _ in 0..N {
+        sids.push(client.new_session(&daemon.work_dir()).await);
+    }
+    daemon.restart().await;
+    drop(client);
+
+    let mut client = daemon.client().await;
+    let mut listed = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = client
+            .list(Some(&daemon.work_dir()), cursor.as_deref())
+            .await
+            .expect("session/list after the kill");
+        for s in page["sessions"].as_array().expect("sessions") {
+            listed.push(s["sessionId"].as_str().expect("sessionId").to_owned());
+        }
+        match page["nextCursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    for sid in &sids {
+        assert!(
+            listed.contains(sid),
+            "{sid} is gone after the kill: {listed:?}"
+        );
+    }
+    let last = sids.last().expect("sessions");
+    let (_, result) = client.load(last, &daemon.work_dir()).await;
+    result.expect("session/load after the kill");
+    let (turn, result) = client.prompt(last, "echo after the kill").await;
+    assert_eq!(result.expect("prompt")["stopReason"], "end_turn");
+    assert!(
+        turn.iter().any(|u| kind(u) == "agent_message_chunk"),
+        "{turn:?}"
+    );
 }
 
 #[tokio::test]

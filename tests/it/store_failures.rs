@@ -1,5 +1,6 @@
-//! The daemon on Postgres while the database connection is killed mid-stream: nothing the
-//! client was sent is lost, the turn completes, and the daemon recovers by itself.
+//! The daemon on Postgres while its database connections are killed (mid-stream, between
+//! requests): nothing the client was sent is lost, the turn completes, a `session/new` is
+//! answered, and the daemon recovers by itself.
 
 use sqlx::{Connection, Executor};
 use std::time::Duration;
@@ -21,15 +22,10 @@ async fn postgres_connections_killed_mid_stream_lose_nothing() {
 
     // Kill every connection of the daemon to its database, three times during the stream.
     let killer = tokio::spawn(async move {
-        let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_millis(150)).await;
-            let sql = format!(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
-            );
-            admin.execute(sqlx::AssertSqlSafe(sql)).await.unwrap();
+            kill_connections(&admin_url, &name).await;
         }
-        admin.close().await.ok();
     });
     let (live, result) = client.collect_updates_until_response(&prompt_id).await;
     killer.await.unwrap();
@@ -65,3 +61,40 @@ async fn postgres_connections_killed_mid_stream_lose_nothing() {
 }
 
 use serde_json::Value;
+
+/// Terminates every connection to database `name` but the one doing it.
+async fn kill_connections(admin_url: &str, name: &str) {
+    let mut admin = sqlx::PgConnection::connect(admin_url).await.unwrap();
+    let sql = format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+    );
+    admin.execute(sqlx::AssertSqlSafe(sql)).await.unwrap();
+    admin.close().await.ok();
+}
+
+/// The pool does not ping a connection back from use a moment ago before it hands it out
+/// again (a round trip in front of every statement); a `session/new` whose connection a
+/// server restart killed meanwhile is still answered (the insert takes another), and so is
+/// one after the daemon sat idle (long-idle connections are pinged and replaced).
+#[tokio::test]
+#[cfg_attr(
+    not(acpd_pg),
+    ignore = "set ACPD_TEST_DATABASE_URL to run the Postgres tests"
+)]
+async fn postgres_session_new_after_its_connections_were_killed() {
+    let daemon = Daemon::start_with(DaemonOptions::default().postgres()).await;
+    let db = daemon.postgres_db().expect("postgres store");
+    let (admin_url, name) = (db.admin_url().to_owned(), db.name().to_owned());
+    let mut client = daemon.client().await.with_timeout(Duration::from_secs(60));
+    for idle in [false, true, false, true] {
+        // Connections just used (and so not pinged again), or idle past the ping threshold.
+        client.new_session(&daemon.work_dir()).await;
+        if idle {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        kill_connections(&admin_url, &name).await;
+        let sid = client.new_session(&daemon.work_dir()).await;
+        let (_, result) = client.prompt(&sid, "echo after the kill").await;
+        assert_eq!(result.expect("prompt")["stopReason"], "end_turn");
+    }
+}

@@ -14,6 +14,7 @@
 //! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes).
 //! A `session/new` with `_meta.scripted.quiet: true` is answered without the
 //! `available_commands_update` that otherwise comes before the answer.
+//! `ACPD_SCRIPTED_AGENT_QUIET=1`: no line on stderr per request (the benchmark's agent).
 
 mod io;
 mod mcp_http;
@@ -58,6 +59,7 @@ async fn main() {
             _ => usage(),
         }
     }
+    flags.quiet = std::env::var_os("ACPD_SCRIPTED_AGENT_QUIET").is_some_and(|v| v == "1");
     eprintln!(
         "scripted-agent[{}]: started ({flags:?})",
         std::process::id()
@@ -131,7 +133,9 @@ fn session_id(params: &Value) -> Result<String, RpcError> {
 }
 
 fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Value, RpcError> {
-    eprintln!("scripted-agent[{}]: {method}", std::process::id());
+    if !agent.flags.quiet {
+        eprintln!("scripted-agent[{}]: {method}", std::process::id());
+    }
     match method {
         "initialize" => {
             *agent.client_caps.lock().unwrap() = params

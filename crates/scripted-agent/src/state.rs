@@ -24,6 +24,9 @@ pub struct Flags {
     /// `sessionCapabilities.list`: `session/list` lists its sessions, with the titles set by
     /// `title` commands (in its own list only, as claude-agent-acp and opencode do).
     pub list: bool,
+    /// No line on stderr per request (`ACPD_SCRIPTED_AGENT_QUIET`): the benchmark's agent,
+    /// whose stderr acpd would log line by line while the other paths drop it.
+    pub quiet: bool,
 }
 
 /// One item of a session's history.

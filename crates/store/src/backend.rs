@@ -23,6 +23,13 @@ pub const JOURNAL_FORMAT: i64 = 2;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long SQLite waits on another connection's write lock before reporting busy.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// A Postgres connection idle in the pool longer than this is pinged before it is handed
+/// out. sqlx pings every connection when it goes back to the pool, so one idle for less was
+/// answering a moment ago; pinging it again would put a second round trip in front of every
+/// query (a `session/new`'s row insert among them). A server restart within that moment
+/// fails the next statement on such a connection once (the connection is then dropped); the
+/// journal writer retries, and so do the session row's statements (`again_if_lost`).
+const PG_PING_IDLE: Duration = Duration::from_secs(1);
 
 /// Enum dispatch over the two pools; both are cheap `Arc` handles.
 #[derive(Clone, Debug)]
@@ -115,7 +122,7 @@ impl Pool {
         if url.starts_with("sqlite:") {
             let opts = SqliteConnectOptions::from_str(url)
                 .map_err(|e| StoreError::InvalidUrl(format!("{url}: {e}")))?;
-            let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+            let in_memory = sqlite_in_memory(url);
             // foreign_keys: journal and agent_state rows must belong to a session.
             let opts = opts
                 .create_if_missing(true)
@@ -151,6 +158,9 @@ impl Pool {
                 let opts = opts
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal);
+                // Checkpoints run on a task of their own (`checkpoint.rs`), never inside a
+                // commit that someone waits for.
+                let opts = opts.pragma("wal_autocheckpoint", "0");
                 // No ping before each acquire: a connection to a local file does not go stale
                 // the way a server's does, and the ping is one more round trip to sqlx's SQLite
                 // thread in front of every group commit.
@@ -169,12 +179,21 @@ impl Pool {
                 let ms = t.as_millis().to_string();
                 opts = opts.options([("idle_in_transaction_session_timeout", ms.as_str())]);
             }
-            // test_before_acquire (the default) pings idle connections, so connections killed
-            // by a server restart are replaced instead of failing the next query.
+            // Connections idle for a while are pinged before use, so the ones a server
+            // restart killed are replaced instead of failing the next query; a connection
+            // back from use within `PG_PING_IDLE` was pinged on its way back.
             PgPoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(ACQUIRE_TIMEOUT)
-                .test_before_acquire(true)
+                .test_before_acquire(false)
+                .before_acquire(|conn, meta| {
+                    Box::pin(async move {
+                        if meta.idle_for >= PG_PING_IDLE {
+                            sqlx::Connection::ping(conn).await?;
+                        }
+                        Ok(true)
+                    })
+                })
                 .connect_with(opts)
                 .await
                 .map(Pool::Postgres)
@@ -184,6 +203,15 @@ impl Pool {
                 "{}: expected sqlite://PATH, sqlite::memory: or postgres://...",
                 redact(url)
             )))
+        }
+    }
+
+    /// The options of a SQLite file's pool (WAL, checkpointed by `checkpoint.rs`); `None`
+    /// for Postgres and in-memory SQLite.
+    pub(crate) fn sqlite_file(&self, url: &str) -> Option<std::sync::Arc<SqliteConnectOptions>> {
+        match self {
+            Pool::Sqlite(p) if !sqlite_in_memory(url) => Some(p.connect_options()),
+            _ => None,
         }
     }
 
@@ -267,6 +295,10 @@ impl Pool {
 }
 
 /// Drops the password from a URL before it goes into an error message.
+fn sqlite_in_memory(url: &str) -> bool {
+    url.contains(":memory:") || url.contains("mode=memory")
+}
+
 fn redact(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();
@@ -343,6 +375,46 @@ pub(crate) fn db(e: sqlx::Error) -> StoreError {
     } else {
         StoreError::Database(e)
     }
+}
+
+/// True when `e` says the connection itself is gone (a Postgres server restart, a terminated
+/// backend): the statement never ran there, or its answer was lost with the connection.
+fn connection_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(d) => {
+            d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some()
+                && d.code()
+                    .is_some_and(|c| c.starts_with("08") || c.starts_with("57P"))
+        }
+        _ => false,
+    }
+}
+
+/// Tries of a statement whose connection was lost (see `PG_PING_IDLE`): each lost try drops
+/// its connection, and the pool's other idle ones may be as dead.
+const LOST_TRIES: usize = 4;
+
+/// Runs `op` again (a few times) while it fails for a lost connection; for statements that
+/// may run twice (reads, a patch, an insert that tells its own row apart). Returns the last
+/// result and whether an earlier try was lost (it may have committed).
+pub(crate) async fn again_if_lost<T, F, Fut>(mut op: F) -> (Result<T, sqlx::Error>, bool)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut lost = false;
+    for _ in 1..LOST_TRIES {
+        match op().await {
+            Err(e) if connection_lost(&e) => {
+                tracing::debug!(error = %e, "statement lost its connection; trying again");
+                lost = true;
+            }
+            r => return (r, lost),
+        }
+    }
+    (op().await, lost)
 }
 
 /// True when `e` is a unique or foreign-key violation, which the caller reports as a conflict.

@@ -6,14 +6,16 @@
 //! THIS FILE IS THE CONTRACT the session layer codes against.
 //!
 //! Layout: `backend` (pools, migrations, error triage), `writer` (group commit of journal
-//! appends), `pack` (a run of entries stored as one row), `journal` (journal SQL), `trim`
-//! (retention's journal SQL), `sessions` (session rows, agent state), `auth`
+//! appends), `checkpoint` (SQLite WAL checkpoints off the commits), `pack` (a run of entries
+//! stored as one row), `journal` (journal SQL), `trim` (retention's journal SQL), `sessions`
+//! (session rows, agent state), `auth`
 //! (principals, tokens), `grants` (shared sessions), `web` (the web console's sign-in codes and
 //! cookie credentials, its journal page read), `lease` (session leases, replicas), `signals`
 //! (revocations announced with NOTIFY), `rows` (row decoding, list cursor).
 
 mod auth;
 mod backend;
+mod checkpoint;
 mod grants;
 mod journal;
 mod lease;
@@ -272,6 +274,8 @@ struct Inner {
     /// The lock file of an exclusive SQLite store, held (flock) for the store's life; the OS
     /// lets it go when the process dies, however it dies.
     _owner: Option<std::fs::File>,
+    /// A SQLite file's WAL checkpoints (`checkpoint.rs`).
+    checkpoints: Option<checkpoint::Checkpoints>,
 }
 
 impl Store {
@@ -290,6 +294,16 @@ impl Store {
             pool.close().await;
             return Err(e);
         }
+        let checkpoints = match pool.sqlite_file(url) {
+            Some(o) => match checkpoint::Checkpoints::start(&o).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    pool.close().await;
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
         let (appends, writer_finished) = writer::spawn(pool.clone(), &opts);
         Ok(Store {
             inner: Arc::new(Inner {
@@ -298,6 +312,7 @@ impl Store {
                 writer_finished,
                 replica: opts.replica.map(|r| r.id),
                 _owner: owner,
+                checkpoints,
             }),
         })
     }
@@ -341,6 +356,9 @@ impl Store {
                     tracing::warn!(replica, error = %e, "cannot give back the session leases; peers take them over once they expire")
                 }
             }
+        }
+        if let Some(c) = &self.inner.checkpoints {
+            c.stop().await;
         }
         self.inner.pool.close().await;
     }

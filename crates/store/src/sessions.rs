@@ -1,6 +1,8 @@
 //! Session rows (create, read, patch, list, soft delete) and agent-private state.
 
-use super::backend::{Pool, begin_write, conflict_or_db, db, now_ms, on_pool};
+use super::backend::{
+    Pool, again_if_lost, begin_write, conflict_or_db, db, is_constraint, now_ms, on_pool,
+};
 use super::rows::{self, SESSION_COLUMNS};
 use super::{ListQuery, SessionPage, SessionPatch, SessionRow, StoreError};
 
@@ -30,7 +32,21 @@ const PUT_AGENT_STATE: &str = "INSERT INTO agent_state (session_id, key, value) 
        (SELECT 1 FROM sessions WHERE id = $1 AND deleted_at_ms IS NULL) \
      ON CONFLICT (session_id, key) DO UPDATE SET value = excluded.value";
 
+/// One statement, so one transaction and (on Postgres) one round trip: it sits on the path
+/// of a `session/new`'s answer.
 pub(super) async fn insert_session(pool: &Pool, row: &SessionRow) -> Result<(), StoreError> {
+    match again_if_lost(|| insert_once(pool, row)).await {
+        (Ok(()), _) => Ok(()),
+        // A lost try may have committed before its answer was lost: the id is fresh, so
+        // nobody else's row can be in its way.
+        (Err(e), true) if is_constraint(&e) => Ok(()),
+        (Err(e), _) => Err(conflict_or_db(|| {
+            format!("session {} already exists", row.id)
+        })(e)),
+    }
+}
+
+async fn insert_once(pool: &Pool, row: &SessionRow) -> Result<(), sqlx::Error> {
     on_pool!(pool, |p| {
         sqlx::query(INSERT_SESSION)
             .bind(&row.id)
@@ -52,21 +68,20 @@ pub(super) async fn insert_session(pool: &Pool, row: &SessionRow) -> Result<(), 
             .execute(p)
             .await
             .map(drop)
-            .map_err(conflict_or_db(|| {
-                format!("session {} already exists", row.id)
-            }))
     })
 }
 
 pub(super) async fn session(pool: &Pool, id: &str) -> Result<Option<SessionRow>, StoreError> {
     on_pool!(pool, |p| {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let sql = format!(
             "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND deleted_at_ms IS NULL"
-        )))
-        .bind(id)
-        .fetch_optional(p)
-        .await
-        .map_err(db)?;
+        );
+        let read = || {
+            sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(id)
+                .fetch_optional(p)
+        };
+        let row = again_if_lost(read).await.0.map_err(db)?;
         row.as_ref().map(rows::session_row).transpose().map_err(db)
     })
 }
@@ -77,26 +92,31 @@ pub(super) async fn update_session(
     patch: &SessionPatch,
 ) -> Result<(), StoreError> {
     let updated = on_pool!(pool, |p| {
-        sqlx::query(UPDATE_SESSION)
-            .bind(id)
-            .bind(patch.agent_session_id.is_some())
-            .bind(patch.agent_session_id.clone().flatten())
-            .bind(&patch.cwd)
-            .bind(&patch.additional_dirs)
-            .bind(patch.title.is_some())
-            .bind(patch.title.clone().flatten())
-            .bind(patch.mode_id.is_some())
-            .bind(patch.mode_id.clone().flatten())
-            .bind(&patch.config_values)
-            .bind(&patch.meta)
-            .bind(patch.closed)
-            .bind(patch.owner_instance.is_some())
-            .bind(patch.owner_instance.clone().flatten())
-            .bind(patch.lease_until_ms.is_some())
-            .bind(patch.lease_until_ms.flatten())
-            .bind(patch.updated_at_ms)
-            .execute(p)
+        let patch_once = || {
+            sqlx::query(UPDATE_SESSION)
+                .bind(id)
+                .bind(patch.agent_session_id.is_some())
+                .bind(patch.agent_session_id.clone().flatten())
+                .bind(&patch.cwd)
+                .bind(&patch.additional_dirs)
+                .bind(patch.title.is_some())
+                .bind(patch.title.clone().flatten())
+                .bind(patch.mode_id.is_some())
+                .bind(patch.mode_id.clone().flatten())
+                .bind(&patch.config_values)
+                .bind(&patch.meta)
+                .bind(patch.closed)
+                .bind(patch.owner_instance.is_some())
+                .bind(patch.owner_instance.clone().flatten())
+                .bind(patch.lease_until_ms.is_some())
+                .bind(patch.lease_until_ms.flatten())
+                .bind(patch.updated_at_ms)
+                .execute(p)
+        };
+        // The same patch twice is the same row.
+        again_if_lost(patch_once)
             .await
+            .0
             .map_err(db)?
             .rows_affected()
     });

@@ -1,0 +1,150 @@
+//! `session/new`: the agent's session, the session's row, its actor, its creator attached.
+//!
+//! On the answer's path, in order: a place under the live-session limit (the hub), the
+//! agent process (the pool), the agent's own `session/new`, one insert of the row (so a
+//! session that was answered survives a crash of acpd), the actor's start, the attach. The
+//! actor is started here, not by the hub: the hub is told by a message queued before the
+//! attach, so it has the session before the answer can leave and whoever opens the id after
+//! the answer finds it live; nobody waits for the hub's loop to take that message.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::{
+    AttachMode, Client, SessionCommand, SessionHandle, Shared, actor, hub, mcp, new_session_id,
+    now_ms,
+};
+use crate::agent::AgentKey;
+use crate::error::AcpError;
+use acpd_store::SessionRow;
+use acpd_wire::Responder;
+
+/// Why it failed, with the responder still to answer.
+pub(super) type Failed = (AcpError, Responder);
+
+pub(super) async fn create(
+    shared: &Shared,
+    principal: &str,
+    profile: &str,
+    client: Client,
+    params: Value,
+    responder: Responder,
+) -> Result<SessionHandle, Failed> {
+    // Held until the session is started; every early return below gives it back.
+    let Some(reservation) = hub::Reservation::admit(shared, principal).await else {
+        return Err((AcpError::TooManySessions, responder));
+    };
+    let key = AgentKey {
+        principal: principal.to_owned(),
+        profile: profile.to_owned(),
+    };
+    let agent = match shared.pool.get(key, client.init.clone()).await {
+        Ok(a) => a,
+        Err(e) => return Err((e.into(), responder)),
+    };
+    let Some(cwd) = params.get("cwd").and_then(Value::as_str).map(str::to_owned) else {
+        return Err((AcpError::InvalidParams("cwd is required".into()), responder));
+    };
+    // Stdio MCP servers the policy does not allow never reach a hosted agent.
+    let policy = &shared.settings.mcp_policy;
+    let (mut to_agent, mcp_refused) = match mcp::for_agent(profile, &params, policy, "(new)") {
+        Ok(p) => p,
+        Err(why) => return Err((AcpError::InvalidParams(why), responder)),
+    };
+    let additional_dirs = to_agent
+        .get("additionalDirectories")
+        .cloned()
+        .unwrap_or_else(|| json!([]))
+        .to_string();
+    // The id comes first: the tunnelled servers' routes are the session's. What is stored
+    // is their `acpd-mcp:` form; only the agent gets loopback URLs.
+    let id = new_session_id();
+    let servers = to_agent
+        .get("mcpServers")
+        .cloned()
+        .unwrap_or_else(|| json!([]));
+    if client.carries_mcp() {
+        shared.mcp.carry(&id, &client.peer, &servers);
+    }
+    to_agent["mcpServers"] = shared.mcp.for_agent(&id, &servers).await;
+    let mut result = match agent.request("session/new", to_agent).await {
+        Ok(r) => r,
+        Err(e) => {
+            shared.mcp.end(&id);
+            return Err((e.into(), responder));
+        }
+    };
+    if !mcp_refused.is_empty() {
+        if !result["_meta"].is_object() {
+            result["_meta"] = json!({});
+        }
+        if !result["_meta"]["acpd"].is_object() {
+            result["_meta"]["acpd"] = json!({});
+        }
+        result["_meta"]["acpd"]["mcpServersRefused"] = json!(mcp_refused);
+    }
+    let Some(agent_sid) = result
+        .get("sessionId")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+    else {
+        return Err((
+            AcpError::Internal("the agent's session/new answer has no sessionId".into()),
+            responder,
+        ));
+    };
+    let now = now_ms();
+    let row = SessionRow {
+        id: id.clone(),
+        principal_id: principal.to_owned(),
+        agent: profile.to_owned(),
+        agent_session_id: Some(agent_sid.clone()),
+        cwd,
+        additional_dirs,
+        title: None,
+        mode_id: result
+            .pointer("/modes/currentModeId")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        config_values: "{}".into(),
+        meta: json!({
+            "modes": result.get("modes"),
+            "configOptions": result.get("configOptions"),
+            "mcpServers": servers,
+        })
+        .to_string(),
+        created_at_ms: now,
+        updated_at_ms: now,
+        closed: false,
+        last_seq: 0,
+        owner_instance: None,
+        lease_until_ms: None,
+    };
+    // Durable before anything can answer: one statement, one transaction.
+    if let Err(e) = shared.store.insert_session(&row).await {
+        return Err((e.into(), responder));
+    }
+    let epoch = match hub::lease_new(shared, &row.id).await {
+        Ok(epoch) => epoch,
+        Err(e) => return Err((e, responder)),
+    };
+    result["sessionId"] = Value::String(id);
+    let serial = shared.next_serial();
+    let lease = epoch.and_then(|e| Some(shared.cluster.as_ref()?.hold(Arc::from(&*row.id), e)));
+    let handle = actor::spawn(row, Some((agent, agent_sid)), shared.clone(), serial, lease);
+    // Queued before the attach, so before the answer exists.
+    reservation.started(handle.clone(), serial).await;
+    let cmd = SessionCommand::Attach {
+        client,
+        mode: AttachMode::New { result },
+        responder: Some(responder),
+    };
+    match handle.send(cmd).await {
+        Ok(()) => Ok(handle),
+        Err(SessionCommand::Attach {
+            responder: Some(r), ..
+        }) => Err((AcpError::SessionGone, r)),
+        Err(_) => unreachable!("the command given back is the one sent"),
+    }
+}
