@@ -23,13 +23,6 @@ pub const JOURNAL_FORMAT: i64 = 2;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long SQLite waits on another connection's write lock before reporting busy.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// A Postgres connection idle in the pool longer than this is pinged before it is handed
-/// out. sqlx pings every connection when it goes back to the pool, so one idle for less was
-/// answering a moment ago; pinging it again would put a second round trip in front of every
-/// query (a `session/new`'s row insert among them). A server restart within that moment
-/// fails the next statement on such a connection once (the connection is then dropped); the
-/// journal writer retries, and so do the session row's statements (`again_if_lost`).
-const PG_PING_IDLE: Duration = Duration::from_secs(1);
 
 /// Enum dispatch over the two pools; both are cheap `Arc` handles.
 #[derive(Clone, Debug)]
@@ -179,21 +172,15 @@ impl Pool {
                 let ms = t.as_millis().to_string();
                 opts = opts.options([("idle_in_transaction_session_timeout", ms.as_str())]);
             }
-            // Connections idle for a while are pinged before use, so the ones a server
-            // restart killed are replaced instead of failing the next query; a connection
-            // back from use within `PG_PING_IDLE` was pinged on its way back.
+            // test_before_acquire (the default) pings idle connections, so connections killed
+            // by a server restart are replaced instead of failing the next query. (Pinging only
+            // connections idle for a second saved a round trip per statement, but let every
+            // query right after a restart fail once: the store tests that kill connections
+            // mid-stream caught a read failing.)
             PgPoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(ACQUIRE_TIMEOUT)
-                .test_before_acquire(false)
-                .before_acquire(|conn, meta| {
-                    Box::pin(async move {
-                        if meta.idle_for >= PG_PING_IDLE {
-                            sqlx::Connection::ping(conn).await?;
-                        }
-                        Ok(true)
-                    })
-                })
+                .test_before_acquire(true)
                 .connect_with(opts)
                 .await
                 .map(Pool::Postgres)
@@ -392,7 +379,8 @@ fn connection_lost(e: &sqlx::Error) -> bool {
     }
 }
 
-/// Tries of a statement whose connection was lost (see `PG_PING_IDLE`): each lost try drops
+/// Tries of a statement whose connection was lost (a server restart between the ping and the
+/// statement): each lost try drops
 /// its connection, and the pool's other idle ones may be as dead.
 const LOST_TRIES: usize = 4;
 
