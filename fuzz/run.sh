@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs every cargo-fuzz target for a fixed time with the seeds and the JSON-RPC dictionary;
 # exits non-zero on the first finding (the crash lands in fuzz/artifacts/<target>/).
-#   fuzz/run.sh [SECONDS_PER_TARGET]   (default 60; CI: fuzz/run.sh 60)
+#   fuzz/run.sh [SECONDS_PER_TARGET]   (default 60; CI: fuzz/run.sh 20)
 # Installs cargo-fuzz if it is missing; needs the nightly toolchain.
 set -eu
 secs="${1:-60}"
