@@ -377,9 +377,8 @@ pub(super) async fn replace_journal_range(
             .collect::<Result<_, _>>()
             .map_err(db)?;
         // What the straddling packs hold outside the range goes back in beside the new entries.
-        let mut kept =
-            entries_within(found.clone(), i64::MIN, first_seq.saturating_sub(1)).map_err(db)?;
-        kept.extend(entries_within(found, last_seq.saturating_add(1), i64::MAX).map_err(db)?);
+        let mut kept = entries_within(found, i64::MIN, i64::MAX).map_err(db)?;
+        kept.retain(|e| e.seq < first_seq || e.seq > last_seq);
         sqlx::query(sqlx::AssertSqlSafe(delete))
             .bind(session_id)
             .bind(first_seq)
