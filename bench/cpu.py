@@ -46,7 +46,7 @@ sid = json.loads(l)["result"]["sessionId"]
 perf = None
 for r in range(REPS):
     if PERF and r == REPS - 1:
-        perf = subprocess.Popen(["perf", "record", "-F", "1000", "--call-graph", "dwarf,16384", "-o", PERF, "-p", str(shim.pid if os.environ.get("PERF_SHIM") else acpd.pid)], stderr=subprocess.DEVNULL)
+        perf = subprocess.Popen(["perf", "record", "-F", os.environ.get("PERF_F", "1000"), "--call-graph", "dwarf,16384", "-o", PERF, "-p", str(shim.pid if os.environ.get("PERF_SHIM") else acpd.pid)], stderr=subprocess.DEVNULL)
         time.sleep(0.5)
     c0 = cpu(acpd.pid); s0 = cpu(shim.pid); t0 = time.time()
     n, l = wait(send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": f"stream {N} {SIZE}"}]}))

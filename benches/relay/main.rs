@@ -313,7 +313,7 @@ fn store_alone(
     let m = mode.label();
     eprintln!("[{m}] store alone");
     let title = format!(
-        "store alone (no daemon): {} group-commit appends — appends/s; 10 000-entry journal read — ms",
+        "store alone (no daemon): {} group-commit appends — appends/s; 10 000-entry journal read — ms; one session row's insert — p50 / p99 µs",
         opts.store_appends
     );
     // A runtime on this (pinned or not) thread: sqlx's SQLite worker inherits the affinity.
@@ -333,7 +333,7 @@ fn store_alone(
             Unit::Store,
             label,
             mode,
-            vec![s.appends_per_s, s.read_ms],
+            vec![s.appends_per_s, s.read_ms, s.insert_us.0, s.insert_us.1],
         );
     }
     Ok(())

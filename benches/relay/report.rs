@@ -292,7 +292,10 @@ fn value(unit: Unit, v: &[f64]) -> String {
         Unit::RoundTrip => format!("{:.0} / {:.0} µs", v[0], v[1]),
         Unit::Stream => format!("{:.0} msg/s {:.1} MB/s", v[0], v[1]),
         Unit::Millis => format!("{:.2} ms", v[0]),
-        Unit::Store => format!("{:.0}/s, read {:.1} ms", v[0], v[1]),
+        Unit::Store => format!(
+            "{:.0}/s, read {:.1} ms, insert {:.0} / {:.0} µs",
+            v[0], v[1], v[2], v[3]
+        ),
         Unit::Conns => format!(
             "{:.1} KiB, {:.2} s ({:.1}/{:.1} ms)",
             v[0], v[1], v[2], v[3]

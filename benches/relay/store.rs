@@ -1,5 +1,6 @@
 //! The store alone, without the daemon around it: group-commit journal appends per second and
-//! the read-back of a 10 000-entry journal. The ceiling for streaming and for `session/load`.
+//! the read-back of a 10 000-entry journal, and one session row's insert (the durable write on
+//! `session/new`'s path). The ceilings for streaming, `session/load` and `session/new`.
 //! Also the throwaway Postgres databases of the benchmark.
 
 use std::sync::Arc;
@@ -12,7 +13,12 @@ use sqlx::{Connection, Executor, PgConnection};
 pub struct StoreRef {
     pub appends_per_s: f64,
     pub read_ms: f64,
+    /// One session row's insert, sequential: p50 and p99, µs.
+    pub insert_us: (f64, f64),
 }
+
+/// Session rows inserted one after another for `StoreRef::insert_us` (after as many untimed).
+const INSERTS: usize = 1000;
 
 /// Appends `appends` entries to a fresh session and reads `read_back` entries back (best of 5).
 pub async fn measure(url: &str, tag: &str, appends: i64, read_back: i64) -> Result<StoreRef> {
@@ -38,10 +44,22 @@ pub async fn measure(url: &str, tag: &str, appends: i64, read_back: i64) -> Resu
             entries.len()
         );
     }
+    let mut inserts = Vec::with_capacity(INSERTS);
+    for i in 0..2 * INSERTS {
+        let row = session(&format!("new-{tag}-{i}"), &principal.id);
+        let start = Instant::now();
+        store.insert_session(&row).await?;
+        if i >= INSERTS {
+            inserts.push(start.elapsed());
+        }
+    }
+    inserts.sort();
+    let us = |q: f64| inserts[((inserts.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
     store.close().await;
     Ok(StoreRef {
         appends_per_s: appends as f64 / elapsed.as_secs_f64(),
         read_ms: best.as_secs_f64() * 1e3,
+        insert_us: (us(0.5), us(0.99)),
     })
 }
 

@@ -209,15 +209,15 @@ impl Tracker {
             (Some("session/update"), None) => {
                 let params = p.params.as_ref();
                 let sid = params.and_then(|p| p.session_id.as_deref());
-                let seq = params
-                    .and_then(|p| p.meta.as_ref())
-                    .and_then(|m| m.acpd.as_ref())
-                    .and_then(|a| a.seq);
+                let seq = params.and_then(|p| p.meta.as_ref()?.acpd.as_ref()?.seq);
                 if let (Some(sid), Some(seq)) = (sid, seq)
                     && !self.closed.contains(sid)
                 {
-                    let last = self.sessions.entry(sid.to_owned()).or_insert(0);
-                    *last = (*last).max(seq);
+                    // Looked up first: a known session's update (nearly all) allocates no key.
+                    match self.sessions.get_mut(sid) {
+                        Some(last) => *last = (*last).max(seq),
+                        None => drop(self.sessions.insert(sid.to_owned(), seq)),
+                    }
                 }
                 FromDaemon::Forward(None)
             }
