@@ -333,7 +333,7 @@ fn store_alone(
             Unit::Store,
             label,
             mode,
-            vec![s.appends_per_s, s.read_ms, s.insert_us.0, s.insert_us.1],
+            [vec![s.appends_per_s, s.read_ms], s.insert_us].concat(),
         );
     }
     Ok(())

@@ -14,7 +14,7 @@ pub struct StoreRef {
     pub appends_per_s: f64,
     pub read_ms: f64,
     /// One session row's insert, sequential: p50 and p99, µs.
-    pub insert_us: (f64, f64),
+    pub insert_us: Vec<f64>,
 }
 
 /// Session rows inserted one after another for `StoreRef::insert_us` (after as many untimed).
@@ -53,13 +53,11 @@ pub async fn measure(url: &str, tag: &str, appends: i64, read_back: i64) -> Resu
             inserts.push(start.elapsed());
         }
     }
-    inserts.sort();
-    let us = |q: f64| inserts[((inserts.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
     store.close().await;
     Ok(StoreRef {
         appends_per_s: appends as f64 / elapsed.as_secs_f64(),
         read_ms: best.as_secs_f64() * 1e3,
-        insert_us: (us(0.5), us(0.99)),
+        insert_us: crate::percentiles(inserts),
     })
 }
 

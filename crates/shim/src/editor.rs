@@ -216,7 +216,7 @@ impl Tracker {
                     // Looked up first: a known session's update (nearly all) allocates no key.
                     match self.sessions.get_mut(sid) {
                         Some(last) => *last = (*last).max(seq),
-                        None => drop(self.sessions.insert(sid.to_owned(), seq)),
+                        None => _ = self.sessions.insert(sid.to_owned(), seq.max(0)),
                     }
                 }
                 FromDaemon::Forward(None)
