@@ -57,6 +57,28 @@ impl From<Notification> for RawNotification {
 /// member of a long message (an update's `sessionId`, its `sessionUpdate`) does not read the
 /// rest. For text already validated as JSON. `None` when absent, not a string, or not an object.
 pub fn str_member(object: &str, name: &str) -> Option<String> {
+    match leading_str_member(object, name) {
+        Some(v) => Some(v.to_owned()),
+        None => str_member_scan(object, name),
+    }
+}
+
+/// The common case of `str_member`, without serde: `name` is the object's first member, written
+/// without escapes, and its value is a string without escapes. `None` means "not this shape"
+/// (the caller scans), never "absent". Only for text already validated as JSON, so a string
+/// that ends at the first `"` holds no control characters.
+fn leading_str_member<'t>(object: &'t str, name: &str) -> Option<&'t str> {
+    let ws = |s: &'t str| s.trim_start_matches([' ', '\t', '\n', '\r']);
+    let rest = ws(object).strip_prefix('{')?;
+    let rest = ws(rest).strip_prefix('"')?.strip_prefix(name)?;
+    let rest = ws(rest.strip_prefix('"')?).strip_prefix(':')?;
+    let value = ws(rest).strip_prefix('"')?;
+    let end = value.find(['"', '\\'])?;
+    (value.as_bytes()[end] == b'"').then(|| &value[..end])
+}
+
+/// `str_member` through serde: any member order, escapes decoded.
+fn str_member_scan(object: &str, name: &str) -> Option<String> {
     use serde::Deserializer as _;
     use serde::de::{Error, IgnoredAny, MapAccess, Visitor};
 
@@ -204,5 +226,25 @@ mod tests {
             m(r#"{"a":"x", this is not JSON"#, "a").as_deref(),
             Some("x")
         );
+        // The leading-member shortcut agrees with the scan wherever it answers.
+        for (text, name) in [
+            (r#"{"sessionId":"a","update":{}}"#, "sessionId"),
+            (r#" { "sessionId" : "a b" , "x":1}"#, "sessionId"),
+            (r#"{"sessionId":"a\"b","x":1}"#, "sessionId"),
+            (r#"{"sessionIdX":"a"}"#, "sessionId"),
+            (r#"{"session\u0049d":"a"}"#, "sessionId"),
+            (r#"{"sessionId":null,"sessionId":"b"}"#, "sessionId"),
+            (r#"{"sessionUpdate":"plan","entries":[]}"#, "sessionUpdate"),
+            (r#"{"sessionId":"","x":1}"#, "sessionId"),
+        ] {
+            assert_eq!(
+                str_member(text, name),
+                str_member_scan(text, name),
+                "{text}"
+            );
+        }
+        assert_eq!(leading_str_member(r#"{"a":"x\"y"}"#, "a"), None);
+        assert_eq!(leading_str_member(r#"{"ab":"x"}"#, "a"), None);
+        assert_eq!(leading_str_member("\n{\t\"a\" :\r\"x\"}", "a"), Some("x"));
     }
 }

@@ -5,7 +5,6 @@
 //! Pure: no I/O, unit-tested below. Params whose member names carry escapes (no agent writes
 //! them, but JSON allows it) take a slower exact path through `serde_json::Value`.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde_json::value::RawValue;
@@ -36,14 +35,51 @@ impl Spliced {
 
 /// `None` when `params` is not a JSON object.
 pub(super) fn splice(params: &RawValue, session_id: &str, seq: i64) -> Option<Spliced> {
-    match serde_json::from_str::<BTreeMap<&str, &RawValue>>(params.get()) {
+    match serde_json::from_str::<Members>(params.get()) {
         Ok(members) => Some(fast(&members, session_id, seq)),
         Err(_) => slow(params, session_id, seq),
     }
 }
 
-fn fast(members: &BTreeMap<&str, &RawValue>, session_id: &str, seq: i64) -> Spliced {
-    let update = members.get("update").copied();
+/// The params' members in the agent's order, values as raw JSON; a repeated name keeps its
+/// first place and its last value (as a map would). Names must be free of escapes (borrowed),
+/// else deserializing fails and `slow` takes over.
+struct Members<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl<'a> Members<'a> {
+    fn get(&self, name: &str) -> Option<&'a RawValue> {
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Members<'de>, A::Error> {
+                let mut members: Vec<(&'de str, &'de RawValue)> = Vec::with_capacity(4);
+                while let Some((name, value)) = map.next_entry::<&'de str, &'de RawValue>()? {
+                    match members.iter_mut().find(|(n, _)| *n == name) {
+                        Some(m) => m.1 = value,
+                        None => members.push((name, value)),
+                    }
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+fn fast(members: &Members, session_id: &str, seq: i64) -> Spliced {
+    let update = members.get("update");
     // Read up to `sessionUpdate` only (agents write it first): the body is not scanned again.
     let kind = update
         .and_then(|u| acpd_wire::str_member(u.get(), "sessionUpdate"))
@@ -51,7 +87,7 @@ fn fast(members: &BTreeMap<&str, &RawValue>, session_id: &str, seq: i64) -> Spli
     let mut text = String::with_capacity(params_len(members) + session_id.len() + 96);
     text.push_str(r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#);
     push_json_str(&mut text, session_id);
-    for (name, value) in members {
+    for (name, value) in &members.0 {
         if matches!(*name, "sessionId" | "_meta") {
             continue;
         }
@@ -61,7 +97,7 @@ fn fast(members: &BTreeMap<&str, &RawValue>, session_id: &str, seq: i64) -> Spli
         text.push_str(value.get());
     }
     text.push_str(r#","_meta":"#);
-    match members.get("_meta").copied() {
+    match members.get("_meta") {
         // The common case: nothing of the agent's to merge with.
         None => {
             let _ = write!(text, r#"{{"acpd":{{"seq":{seq}}}}}"#);
@@ -113,8 +149,9 @@ fn merged_meta(theirs: Option<Map<String, Value>>, seq: i64) -> Value {
     Value::Object(m)
 }
 
-fn params_len(members: &BTreeMap<&str, &RawValue>) -> usize {
+fn params_len(members: &Members) -> usize {
     members
+        .0
         .iter()
         .map(|(k, v)| k.len() + v.get().len() + 4)
         .sum()
