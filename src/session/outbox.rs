@@ -1,8 +1,9 @@
 //! A session's outbox: what is owed to attached clients, in order, released only once
 //! durable (write-before-send) and not while a bootstrap hold is on.
 //!
-//! Each attached client has its own writer task fed by a bounded queue, so the session actor
-//! never waits on a socket. A client whose queue fills (the agent streams faster than the
+//! Each attached client is sent to through its connection's own bounded queue (the `Peer`'s,
+//! `try_send_raw`, no task of the session's in between), so the session actor never waits on
+//! a socket. A client whose queue fills (the agent streams faster than the
 //! client reads) *lags*: live updates skip it and it is fed from the journal instead, a page at
 //! a time as its queue drains, with its other messages held back in order until it has caught
 //! up. Memory stays bounded, the agent is never slowed, and every other client and session goes
@@ -11,13 +12,12 @@
 //!
 //! `session/load` and `_acpd/session/attach` replay through the same path: the client starts
 //! out lagging behind `after`, is fed journal pages by tasks as its queue drains, and the
-//! answer to its request is held behind the replay. A connection has one writer for as long as
-//! it is attached, re-attaches included; an attach never sends it a seq twice (a load replays
+//! answer to its request is held behind the replay. A connection has one queue for as long as
+//! it lives, re-attaches included, so its frames never interleave; an attach never sends it a seq twice (a load replays
 //! the whole history again).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -28,7 +28,7 @@ mod writer;
 
 use super::{Client, ConnId};
 use acpd_wire::{Responder, ResponseError};
-use writer::{CLIENT_QUEUE, CLIENT_QUEUE_BYTES, ClientOut, Writer, queue_out, reply};
+use writer::{ClientOut, Writer, reply};
 
 /// How often lagging clients are looked at (queue drained? stalled?).
 const LAG_CHECK: Duration = Duration::from_millis(20);
@@ -83,7 +83,7 @@ pub(super) struct Outbox {
     hold_until: Option<Instant>,
     /// The highest update seq that has left `items`.
     flushed_upto: i64,
-    /// Writer tasks and answers to detached clients run here, so shutdown waits for them.
+    /// Answers to detached clients run here, so shutdown waits for them.
     tasks: TaskTracker,
 }
 
@@ -174,10 +174,13 @@ impl Outbox {
                 i
             }
             None => {
-                let mut w = writer::spawn(&self.tasks, a.client, a.after);
+                let mut w = writer::new(a.client, a.after);
                 if let Some((responder, result)) = first {
-                    // First in a fresh queue, before any catch-up.
-                    let _ = queue_out(&w.tx, &w.progress, reply(responder, result));
+                    // First, before any catch-up (held if the connection's queue is full).
+                    let upto = w.sent_upto;
+                    if let Err(out) = w.queue(reply(responder, result)) {
+                        w.start_lag().held.push_back((upto, out));
+                    }
                     self.hold_for(a.hold);
                     // Updates it should get may have left `items` already (a new session's
                     // first update can be durable before its creator is attached).
@@ -276,7 +279,7 @@ impl Outbox {
                             continue;
                         }
                         if exclude.as_ref() != Some(&c.client.conn)
-                            && queue_out(&c.tx, &c.progress, ClientOut::Raw(text.clone())).is_err()
+                            && c.queue(ClientOut::Raw(text.clone())).is_err()
                         {
                             c.start_lag();
                             continue;
@@ -331,16 +334,15 @@ impl Outbox {
         let mut stalled = vec![];
         for c in &mut self.clients {
             let Some(lag) = c.lag.as_mut() else { continue };
-            let handed = c.progress.handed.load(Ordering::Relaxed);
-            if handed != lag.handed {
-                lag.handed = handed;
+            let taken = c.client.peer.taken();
+            if taken != lag.taken {
+                lag.taken = taken;
                 lag.moved_at = Instant::now();
             } else if lag.moved_at.elapsed() > cutoff {
                 stalled.push(c.client.conn.clone());
                 continue;
             }
-            let drained = c.tx.capacity() > CLIENT_QUEUE / 2
-                && c.progress.queued.load(Ordering::Relaxed) < CLIENT_QUEUE_BYTES / 2;
+            let drained = c.client.peer.queue_half_empty();
             // Catch-up obeys the bootstrap hold like live updates do, except a replay whose
             // answer is still to come (the hold starts after that answer).
             let held = self.hold_until.is_some() && lag.replay.is_none();
@@ -398,7 +400,7 @@ impl Outbox {
             if seq <= c.sent_upto {
                 continue;
             }
-            if queue_out(&c.tx, &c.progress, ClientOut::Raw(text)).is_err() {
+            if c.queue(ClientOut::Raw(text)).is_err() {
                 full = true;
                 break;
             }

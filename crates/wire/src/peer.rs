@@ -19,7 +19,10 @@ use super::envelope::{self, RawNotification};
 use super::msg::{Malformed, Message, Notification, Request, RequestId, Response, ResponseError};
 
 mod incoming;
+mod lane;
 mod memory;
+use lane::QUEUE_MESSAGES;
+use lane::{LaneItem, Queued};
 pub use memory::memory_pair;
 
 /// What a transport hands the peer.
@@ -109,6 +112,10 @@ pub struct PeerHandle {
     stop: CancellationToken,
     /// The peer's helper tasks (a send a `Drop` could not finish); the peer task waits for them.
     tasks: TaskTracker,
+    /// The owner's outgoing queue (`try_send_raw`, `try_respond`): deep, bounded by bytes,
+    /// never awaited. `tx` keeps its small bound for everything else.
+    lane: mpsc::Sender<LaneItem>,
+    queued: Arc<Queued>,
 }
 
 impl std::fmt::Debug for PeerHandle {
@@ -342,11 +349,15 @@ pub fn spawn(
     tokio::task::JoinHandle<()>,
 ) {
     let (tx, rx) = mpsc::channel(COMMANDS);
+    let (lane, lane_rx) = mpsc::channel(QUEUE_MESSAGES);
     let (in_tx, in_rx) = mpsc::channel(DELIVER_QUEUE);
     let closed = CancellationToken::new();
     let stop = shutdown.child_token();
     let tasks = TaskTracker::new();
+    let queued = Arc::new(Queued::default());
     let handle = PeerHandle {
+        queued: queued.clone(),
+        lane,
         stop: stop.clone(),
         tx: tx.clone(),
         next_id: Arc::new(AtomicU64::new(1)),
@@ -354,6 +365,7 @@ pub fn spawn(
         tasks: tasks.clone(),
     };
     let task = PeerTask {
+        queued,
         self_tx: tx,
         tasks: tasks.clone(),
         ours: HashMap::new(),
@@ -363,7 +375,7 @@ pub fn spawn(
     };
     let join = tokio::spawn(async move {
         // `run` drops the command queue when it ends, so the drop-senders finish at once.
-        task.run(link, rx, in_tx, stop).await;
+        task.run(link, rx, lane_rx, in_tx, stop).await;
         tasks.close();
         tasks.wait().await;
         closed.cancel();
@@ -372,6 +384,7 @@ pub fn spawn(
 }
 
 struct PeerTask {
+    queued: Arc<Queued>,
     /// For responders handed to the owner.
     self_tx: mpsc::Sender<Command>,
     tasks: TaskTracker,
@@ -388,10 +401,12 @@ impl PeerTask {
         mut self,
         mut link: Link,
         mut commands: mpsc::Receiver<Command>,
+        mut lane: mpsc::Receiver<LaneItem>,
         deliver: mpsc::Sender<Incoming>,
         shutdown: CancellationToken,
     ) {
         let mut link_open = true;
+        let mut lane_open = true;
         loop {
             tokio::select! {
                 biased;
@@ -413,6 +428,15 @@ impl PeerTask {
                         }
                     }
                     None => break,
+                },
+                cmd = lane.recv(), if lane_open && self.to_write.len() < WRITE_QUEUE => match cmd {
+                    Some(cmd) => {
+                        self.on_lane(cmd);
+                        while self.to_write.len() < WRITE_QUEUE && let Ok(cmd) = lane.try_recv() {
+                            self.on_lane(cmd);
+                        }
+                    }
+                    None => lane_open = false,
                 },
                 permit = deliver.reserve(), if !self.to_deliver.is_empty() => match permit {
                     Ok(p) => {

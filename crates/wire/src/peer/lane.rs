@@ -1,0 +1,208 @@
+//! The lane: a peer's second command queue, the one its owner's fan-out uses. Deep (a
+//! client's whole outgoing queue), bounded by bytes as well as count, and never awaited:
+//! `try_send_raw` and `try_respond` hand a message back when it is full, and the session layer
+//! then feeds that client from the journal. Everything else keeps the small `Command` queue,
+//! whose senders wait.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::{Command, PeerHandle, PeerTask, RequestId, Responder, ResponseError};
+
+/// What the lane carries: small, since a channel allocates its first block of slots up front.
+pub(super) enum LaneItem {
+    /// A shared serialization (`try_send_raw`), its bytes counted in `Queued`.
+    Shared(Arc<str>),
+    Reply(Box<(RequestId, Result<Value, ResponseError>)>),
+}
+
+/// What the owner sees of its lane: the lane is a client's one outgoing queue, so the session
+/// layer reads its fill and progress here.
+#[derive(Default)]
+pub(super) struct Queued {
+    /// Bytes of `LaneItem::Shared` queued and not yet taken by the peer task.
+    bytes: AtomicUsize,
+    /// Lane messages taken by the peer task so far.
+    taken: AtomicU64,
+}
+
+/// Most bytes of shared messages (`try_send_raw`) queued in one peer's lane.
+pub(super) const QUEUE_BYTES: usize = 8 * 1024 * 1024;
+/// Most messages queued in one peer's lane; its slots are allocated as they fill, so an idle
+/// link pays for none of them.
+pub(super) const QUEUE_MESSAGES: usize = 32_768;
+
+impl PeerHandle {
+    /// Queues an already serialized message in the lane without waiting, behind everything
+    /// queued there before it. `Err` hands it back when the lane is full, by count
+    /// (`QUEUE_MESSAGES`) or by bytes (`QUEUE_BYTES`); a closed peer counts as sent (its owner
+    /// learns of that otherwise). The session layer's fan-out: every client of a session shares
+    /// one `Arc`, and a client that cannot take it is fed from the journal instead of waited for.
+    pub fn try_send_raw(&self, text: Arc<str>) -> Result<(), Arc<str>> {
+        let n = text.len();
+        if self.queued.bytes.load(Ordering::Relaxed) + n > QUEUE_BYTES {
+            return Err(text);
+        }
+        // Counted before the send: the peer task may take it (and subtract) at once.
+        self.queued.bytes.fetch_add(n, Ordering::Relaxed);
+        match self.lane.try_send(LaneItem::Shared(text)) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.queued.bytes.fetch_sub(n, Ordering::Relaxed);
+                match e {
+                    mpsc::error::TrySendError::Full(LaneItem::Shared(text)) => Err(text),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Answers `responder` through the lane, in order behind what `try_send_raw` queued there;
+    /// hands both back when the lane is full. A responder for another link's request is
+    /// answered on its own link. A closed link counts as answered.
+    pub fn try_respond(
+        &self,
+        mut responder: Responder,
+        result: Result<Value, ResponseError>,
+    ) -> Result<(), (Responder, Result<Value, ResponseError>)> {
+        let Some(id) = responder.id.take() else {
+            return Ok(());
+        };
+        if !responder.is_for(self) {
+            return match responder.tx.try_send(Command::Reply { id, result }) {
+                Err(mpsc::error::TrySendError::Full(Command::Reply { id, result })) => {
+                    responder.id = Some(id);
+                    Err((responder, result))
+                }
+                _ => Ok(()),
+            };
+        }
+        match self.lane.try_send(LaneItem::Reply(Box::new((id, result)))) {
+            Err(mpsc::error::TrySendError::Full(LaneItem::Reply(reply))) => {
+                let (id, result) = *reply;
+                responder.id = Some(id);
+                Err((responder, result))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the lane has drained below half, by count and by bytes.
+    pub fn queue_half_empty(&self) -> bool {
+        self.lane.capacity() > QUEUE_MESSAGES / 2
+            && self.queued.bytes.load(Ordering::Relaxed) < QUEUE_BYTES / 2
+    }
+
+    /// How many lane messages the peer task has taken so far: whether a client is reading.
+    pub fn taken(&self) -> u64 {
+        self.queued.taken.load(Ordering::Relaxed)
+    }
+}
+
+impl PeerTask {
+    pub(super) fn on_lane(&mut self, item: LaneItem) {
+        self.queued.taken.fetch_add(1, Ordering::Relaxed);
+        match item {
+            LaneItem::Shared(text) => {
+                self.queued.bytes.fetch_sub(text.len(), Ordering::Relaxed);
+                self.to_write.push_back(String::from(&*text));
+            }
+            LaneItem::Reply(reply) => {
+                let (id, result) = *reply;
+                self.on_command(Command::Reply { id, result });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::timeout;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::peer::{InFrame, Incoming, Link, spawn};
+
+    /// A peer on channels the test holds: frames in, text out.
+    fn peer() -> (
+        PeerHandle,
+        mpsc::Receiver<Incoming>,
+        mpsc::Sender<InFrame>,
+        mpsc::Receiver<String>,
+    ) {
+        let (in_tx, incoming) = mpsc::channel(8);
+        let (outgoing, out_rx) = mpsc::channel(8);
+        let (handle, owner, _task) = spawn(Link { incoming, outgoing }, CancellationToken::new());
+        (handle, owner, in_tx, out_rx)
+    }
+
+    async fn next(out: &mut mpsc::Receiver<String>) -> String {
+        timeout(Duration::from_secs(5), out.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn lane_messages_and_answers_leave_in_the_order_queued() {
+        let (peer, mut owner, frames, mut out) = peer();
+        let request = r#"{"jsonrpc":"2.0","id":7,"method":"m"}"#;
+        frames.send(InFrame::Text(request.into())).await.unwrap();
+        let Some(Incoming::Request(req)) = owner.recv().await else {
+            panic!("no request")
+        };
+        peer.try_send_raw("a".into()).unwrap();
+        peer.try_respond(req.responder, Ok(Value::from(1))).unwrap();
+        peer.try_send_raw("b".into()).unwrap();
+        assert_eq!(next(&mut out).await, "a");
+        assert_eq!(
+            next(&mut out).await,
+            r#"{"jsonrpc":"2.0","id":7,"result":1}"#
+        );
+        assert_eq!(next(&mut out).await, "b");
+        assert_eq!(peer.taken(), 3);
+        assert!(peer.queue_half_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_lane_hands_the_message_back_and_takes_it_once_drained() {
+        // The test's runtime has one thread: the peer task runs only when the test awaits.
+        let (peer, _owner, _frames, mut out) = peer();
+        let big: Arc<str> = "x".repeat(QUEUE_BYTES / 2 + 1).into();
+        peer.try_send_raw(big.clone()).unwrap();
+        assert!(!peer.queue_half_empty());
+        let back = peer.try_send_raw(big.clone()).unwrap_err();
+        assert!(Arc::ptr_eq(&back, &big), "the same bytes come back");
+        assert_eq!(next(&mut out).await.len(), big.len());
+        peer.try_send_raw(back).unwrap();
+        assert_eq!(next(&mut out).await.len(), big.len());
+        assert_eq!(peer.taken(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_answer_for_another_link_goes_to_that_link() {
+        let (a, mut a_owner, a_frames, mut a_out) = peer();
+        let (b, _b_owner, _b_frames, mut b_out) = peer();
+        let request = r#"{"jsonrpc":"2.0","id":"q","method":"m"}"#;
+        a_frames.send(InFrame::Text(request.into())).await.unwrap();
+        let Some(Incoming::Request(req)) = a_owner.recv().await else {
+            panic!("no request")
+        };
+        b.try_respond(req.responder, Ok(Value::Null)).unwrap();
+        assert_eq!(
+            next(&mut a_out).await,
+            r#"{"jsonrpc":"2.0","id":"q","result":null}"#
+        );
+        assert!(
+            timeout(Duration::from_millis(50), b_out.recv())
+                .await
+                .is_err()
+        );
+        assert_eq!((a.taken(), b.taken()), (0, 0));
+    }
+}
