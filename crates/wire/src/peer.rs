@@ -21,6 +21,7 @@ use super::msg::{Malformed, Message, Notification, Request, RequestId, Response,
 mod incoming;
 mod lane;
 mod memory;
+pub use lane::Answer;
 use lane::QUEUE_MESSAGES;
 use lane::{LaneItem, Queued};
 pub use memory::memory_pair;

@@ -112,7 +112,7 @@ fn queue(client: &Client, out: ClientOut) -> Result<(), ClientOut> {
             client
                 .peer
                 .try_respond(responder, result)
-                .map_err(|r| ClientOut::Reply(Box::new(r)))
+                .map_err(ClientOut::Reply)
         }
     }
 }

@@ -30,6 +30,9 @@ pub(super) struct Queued {
 }
 
 /// Most bytes of shared messages (`try_send_raw`) queued in one peer's lane.
+/// An answer handed back by `try_respond`.
+pub type Answer = Box<(Responder, Result<Value, ResponseError>)>;
+
 pub(super) const QUEUE_BYTES: usize = 8 * 1024 * 1024;
 /// Most messages queued in one peer's lane; its slots are allocated as they fill, so an idle
 /// link pays for none of them.
@@ -60,14 +63,15 @@ impl PeerHandle {
         }
     }
 
-    /// Answers `responder` through the lane, in order behind what `try_send_raw` queued there;
-    /// hands both back when the lane is full. A responder for another link's request is
-    /// answered on its own link. A closed link counts as answered.
+    /// Answers a request through the lane, in order behind what `try_send_raw` queued there;
+    /// hands the answer back (boxed: it is large, and its holder queues it boxed) when the
+    /// lane is full. A responder for another link's request is answered on its own link. A
+    /// closed link counts as answered.
     pub fn try_respond(
         &self,
         mut responder: Responder,
         result: Result<Value, ResponseError>,
-    ) -> Result<(), (Responder, Result<Value, ResponseError>)> {
+    ) -> Result<(), Answer> {
         let Some(id) = responder.id.take() else {
             return Ok(());
         };
@@ -75,16 +79,16 @@ impl PeerHandle {
             return match responder.tx.try_send(Command::Reply { id, result }) {
                 Err(mpsc::error::TrySendError::Full(Command::Reply { id, result })) => {
                     responder.id = Some(id);
-                    Err((responder, result))
+                    Err(Box::new((responder, result)))
                 }
                 _ => Ok(()),
             };
         }
         match self.lane.try_send(LaneItem::Reply(Box::new((id, result)))) {
-            Err(mpsc::error::TrySendError::Full(LaneItem::Reply(reply))) => {
-                let (id, result) = *reply;
+            Err(mpsc::error::TrySendError::Full(LaneItem::Reply(r))) => {
+                let (id, result) = *r;
                 responder.id = Some(id);
-                Err((responder, result))
+                Err(Box::new((responder, result)))
             }
             _ => Ok(()),
         }
