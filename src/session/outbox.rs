@@ -144,8 +144,8 @@ impl Outbox {
         after.max(sent).max(self.flushed_upto)
     }
 
-    /// Adds a client, or updates a connection already attached (its writer, its queue and
-    /// what it has been sent stay: one writer per connection), and queues the answer.
+    /// Adds a client, or updates a connection already attached (what it has been sent stays;
+    /// its queue is its connection's, so nothing is reordered), and queues the answer.
     pub fn attach(&mut self, mut a: Attached) {
         let first = if a.reply_after_replay {
             None
