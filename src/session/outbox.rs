@@ -178,9 +178,7 @@ impl Outbox {
                 if let Some((responder, result)) = first {
                     // First, before any catch-up (held if the connection's queue is full).
                     let upto = w.sent_upto;
-                    if let Err(out) = w.queue(reply(responder, result)) {
-                        w.start_lag().held.push_back((upto, out));
-                    }
+                    w.send_or_hold(upto, reply(responder, result));
                     self.hold_for(a.hold);
                     // Updates it should get may have left `items` already (a new session's
                     // first update can be durable before its creator is attached).
@@ -430,5 +428,58 @@ impl Outbox {
         if let Some(d) = hold {
             self.hold_for(d);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+    use tokio::sync::mpsc;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::session::roles::Role;
+    use acpd_wire::{InFrame, Incoming, Link};
+
+    #[tokio::test]
+    async fn a_new_clients_answer_held_behind_a_full_queue_survives_its_catch_up() {
+        // The test's runtime has one thread: the peer task runs only when the test awaits.
+        let (frames, incoming) = mpsc::channel(8);
+        let (outgoing, _out) = mpsc::channel(1);
+        let (peer, mut owner, _task) =
+            acpd_wire::spawn(Link { incoming, outgoing }, CancellationToken::new());
+        let request = r#"{"jsonrpc":"2.0","id":1,"method":"session/new"}"#;
+        frames.send(InFrame::Text(request.into())).await.unwrap();
+        let Some(Incoming::Request(req)) = owner.recv().await else {
+            panic!("no request")
+        };
+        // The connection's queue is full (another session on it streamed): by count, since
+        // answers are not counted in bytes.
+        let chunk: Arc<str> = "x".into();
+        while peer.try_send_raw(chunk.clone()).is_ok() {}
+        // Updates left the outbox before the client attached: it starts out lagging.
+        let mut outbox = Outbox::new(TaskTracker::new(), 5);
+        outbox.attach(Attached {
+            client: Client {
+                conn: "c1".into(),
+                peer,
+                init: Arc::new(json!({})),
+                role: Role::Controller,
+                principal: "p".into(),
+                principal_name: "p".into(),
+                mcp_tunnel: false,
+            },
+            after: 0,
+            reply: Some((req.responder, Ok(json!({"sessionId": "s"})))),
+            reply_after_replay: false,
+            resend: false,
+            hold: Duration::ZERO,
+        });
+        assert!(
+            !outbox.is_empty(),
+            "the answer is still owed, held for the client"
+        );
     }
 }

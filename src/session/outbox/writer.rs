@@ -59,15 +59,19 @@ impl Writer {
         queue(&self.client, out)
     }
 
+    /// The client's lag, started now unless one is under way (what it holds stays held).
     pub fn start_lag(&mut self) -> &mut Lag {
-        tracing::info!(conn = %self.client.conn, seq = self.sent_upto, "client lags; feeding it from the journal");
-        self.lag.insert(Lag {
-            taken: self.client.peer.taken(),
-            moved_at: Instant::now(),
-            reading: false,
-            read_upto: 0,
-            held: VecDeque::new(),
-            replay: None,
+        let (conn, seq, taken) = (&self.client.conn, self.sent_upto, self.client.peer.taken());
+        self.lag.get_or_insert_with(|| {
+            tracing::info!(conn = %conn, seq, "client lags; feeding it from the journal");
+            Lag {
+                taken,
+                moved_at: Instant::now(),
+                reading: false,
+                read_upto: 0,
+                held: VecDeque::new(),
+                replay: None,
+            }
         })
     }
 
