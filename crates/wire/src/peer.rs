@@ -22,8 +22,7 @@ mod incoming;
 mod lane;
 mod memory;
 pub use lane::Answer;
-use lane::QUEUE_MESSAGES;
-use lane::{LaneItem, Queued};
+use lane::{LaneItem, QUEUE_MESSAGES, Queued};
 pub use memory::memory_pair;
 
 /// What a transport hands the peer.

@@ -11,13 +11,13 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::Client;
-use acpd_wire::{Responder, ResponseError};
+use acpd_wire::{Answer, Responder, ResponseError};
 
 /// What a client is sent, in order.
 pub(super) enum ClientOut {
     Raw(Arc<str>),
-    /// Boxed: it is the large variant, and full queues hand messages back by value.
-    Reply(Box<(Responder, Result<Value, ResponseError>)>),
+    /// Boxed (the large variant): as `try_respond` hands it back when the queue is full.
+    Reply(Answer),
 }
 
 /// One attached client. Its messages queue on its connection's peer, which sends them even

@@ -29,10 +29,10 @@ pub(super) struct Queued {
     taken: AtomicU64,
 }
 
-/// Most bytes of shared messages (`try_send_raw`) queued in one peer's lane.
 /// An answer handed back by `try_respond`.
 pub type Answer = Box<(Responder, Result<Value, ResponseError>)>;
 
+/// Most bytes of shared messages (`try_send_raw`) queued in one peer's lane.
 pub(super) const QUEUE_BYTES: usize = 8 * 1024 * 1024;
 /// Most messages queued in one peer's lane; its slots are allocated as they fill, so an idle
 /// link pays for none of them.
