@@ -297,7 +297,7 @@ impl Relay {
     }
 
     fn on_frame(&mut self, text: Utf8Bytes) -> Result<(), window::WindowError> {
-        // The hot path: `m` is tokenized once, by the tracker, and written as it came.
+        // The hot path: `m` is written as it came; the tracker reads an update off its ends.
         if let Some((seq, ack, m)) = frame::split_data(&text) {
             self.window.on_ack(ack)?;
             if self.window.on_data(seq)? {

@@ -1,5 +1,6 @@
 //! acpd's wire: JSON-RPC 2.0 messages, the `Peer` that runs one link, newline framing and the
-//! link-resumption window. Knows nothing of ACP, HTTP or SQL; the daemon and acp-shim share it.
+//! link-resumption window. Knows nothing of ACP, HTTP or SQL (but for `update_form`, the one
+//! form acpd writes an update in, which the shim reads); the daemon and acp-shim share it.
 
 mod envelope;
 pub mod lines;
@@ -7,6 +8,7 @@ pub mod local;
 mod msg;
 mod peer;
 pub mod resume;
+pub mod update_form;
 
 pub use envelope::{RawNotification, str_member};
 pub use msg::{

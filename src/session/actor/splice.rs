@@ -5,8 +5,7 @@
 //! Pure: no I/O, unit-tested below. Params whose member names carry escapes (no agent writes
 //! them, but JSON allows it) take a slower exact path through `serde_json::Value`.
 
-use std::fmt::Write as _;
-
+use acpd_wire::update_form;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
@@ -85,7 +84,8 @@ fn fast(members: &Members, session_id: &str, seq: i64) -> Spliced {
         .and_then(|u| acpd_wire::str_member(u.get(), "sessionUpdate"))
         .unwrap_or_else(|| "unknown".to_owned());
     let mut text = String::with_capacity(params_len(members) + session_id.len() + 96);
-    text.push_str(r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#);
+    // `acpd_wire::update_form`: acp-shim reads the session id and seq off this head and tail.
+    text.push_str(update_form::UPDATE_HEAD);
     push_json_str(&mut text, session_id);
     for (name, value) in &members.0 {
         if matches!(*name, "sessionId" | "_meta") {
@@ -96,18 +96,16 @@ fn fast(members: &Members, session_id: &str, seq: i64) -> Spliced {
         text.push(':');
         text.push_str(value.get());
     }
-    text.push_str(r#","_meta":"#);
     match members.get("_meta") {
         // The common case: nothing of the agent's to merge with.
-        None => {
-            let _ = write!(text, r#"{{"acpd":{{"seq":{seq}}}}}"#);
-        }
+        None => update_form::push_seq_tail(&mut text, seq),
         Some(meta) => {
             let theirs = serde_json::from_str::<Map<String, Value>>(meta.get()).ok();
+            text.push_str(r#","_meta":"#);
             text.push_str(&merged_meta(theirs, seq).to_string());
+            text.push_str("}}");
         }
     }
-    text.push_str("}}");
     Spliced {
         text,
         update: update
@@ -194,6 +192,8 @@ mod tests {
         let params = params_of(&s.text);
         assert_eq!(params["sessionId"], "acpd-1");
         assert_eq!(params["_meta"], json!({"acpd": {"seq": 42}}));
+        // acp-shim's shortcut reads the same off the text's ends.
+        assert_eq!(update_form::read(&s.text), Some(("acpd-1", 42)));
     }
 
     #[test]
