@@ -313,7 +313,7 @@ fn store_alone(
     let m = mode.label();
     eprintln!("[{m}] store alone");
     let title = format!(
-        "store alone (no daemon): {} group-commit appends — appends/s; 10 000-entry journal read — ms; one session row's insert — p50 / p99 µs",
+        "store alone (no daemon): {} group-commit appends of ~300-byte updates — appends/s; 10 000-entry journal read — ms; one session row's insert — p50 / p99 µs",
         opts.store_appends
     );
     // A runtime on this (pinned or not) thread: sqlx's SQLite worker inherits the affinity.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acpd_store::{NewEntry, SessionRow, Store, StoreOptions};
+use acpd_wire::update_form;
 use anyhow::{Result, ensure};
 use sqlx::{Connection, Executor, PgConnection};
 
@@ -68,9 +69,14 @@ async fn append_all(store: &Store, session_id: &str, n: i64) -> Result<Duration>
     let (durable, mut rx) = acpd_store::watermark(0);
     let start = Instant::now();
     for seq in 1..=n {
-        let body = format!(
-            "{{\"jsonrpc\":\"2.0\",\"method\":\"x\",\"params\":{{\"t\":\"chunk {seq:08}\"}}}}"
+        // What acpd journals for a 64-byte text chunk of the streaming rows (~300 bytes): the
+        // store's cost goes by the bytes, so a shorter stand-in would flatter it.
+        let mut body = format!(
+            r#"{}"{session_id}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{:064}"}}}}"#,
+            update_form::UPDATE_HEAD,
+            seq
         );
+        update_form::push_seq_tail(&mut body, seq);
         let entry = NewEntry {
             session_id: sid.clone(),
             seq,

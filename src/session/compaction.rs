@@ -75,7 +75,7 @@ struct TextChunk {
 impl TextChunk {
     fn parse(entry: &JournalEntry) -> Option<TextChunk> {
         // Cheap filter before parsing: most non-chunk entries are skipped without JSON work.
-        if !MERGEABLE.contains(&entry.kind.as_str()) {
+        if !MERGEABLE.contains(&&*entry.kind) {
             return None;
         }
         let body: Value = serde_json::from_str(&entry.body).ok()?;
@@ -119,7 +119,7 @@ impl Run<'_> {
         }
         match merged_body(&self.last.body, self.text, self.last.seq) {
             Some(body) => JournalEntry {
-                body,
+                body: body.into(),
                 ..self.last.clone()
             },
             // Unreachable: the last body parsed as a text chunk a moment ago. Keeping only the
@@ -165,8 +165,8 @@ mod tests {
         JournalEntry {
             session_id: "s1".into(),
             seq,
-            kind,
-            body: body.to_string(),
+            kind: kind.into(),
+            body: body.to_string().into(),
             at_ms: 1000 + seq,
         }
     }
@@ -196,7 +196,7 @@ mod tests {
         ]);
         assert_eq!(out.len(), 1);
         assert_eq!(
-            (out[0].seq, out[0].at_ms, out[0].kind.as_str()),
+            (out[0].seq, out[0].at_ms, &*out[0].kind),
             (3, 1003, "agent_message_chunk")
         );
         let b = body(&out[0]);
@@ -254,7 +254,7 @@ mod tests {
     #[test]
     fn single_chunks_keep_their_exact_text() {
         let mut e = chunk(9, "agent_message_chunk", "x", None);
-        e.body = format!("{}  ", e.body);
+        e.body = format!("{}  ", e.body).into();
         assert_eq!(compact(std::slice::from_ref(&e)), vec![e]);
         assert!(compact(&[]).is_empty());
     }

@@ -163,7 +163,7 @@ async fn merge_span(
 
 /// Whether the next page might continue this entry's run: it is a mergeable text chunk.
 fn may_continue(e: &JournalEntry) -> bool {
-    MERGEABLE.contains(&e.kind.as_str())
+    MERGEABLE.contains(&&*e.kind)
 }
 
 #[cfg(test)]

@@ -392,7 +392,9 @@ mod tests {
             session_id: "s".into(),
             seq,
             kind: update["sessionUpdate"].as_str().unwrap_or_default().into(),
-            body: json!({ "sessionId": "s", "update": update }).to_string(),
+            body: json!({ "sessionId": "s", "update": update })
+                .to_string()
+                .into(),
             at_ms: 0,
         }
     }

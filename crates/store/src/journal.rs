@@ -342,7 +342,7 @@ pub(super) async fn replace_journal_range(
 ) -> Result<(), StoreError> {
     let mut prev = i64::MIN;
     for e in entries {
-        if e.session_id != session_id || e.seq < first_seq || e.seq > last_seq || e.seq <= prev {
+        if *e.session_id != *session_id || e.seq < first_seq || e.seq > last_seq || e.seq <= prev {
             return Err(StoreError::Conflict(format!(
                 "replacement entry {}#{} is outside {session_id}#{first_seq}..={last_seq} or out of order",
                 e.session_id, e.seq

@@ -166,11 +166,14 @@ pub struct SessionPage {
 /// One journal entry as stored: the exact JSON text that was sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JournalEntry {
-    pub session_id: String,
+    /// Shared by the entries of one read (one allocation per page, not per entry).
+    pub session_id: Arc<str>,
     pub seq: i64,
-    /// What the body is, e.g. the `sessionUpdate` kind; opaque to the store.
-    pub kind: String,
-    pub body: String,
+    /// What the body is, e.g. the `sessionUpdate` kind; opaque to the store. Shared by the
+    /// entries of one stored pack.
+    pub kind: Arc<str>,
+    /// Shared, so that a catch-up queues it for its client as read, without another copy.
+    pub body: Arc<str>,
     pub at_ms: i64,
 }
 

@@ -13,6 +13,7 @@
 //! row's columns alone: entry `i` of a row is at `seq + i`.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use super::JournalEntry;
 
@@ -116,12 +117,14 @@ impl Row {
     /// Its entries, in seq order. A body that does not split into `n_entries` parts is a
     /// corrupt row, reported rather than guessed at.
     pub fn entries(self) -> Result<Vec<JournalEntry>, sqlx::Error> {
+        let session_id: Arc<str> = self.session_id.into();
+        let kind: Arc<str> = self.kind.into();
         if self.n_entries == 1 {
             return Ok(vec![JournalEntry {
-                session_id: self.session_id,
+                session_id,
                 seq: self.seq,
-                kind: self.kind,
-                body: self.body,
+                kind,
+                body: self.body.into(),
                 at_ms: self.at_ms,
             }]);
         }
@@ -130,7 +133,7 @@ impl Row {
             return Err(sqlx::Error::Decode(
                 format!(
                     "journal row {}#{} holds {} entries, not the {} it says",
-                    self.session_id,
+                    session_id,
                     self.seq,
                     parts.len(),
                     self.n_entries
@@ -142,10 +145,10 @@ impl Row {
             .into_iter()
             .zip(self.seq..)
             .map(|(body, seq)| JournalEntry {
-                session_id: self.session_id.clone(),
+                session_id: session_id.clone(),
                 seq,
-                kind: self.kind.clone(),
-                body: body.to_owned(),
+                kind: kind.clone(),
+                body: body.into(),
                 at_ms: self.at_ms,
             })
             .collect())
@@ -242,7 +245,10 @@ mod tests {
         let p = pack(&e);
         let shape: Vec<(i64, i32)> = p.iter().map(|p| (p.seq, p.n_entries)).collect();
         assert_eq!(shape, [(1, 1), (2, 1), (3, 1), (5, 1), (6, 1), (7, 1)]);
-        let bodies: Vec<String> = round_trip(&e).into_iter().map(|e| e.body).collect();
+        let bodies: Vec<String> = round_trip(&e)
+            .into_iter()
+            .map(|e| e.body.to_string())
+            .collect();
         assert_eq!(bodies, ["1", "2", "3", "5", "6\n", "7"]);
 
         let long: Vec<Ins<'_>> = (0..600).map(|s| ins("a", s, "k", "b", 0)).collect();

@@ -252,7 +252,7 @@ impl ForkJob {
                 let entry = NewEntry {
                     session_id: new_id.clone(),
                     seq,
-                    kind: e.kind.into(),
+                    kind: e.kind,
                     body: rewrite(&e.body, id, seq).into(),
                     at_ms: e.at_ms,
                     // A brand-new session: nobody else can own it yet.

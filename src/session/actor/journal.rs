@@ -225,8 +225,8 @@ impl Session {
         let from = self.turn.own_from;
         let page = page
             .into_iter()
-            .filter(|e| !(own && e.seq >= from && e.kind == "user_message_chunk"))
-            .map(|e| (e.seq, Arc::from(e.body)))
+            .filter(|e| !(own && e.seq >= from && &*e.kind == "user_message_chunk"))
+            .map(|e| (e.seq, e.body))
             .collect();
         self.outbox.caught_up(&conn, after, page, complete);
         // The next page at once while this one is being written (the queue has room for it),

@@ -52,9 +52,9 @@ async fn check_append_10k(url: String) {
     for (i, e) in journal.iter().enumerate() {
         let seq = i as i64 + 1;
         assert_eq!(e.seq, seq);
-        assert_eq!(e.body, odd_body(seq), "exact body text");
+        assert_eq!(*e.body, odd_body(seq), "exact body text");
         assert_eq!(
-            (e.kind.as_str(), e.at_ms, e.session_id.as_str()),
+            (&*e.kind, e.at_ms, &*e.session_id),
             ("agent_message_chunk", 1_000 + seq, "s1")
         );
     }
@@ -204,7 +204,7 @@ async fn check_compaction(url: String) {
 
     let journal = whole_journal(&store, "s1").await;
     assert_eq!(journal, compacted);
-    assert_eq!(journal[1].body, tool);
+    assert_eq!(&*journal[1].body, tool);
     let text: String = (1..=10).map(|s| format!("<{s}>")).collect();
     let merged: serde_json::Value = serde_json::from_str(&journal[0].body).expect("json");
     assert_eq!(merged["params"]["update"]["content"]["text"], text.as_str());
@@ -347,7 +347,7 @@ async fn check_terminated_connections(url: String) {
         journal
             .iter()
             .enumerate()
-            .all(|(i, e)| e.seq == i as i64 + 1 && e.body == odd_body(e.seq))
+            .all(|(i, e)| e.seq == i as i64 + 1 && *e.body == odd_body(e.seq))
     );
     assert_eq!(
         store

@@ -147,7 +147,7 @@ async fn check_fencing(url: String) {
     let bodies: Vec<String> = whole_journal(&store, "s1")
         .await
         .into_iter()
-        .map(|e| e.body)
+        .map(|e| e.body.to_string())
         .collect();
     assert_eq!(bodies, ["{\"by\":\"a\"}", "{\"by\":\"b\"}"]);
     store.close().await;

@@ -148,7 +148,7 @@ async fn check_journal_before(url: String) {
     let body = store.journal_before("s", 2, 1).await.expect("one")[0]
         .body
         .clone();
-    assert_eq!(body, odd_body(1), "bodies come back byte for byte");
+    assert_eq!(*body, odd_body(1), "bodies come back byte for byte");
     assert!(
         store
             .journal_before("s", 1, 10)
