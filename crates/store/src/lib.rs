@@ -166,7 +166,7 @@ pub struct SessionPage {
 /// One journal entry as stored: the exact JSON text that was sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JournalEntry {
-    /// Shared by the entries of one read (one allocation per page, not per entry).
+    /// Shared by the entries of one stored pack (one allocation per row read, not per entry).
     pub session_id: Arc<str>,
     pub seq: i64,
     /// What the body is, e.g. the `sessionUpdate` kind; opaque to the store. Shared by the
