@@ -1,6 +1,6 @@
 //! Principals and their API tokens (only token hashes are stored).
 
-use super::backend::{Pool, conflict_or_db, db, now_ms, on_pool};
+use super::backend::{Pool, conflict_or_db, db, now_ms, on_pool, on_write};
 use super::{PrincipalRow, StoreError, TokenRow, rows};
 
 /// Idempotent: concurrent first logins of one name end up with one principal.
@@ -12,7 +12,7 @@ const INSERT_TOKEN: &str = "INSERT INTO tokens \
      VALUES ($1, $2, $3, $4, $5, NULL, FALSE)";
 
 pub(super) async fn ensure_principal(pool: &Pool, name: &str) -> Result<PrincipalRow, StoreError> {
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         sqlx::query(INSERT_PRINCIPAL)
             .bind(uuid::Uuid::new_v4().to_string())
             .bind(name)
@@ -43,7 +43,7 @@ pub(super) async fn insert_token(
         last_used_ms: None,
         revoked: false,
     };
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         sqlx::query(INSERT_TOKEN)
             .bind(&token.id)
             .bind(&token.principal_id)
@@ -64,7 +64,7 @@ pub(super) async fn token_by_hash(
     pool: &Pool,
     hash: &str,
 ) -> Result<Option<(TokenRow, PrincipalRow)>, StoreError> {
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         let Some(token) = sqlx::query(
             "UPDATE tokens SET last_used_ms = $2 WHERE hash = $1 AND NOT revoked \
              RETURNING id, principal_id, name, created_at_ms, last_used_ms, revoked",
@@ -108,7 +108,7 @@ pub(super) async fn list_tokens(pool: &Pool) -> Result<Vec<TokenRow>, StoreError
 }
 
 pub(super) async fn revoke_token(pool: &Pool, id: &str) -> Result<bool, StoreError> {
-    let revoked = on_pool!(pool, |p| {
+    let revoked = on_write!(pool, |p| {
         sqlx::query("UPDATE tokens SET revoked = TRUE WHERE id = $1 AND NOT revoked")
             .bind(id)
             .execute(p)

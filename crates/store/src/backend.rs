@@ -27,7 +27,11 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Enum dispatch over the two pools; both are cheap `Arc` handles.
 #[derive(Clone, Debug)]
 pub(crate) enum Pool {
-    Sqlite(SqlitePool),
+    /// Readers, and the writer: a pool of one connection that every write goes through
+    /// (`on_write!`). SQLite lets one connection write at a time, and a second one that asks
+    /// sleeps in SQLite's busy handler, 1 ms and up, even when the lock is freed microseconds
+    /// later; queued here instead, a write waits exactly as long as the one before it.
+    Sqlite(SqlitePool, SqlitePool),
     Postgres(PgPool),
 }
 
@@ -36,19 +40,32 @@ pub(crate) enum Pool {
 macro_rules! on_pool {
     ($pool:expr, |$p:ident| $body:expr) => {
         match $pool {
-            $crate::backend::Pool::Sqlite($p) => $body,
+            $crate::backend::Pool::Sqlite($p, _) => $body,
             $crate::backend::Pool::Postgres($p) => $body,
         }
     };
 }
 pub(crate) use on_pool;
 
+/// `on_pool!` for a block that writes: on SQLite it runs on the one writer connection, so
+/// writes queue in acpd instead of in SQLite's busy handler. The block must not wait for
+/// another write outside its own connection (the writer is taken until it ends).
+macro_rules! on_write {
+    ($pool:expr, |$p:ident| $body:expr) => {
+        match $pool {
+            $crate::backend::Pool::Sqlite(_, $p) => $body,
+            $crate::backend::Pool::Postgres($p) => $body,
+        }
+    };
+}
+pub(crate) use on_write;
+
 /// The statement opening a write transaction. SQLite takes the write lock up front
 /// (`IMMEDIATE`) so a transaction never has to upgrade a read lock, which fails with
 /// `SQLITE_BUSY` without waiting for the busy timeout.
 pub(crate) fn begin_write(pool: &Pool) -> &'static str {
     match pool {
-        Pool::Sqlite(_) => "BEGIN IMMEDIATE",
+        Pool::Sqlite(..) => "BEGIN IMMEDIATE",
         Pool::Postgres(_) => "BEGIN",
     }
 }
@@ -121,7 +138,7 @@ impl Pool {
                 .create_if_missing(true)
                 .foreign_keys(true)
                 .busy_timeout(SQLITE_BUSY_TIMEOUT);
-            let pool = if in_memory {
+            let pools = if in_memory {
                 // An in-memory database lives as long as one of its connections: keep exactly
                 // one, forever. One connection also avoids shared-cache table locks, which
                 // fail immediately instead of honouring the busy timeout.
@@ -133,6 +150,7 @@ impl Pool {
                     .acquire_timeout(ACQUIRE_TIMEOUT)
                     .connect_with(opts)
                     .await
+                    .map(|p| (p.clone(), p))
             } else {
                 if let Some(dir) = opts
                     .get_filename()
@@ -157,14 +175,27 @@ impl Pool {
                 // No ping before each acquire: a connection to a local file does not go stale
                 // the way a server's does, and the ping is one more round trip to sqlx's SQLite
                 // thread in front of every group commit.
-                SqlitePoolOptions::new()
+                let readers = SqlitePoolOptions::new()
                     .test_before_acquire(false)
                     .max_connections(max_connections)
                     .acquire_timeout(ACQUIRE_TIMEOUT)
+                    .connect_with(opts.clone())
+                    .await
+                    .map_err(db)?;
+                // The writer is kept for the daemon's life: its prepared statements (the
+                // journal's inserts among them) stay cached.
+                let writer = SqlitePoolOptions::new()
+                    .test_before_acquire(false)
+                    .max_connections(1)
+                    .idle_timeout(None)
+                    .max_lifetime(None)
+                    .acquire_timeout(ACQUIRE_TIMEOUT)
                     .connect_with(opts)
                     .await
+                    .map_err(db)?;
+                Ok((readers, writer))
             };
-            pool.map(Pool::Sqlite).map_err(db)
+            pools.map(|(r, w)| Pool::Sqlite(r, w)).map_err(db)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let mut opts = PgConnectOptions::from_str(url)
                 .map_err(|e| StoreError::InvalidUrl(format!("{}: {e}", redact(url))))?;
@@ -197,14 +228,14 @@ impl Pool {
     /// for Postgres and in-memory SQLite.
     pub(crate) fn sqlite_file(&self, url: &str) -> Option<std::sync::Arc<SqliteConnectOptions>> {
         match self {
-            Pool::Sqlite(p) if !sqlite_in_memory(url) => Some(p.connect_options()),
+            Pool::Sqlite(p, _) if !sqlite_in_memory(url) => Some(p.connect_options()),
             _ => None,
         }
     }
 
     pub(crate) fn kind(&self) -> StoreKind {
         match self {
-            Pool::Sqlite(_) => StoreKind::Sqlite,
+            Pool::Sqlite(..) => StoreKind::Sqlite,
             Pool::Postgres(_) => StoreKind::Postgres,
         }
     }
@@ -213,7 +244,7 @@ impl Pool {
     /// journal format, and returns the schema version now in place.
     pub(crate) async fn migrate(&self) -> Result<i64, StoreError> {
         let migrator = match self {
-            Pool::Sqlite(_) => &SQLITE_MIGRATOR,
+            Pool::Sqlite(..) => &SQLITE_MIGRATOR,
             Pool::Postgres(_) => &POSTGRES_MIGRATOR,
         };
         let known = migrator
@@ -229,7 +260,7 @@ impl Pool {
             return Err(StoreError::SchemaTooNew { found, known });
         }
         match self {
-            Pool::Sqlite(p) => migrator.run(p).await?,
+            Pool::Sqlite(_, w) => migrator.run(w).await?,
             Pool::Postgres(p) => migrator.run(p).await?,
         }
         let format: Option<String> = on_pool!(self, |p| sqlx::query_scalar(
@@ -251,7 +282,7 @@ impl Pool {
     /// Highest migration version recorded in the database, `None` before the first migration.
     async fn applied_version(&self) -> Result<Option<i64>, StoreError> {
         let exists: bool = match self {
-            Pool::Sqlite(p) => sqlx::query_scalar(
+            Pool::Sqlite(p, _) => sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM sqlite_master \
                  WHERE type = 'table' AND name = '_sqlx_migrations')",
             )
@@ -277,7 +308,13 @@ impl Pool {
     }
 
     pub(crate) async fn close(&self) {
-        on_pool!(self, |p| p.close().await)
+        match self {
+            Pool::Sqlite(r, w) => {
+                r.close().await;
+                w.close().await;
+            }
+            Pool::Postgres(p) => p.close().await,
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Session grants (shared sessions): which other principals may attach to a session, and in
 //! which role. Roles are opaque text here; the session layer gives them meaning.
 
-use super::backend::{Pool, db, now_ms, on_pool};
+use super::backend::{Pool, db, now_ms, on_pool, on_write};
 use super::{GrantRow, StoreError};
 
 /// Granting again renews the grant (new role, not revoked).
@@ -40,7 +40,7 @@ pub(super) async fn grant(
     role: &str,
     granted_by: &str,
 ) -> Result<(), StoreError> {
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         sqlx::query(UPSERT)
             .bind(session_id)
             .bind(principal_id)
@@ -59,7 +59,7 @@ pub(super) async fn revoke(
     session_id: &str,
     principal_id: &str,
 ) -> Result<bool, StoreError> {
-    let n = on_pool!(pool, |p| {
+    let n = on_write!(pool, |p| {
         sqlx::query(
             "UPDATE session_grants SET revoked_at_ms = $3 \
              WHERE session_id = $1 AND principal_id = $2 AND revoked_at_ms IS NULL",

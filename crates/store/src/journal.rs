@@ -5,7 +5,7 @@
 
 use sqlx::{PgConnection, SqliteConnection};
 
-use super::backend::{Pool, begin_write, db, on_pool};
+use super::backend::{Pool, begin_write, db, on_pool, on_write};
 use super::pack::{Ins, PACK_MAX, Pack, Row, entries_within, pack};
 use super::rows::JOURNAL_COLUMNS;
 use super::{JournalEntry, StoreError, rows};
@@ -359,7 +359,7 @@ pub(super) async fn replace_journal_range(
         format!("SELECT {JOURNAL_COLUMNS} FROM journal {within}"),
         format!("DELETE FROM journal {within}"),
     );
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         let mut tx = p.begin_with(begin_write(pool)).await.map_err(db)?;
         if tx.raise_last_seq(&mark).await.map_err(db)? == 0 {
             return Err(StoreError::Conflict(format!("no session {session_id}")));

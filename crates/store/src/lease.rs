@@ -7,7 +7,7 @@
 //! that an acquisition has to take, and nothing can move the lease between the check and the
 //! insert. Every time is the database's clock, so replicas' clocks need not agree.
 
-use super::backend::{Pool, db, on_pool};
+use super::backend::{Pool, db, on_write};
 use super::{Store, StoreError};
 
 /// `StoreOptions::replica`.
@@ -41,7 +41,7 @@ pub enum Acquired {
 fn now_sql(pool: &Pool) -> &'static str {
     match pool {
         Pool::Postgres(_) => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
-        Pool::Sqlite(_) => "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+        Pool::Sqlite(..) => "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
     }
 }
 
@@ -50,7 +50,7 @@ macro_rules! with_now {
     ($pool:expr, $sql:expr, |$p:ident, $q:ident| $body:expr) => {{
         let text = format!($sql, now = now_sql($pool));
         match $pool {
-            Pool::Sqlite($p) => {
+            Pool::Sqlite(_, $p) => {
                 let $q = sqlx::AssertSqlSafe(text);
                 $body
             }
@@ -154,7 +154,7 @@ pub(super) async fn renew(
                 .await
                 .map_err(db)?
         }
-        Pool::Sqlite(p) => {
+        Pool::Sqlite(_, p) => {
             let sql = format!(
                 "UPDATE sessions SET lease_until_ms = {now} + $2 \
                  WHERE id = $3 AND owner_instance = $1 AND lease_epoch = $4 \
@@ -194,7 +194,7 @@ pub(super) async fn release(
     replica: &str,
     epoch: i64,
 ) -> Result<bool, StoreError> {
-    on_pool!(pool, |p| sqlx::query(
+    on_write!(pool, |p| sqlx::query(
         "UPDATE sessions SET owner_instance = NULL, lease_until_ms = NULL \
          WHERE id = $1 AND owner_instance = $2 AND lease_epoch = $3"
     )
@@ -209,7 +209,7 @@ pub(super) async fn release(
 
 /// Gives back every lease of `replica` and removes it from the replicas table (a drain).
 pub(super) async fn release_all(pool: &Pool, replica: &str) -> Result<u64, StoreError> {
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         let released = sqlx::query(
             "UPDATE sessions SET owner_instance = NULL, lease_until_ms = NULL \
              WHERE owner_instance = $1",

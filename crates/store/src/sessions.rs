@@ -1,7 +1,7 @@
 //! Session rows (create, read, patch, list, soft delete) and agent-private state.
 
 use super::backend::{
-    Pool, again_if_lost, begin_write, conflict_or_db, db, is_constraint, now_ms, on_pool,
+    Pool, again_if_lost, begin_write, conflict_or_db, db, is_constraint, now_ms, on_pool, on_write,
 };
 use super::rows::{self, SESSION_COLUMNS};
 use super::{ListQuery, SessionPage, SessionPatch, SessionRow, StoreError};
@@ -47,7 +47,7 @@ pub(super) async fn insert_session(pool: &Pool, row: &SessionRow) -> Result<(), 
 }
 
 async fn insert_once(pool: &Pool, row: &SessionRow) -> Result<(), sqlx::Error> {
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         sqlx::query(INSERT_SESSION)
             .bind(&row.id)
             .bind(&row.principal_id)
@@ -91,7 +91,7 @@ pub(super) async fn update_session(
     id: &str,
     patch: &SessionPatch,
 ) -> Result<(), StoreError> {
-    let updated = on_pool!(pool, |p| {
+    let updated = on_write!(pool, |p| {
         let patch_once = || {
             sqlx::query(UPDATE_SESSION)
                 .bind(id)
@@ -184,7 +184,7 @@ pub(super) async fn list_sessions(pool: &Pool, q: &ListQuery) -> Result<SessionP
 }
 
 pub(super) async fn delete_session(pool: &Pool, id: &str) -> Result<bool, StoreError> {
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         let mut tx = p.begin_with(begin_write(pool)).await.map_err(db)?;
         // The update comes first: it row-locks the session, so the writer cannot add
         // entries between it and the journal delete (see `JournalSql::raise_last_seq`).
@@ -221,7 +221,7 @@ pub(super) async fn put_agent_state(
     key: &str,
     value: &str,
 ) -> Result<(), StoreError> {
-    let written = on_pool!(pool, |p| {
+    let written = on_write!(pool, |p| {
         sqlx::query(PUT_AGENT_STATE)
             .bind(session_id)
             .bind(key)

@@ -6,7 +6,7 @@
 //! at a cut is read and split.
 
 use super::StoreError;
-use super::backend::{Pool, begin_write, db, on_pool};
+use super::backend::{Pool, begin_write, db, on_pool, on_write};
 use super::journal::{JournalSql, ins};
 use super::pack::{Ins, PACK_MAX, Row, entries_within};
 use super::rows::{self, JOURNAL_COLUMNS};
@@ -58,7 +58,7 @@ pub(super) async fn trim_journal(
     );
     let row_at =
         format!("SELECT {JOURNAL_COLUMNS} FROM journal WHERE session_id = $1 AND seq = $2");
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         let mut tx = p.begin_with(begin_write(pool)).await.map_err(db)?;
         let mut cut: Option<i64> = None;
         if max_entries > 0 {

@@ -1,7 +1,7 @@
 //! The web console's rows: one-time sign-in codes and cookie credentials (hashes only), and
 //! the journal read it pages back with (the last entries before a seq).
 
-use super::backend::{Pool, conflict_or_db, db, now_ms, on_pool};
+use super::backend::{Pool, conflict_or_db, db, now_ms, on_pool, on_write};
 use super::journal::read_rows;
 use super::pack::PACK_MAX;
 use super::rows::JOURNAL_COLUMNS;
@@ -76,7 +76,7 @@ pub(super) async fn insert_login(
     principal_id: &str,
     expires_at_ms: i64,
 ) -> Result<(), StoreError> {
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         // Codes nobody used are dropped here rather than by a sweeper task.
         sqlx::query("DELETE FROM web_logins WHERE expires_at_ms < $1")
             .bind(now_ms())
@@ -103,7 +103,7 @@ pub(super) async fn insert_login(
 /// Deletes the code and returns its principal if it was still valid: one statement, so two
 /// exchanges racing for one code cannot both win.
 pub(super) async fn take_login(pool: &Pool, hash: &str) -> Result<Option<String>, StoreError> {
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         let row = sqlx::query(
             "DELETE FROM web_logins WHERE hash = $1 RETURNING principal_id, expires_at_ms",
         )
@@ -120,7 +120,7 @@ pub(super) async fn take_login(pool: &Pool, hash: &str) -> Result<Option<String>
 }
 
 pub(super) async fn insert_session(pool: &Pool, row: &WebSessionRow) -> Result<(), StoreError> {
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         sqlx::query("DELETE FROM web_sessions WHERE expires_at_ms < $1")
             .bind(now_ms())
             .execute(p)
@@ -180,7 +180,7 @@ pub(super) async fn session(
 }
 
 pub(super) async fn delete_session(pool: &Pool, hash: &str) -> Result<bool, StoreError> {
-    let n = on_pool!(pool, |p| {
+    let n = on_write!(pool, |p| {
         sqlx::query("DELETE FROM web_sessions WHERE hash = $1")
             .bind(hash)
             .execute(p)
@@ -195,7 +195,7 @@ pub(super) async fn delete_session(pool: &Pool, hash: &str) -> Result<bool, Stor
 /// `acpd web-login`) of the token's principal: revoking a principal's token signs its
 /// browsers out.
 pub(super) async fn revoke_for_token(pool: &Pool, token_id: &str) -> Result<u64, StoreError> {
-    let n = on_pool!(pool, |p| {
+    let n = on_write!(pool, |p| {
         sqlx::query(
             "DELETE FROM web_sessions WHERE token_id = $1 OR (token_id IS NULL AND \
              principal_id = (SELECT principal_id FROM tokens WHERE id = $1))",

@@ -19,7 +19,7 @@ use std::time::Duration;
 use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::{mpsc, watch};
 
-use super::backend::{Failure, Pool, begin_write, classify, on_pool};
+use super::backend::{Failure, Pool, begin_write, classify, on_write};
 use super::journal::JournalSql;
 use super::pack::Ins;
 use super::{DurableSeq, NewEntry, StoreOptions};
@@ -214,7 +214,7 @@ async fn write(pool: &Pool, items: &[&Item]) -> Result<(), CommitError> {
             at_ms: e.at_ms,
         })
         .collect();
-    on_pool!(pool, |p| {
+    on_write!(pool, |p| {
         let mut tx = p.begin_with(begin_write(pool)).await?;
         tx.raise_last_seq(&marks).await?;
         // Dropping the transaction rolls it back: nothing of a fenced batch goes in.
