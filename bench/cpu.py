@@ -37,6 +37,9 @@ def wait(i):
         if not l: raise SystemExit("eof")
         if key in l and b'"result"' in l or key in l and b'"error"' in l: return n, l
         n += 1
+def io(pid):
+    f = dict(l.split(": ") for l in open(f"/proc/{pid}/io").read().splitlines())
+    return int(f["wchar"]), int(f["write_bytes"])
 def cpu(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
@@ -48,10 +51,10 @@ for r in range(REPS):
     if PERF and r == REPS - 1:
         perf = subprocess.Popen(["perf", "record", "-F", os.environ.get("PERF_F", "1000"), "--call-graph", "dwarf,16384", "-o", PERF, "-p", str(shim.pid if os.environ.get("PERF_SHIM") else acpd.pid)], stderr=subprocess.DEVNULL)
         time.sleep(0.5)
-    c0 = cpu(acpd.pid); s0 = cpu(shim.pid); t0 = time.time()
+    c0 = cpu(acpd.pid); s0 = cpu(shim.pid); w0 = io(acpd.pid); t0 = time.time()
     n, l = wait(send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": f"stream {N} {SIZE}"}]}))
-    t = time.time() - t0; c = cpu(acpd.pid) - c0; sc = cpu(shim.pid) - s0
-    print(f"run {r}: {n} lines in {t:.3f}s = {n/t:,.0f}/s; acpd cpu {c:.2f}s = {c/n*1e6:.2f} us/update; shim {sc/n*1e6:.2f} us/update", flush=True)
+    t = time.time() - t0; c = cpu(acpd.pid) - c0; sc = cpu(shim.pid) - s0; w1 = io(acpd.pid)
+    print(f"run {r}: {n} lines in {t:.3f}s = {n/t:,.0f}/s; acpd cpu {c:.2f}s = {c/n*1e6:.2f} us/update; shim {sc/n*1e6:.2f} us/update; acpd writes {(w1[0]-w0[0])/n:.0f} B/update ({(w1[1]-w0[1])/n:.0f} B to storage)", flush=True)
     if perf: perf.send_signal(2); perf.wait()
 if os.environ.get("LOAD"):
     for r in range(int(os.environ["LOAD"])):
