@@ -138,11 +138,11 @@ impl Pool {
                 .create_if_missing(true)
                 .foreign_keys(true)
                 .busy_timeout(SQLITE_BUSY_TIMEOUT);
-            let pools = if in_memory {
+            let (readers, writer) = if in_memory {
                 // An in-memory database lives as long as one of its connections: keep exactly
-                // one, forever. One connection also avoids shared-cache table locks, which
-                // fail immediately instead of honouring the busy timeout.
-                SqlitePoolOptions::new()
+                // one, forever, for reads and writes. One connection also avoids shared-cache
+                // table locks, which fail immediately instead of honouring the busy timeout.
+                let pool = SqlitePoolOptions::new()
                     .max_connections(1)
                     .min_connections(1)
                     .idle_timeout(None)
@@ -150,7 +150,8 @@ impl Pool {
                     .acquire_timeout(ACQUIRE_TIMEOUT)
                     .connect_with(opts)
                     .await
-                    .map(|p| (p.clone(), p))
+                    .map_err(db)?;
+                (pool.clone(), pool)
             } else {
                 if let Some(dir) = opts
                     .get_filename()
@@ -175,27 +176,28 @@ impl Pool {
                 // No ping before each acquire: a connection to a local file does not go stale
                 // the way a server's does, and the ping is one more round trip to sqlx's SQLite
                 // thread in front of every group commit.
-                let readers = SqlitePoolOptions::new()
-                    .test_before_acquire(false)
+                let file_pool = || {
+                    SqlitePoolOptions::new()
+                        .test_before_acquire(false)
+                        .acquire_timeout(ACQUIRE_TIMEOUT)
+                };
+                let readers = file_pool()
                     .max_connections(max_connections)
-                    .acquire_timeout(ACQUIRE_TIMEOUT)
                     .connect_with(opts.clone())
                     .await
                     .map_err(db)?;
                 // The writer is kept for the daemon's life: its prepared statements (the
                 // journal's inserts among them) stay cached.
-                let writer = SqlitePoolOptions::new()
-                    .test_before_acquire(false)
+                let writer = file_pool()
                     .max_connections(1)
                     .idle_timeout(None)
                     .max_lifetime(None)
-                    .acquire_timeout(ACQUIRE_TIMEOUT)
                     .connect_with(opts)
                     .await
                     .map_err(db)?;
-                Ok((readers, writer))
+                (readers, writer)
             };
-            pools.map(|(r, w)| Pool::Sqlite(r, w)).map_err(db)
+            Ok(Pool::Sqlite(readers, writer))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let mut opts = PgConnectOptions::from_str(url)
                 .map_err(|e| StoreError::InvalidUrl(format!("{}: {e}", redact(url))))?;
