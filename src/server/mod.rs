@@ -110,6 +110,7 @@ impl Core {
                     id: c.replica_id.clone(),
                     lease_ttl: c.lease_ttl,
                 }),
+                body_form: Arc::new(crate::session::journal_form::UpdateForm),
                 ..StoreOptions::default()
             },
         )
@@ -251,7 +252,8 @@ pub async fn serve(
         ),
     };
     if let Some(tcp) = tcp {
-        tracing::info!(addr = %tcp.local_addr()?, "newline-delimited TCP listener");
+        let addr = tcp.local_addr()?;
+        tracing::info!(%addr, "newline-delimited TCP listener: tcp://{addr}");
         core.tasks
             .spawn(tcp::accept(tcp, state.clone(), shutdown.clone()));
     }

@@ -130,7 +130,16 @@ pub struct Daemon {
     starts: u32,
 }
 
-/// A free loopback port: bind to port 0, read it, let it go.
+/// Port 0 on loopback: the daemon binds whatever the kernel gives and logs it, and the
+/// harness reads the address from the log. Picking a "free" port first and passing it
+/// races every other test on the box for it (another daemon, or a client's ephemeral port,
+/// can take it between the pick and the daemon's bind), and polling it with `connect`
+/// before the daemon listens can connect a socket to itself.
+const ANY_PORT: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+/// A free loopback port: bind to port 0, read it, let it go. Only where the address must
+/// be known before the daemon starts (`--advertise-url`).
 fn free_port() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local addr")
@@ -210,7 +219,7 @@ impl Daemon {
             opts,
             mode,
             child: None,
-            addr: free_port(),
+            addr: ANY_PORT,
             tcp_addr: None,
             starts: 0,
         }
@@ -260,12 +269,17 @@ impl Daemon {
     /// returns the connection over its stdio.
     async fn spawn(&mut self) -> Option<Conn> {
         self.starts += 1;
-        if matches!(self.mode, Mode::Serve) && self.starts > 1 {
-            // Fresh ports on restart: the old ones may linger in TIME_WAIT.
-            self.addr = free_port();
-        }
-        if self.opts.tcp && matches!(self.mode, Mode::Serve) {
-            self.tcp_addr = Some(free_port());
+        if matches!(self.mode, Mode::Serve) {
+            // Fresh ports on every start (the old ones may linger in TIME_WAIT); only an
+            // advertised address must be known up front.
+            self.addr = if self.opts.advertise {
+                free_port()
+            } else {
+                ANY_PORT
+            };
+            if self.opts.tcp {
+                self.tcp_addr = Some(ANY_PORT);
+            }
         }
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -295,31 +309,43 @@ impl Daemon {
         };
         self.child = Some(child);
         if !stdio {
-            self.wait_listening(self.addr).await;
-            if let Some(tcp) = self.tcp_addr {
-                self.wait_listening(tcp).await;
+            self.addr = self.wait_listening("acpd listening: ").await;
+            if self.tcp_addr.is_some() {
+                let tcp = self.wait_listening("newline-delimited TCP listener: ");
+                self.tcp_addr = Some(tcp.await);
             }
         }
         conn
     }
 
-    /// Polls until `addr` accepts a connection; panics if the daemon exits or 10 s pass.
-    async fn wait_listening(&mut self, addr: SocketAddr) {
+    /// Waits until this start's log says the listener is bound (`{before}SCHEME://ADDR…`)
+    /// and returns ADDR; panics if the daemon exits or 10 s pass.
+    async fn wait_listening(&mut self, before: &str) -> SocketAddr {
+        let marker = format!("===== acpd start #{} =====", self.starts);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                return;
+            let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+            let this_start = log.rsplit_once(&marker).map_or("", |(_, rest)| rest);
+            let found = this_start.split_once(before).and_then(|(_, rest)| {
+                let rest = rest.split_once("://")?.1;
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_hexdigit() || ".:[]".contains(c)))
+                    .unwrap_or(rest.len());
+                rest[..end].parse::<SocketAddr>().ok()
+            });
+            if let Some(addr) = found {
+                return addr;
             }
             if let Some(status) = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("acpd exited with {status} before listening on {addr}");
+                panic!("acpd exited with {status} before logging `{before}`");
             }
             assert!(
                 Instant::now() < deadline,
-                "acpd did not listen on {addr} within 10 s"
+                "acpd did not log `{before}` within 10 s"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
