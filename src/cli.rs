@@ -364,7 +364,12 @@ fn ensure_data_dir(config: &Config) -> Result<(), String> {
 async fn admin_store(args: &Args) -> Result<Store, ExitCode> {
     let config = config_of(args)?;
     ensure_data_dir(&config).map_err(fail)?;
-    Store::open(&config.store_url, StoreOptions::default())
+    // The daemon's journal form, so that no admin command can ever read a shortened body.
+    let opts = StoreOptions {
+        body_form: std::sync::Arc::new(crate::session::journal_form::UpdateForm),
+        ..StoreOptions::default()
+    };
+    Store::open(&config.store_url, opts)
         .await
         .map_err(|e| fail(e.to_string()))
 }

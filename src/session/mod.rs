@@ -8,6 +8,7 @@ mod claim;
 pub mod compaction;
 mod create;
 mod hub;
+pub mod journal_form;
 mod mcp;
 mod outbox;
 mod pending;

@@ -185,9 +185,12 @@ mod tests {
     /// page at a time gives exactly what merging the whole journal at once gives.
     /// A store holding one session "s" whose journal is runs of the given lengths.
     async fn store_with_runs(runs: &[usize]) -> Store {
-        let store = Store::open("sqlite::memory:", StoreOptions::default())
-            .await
-            .unwrap();
+        // The daemon's journal form: merged runs go back in shortened, and read back whole.
+        let opts = StoreOptions {
+            body_form: std::sync::Arc::new(crate::session::journal_form::UpdateForm),
+            ..StoreOptions::default()
+        };
+        let store = Store::open("sqlite::memory:", opts).await.unwrap();
         let row = SessionRow {
             id: "s".into(),
             principal_id: "p".into(),
@@ -255,7 +258,15 @@ mod tests {
         let store = store_with_runs(&[10, 1, 10, 1, 1, 1, 10]).await;
         let merged = compaction::compact(&journal(&store).await);
         assert_eq!(merged.len(), 7);
-        let newest_three: u64 = merged[4..].iter().map(|e| e.body.len() as u64).sum();
+        // The byte cap counts bytes as stored (the journal form shortens updates).
+        let stored = |e: &JournalEntry| {
+            use acpd_store::BodyForm as _;
+            let form = crate::session::journal_form::UpdateForm;
+            form.shrink(&e.session_id, e.seq, &e.body)
+                .map_or(e.body.len(), str::len) as u64
+        };
+        let newest_three: u64 = merged[4..].iter().map(stored).sum();
+        assert!(newest_three < merged[4..].iter().map(|e| e.body.len() as u64).sum());
         let outcome = enforce_paged(&store, "s", 5, newest_three, 3)
             .await
             .unwrap()

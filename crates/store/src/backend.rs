@@ -16,7 +16,7 @@ static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("../../migrations/sqlite");
 static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
 
 /// Newest journal disk format this build reads and writes (`meta.journal_format`).
-pub const JOURNAL_FORMAT: i64 = 2;
+pub const JOURNAL_FORMAT: i64 = 3;
 
 /// A request waits at most this long for a pooled connection, so an unreachable database turns
 /// into a clear `StoreError::Unavailable` instead of a hang.

@@ -6,6 +6,7 @@
 use sqlx::{PgConnection, SqliteConnection};
 
 use super::backend::{Pool, begin_write, db, on_pool, on_write};
+use super::form::BodyForm;
 use super::pack::{Ins, PACK_MAX, Pack, Row, entries_within, pack};
 use super::rows::JOURNAL_COLUMNS;
 use super::{JournalEntry, StoreError, rows};
@@ -271,6 +272,7 @@ const NEXT_ROW: &str = "SELECT MIN(seq) FROM journal WHERE session_id = $1 AND s
 
 pub(super) async fn journal_after(
     pool: &Pool,
+    form: &dyn BodyForm,
     session_id: &str,
     after_seq: i64,
     limit: i64,
@@ -283,7 +285,7 @@ pub(super) async fn journal_after(
         let want = (limit - out.len()) as i64;
         let found = read_rows(pool, &after_sql(), session_id, from, want).await?;
         for row in found {
-            let entries = row.entries().map_err(db)?;
+            let entries = row.entries(form).map_err(db)?;
             out.extend(
                 entries
                     .into_iter()
@@ -335,6 +337,7 @@ pub(crate) async fn read_rows(
 
 pub(super) async fn replace_journal_range(
     pool: &Pool,
+    form: &dyn BodyForm,
     session_id: &str,
     first_seq: i64,
     last_seq: i64,
@@ -377,7 +380,7 @@ pub(super) async fn replace_journal_range(
             .collect::<Result<_, _>>()
             .map_err(db)?;
         // What the straddling packs hold outside the range goes back in beside the new entries.
-        let mut kept = entries_within(found, i64::MIN, i64::MAX).map_err(db)?;
+        let mut kept = entries_within(found, i64::MIN, i64::MAX, form).map_err(db)?;
         kept.retain(|e| e.seq < first_seq || e.seq > last_seq);
         sqlx::query(sqlx::AssertSqlSafe(delete))
             .bind(session_id)
@@ -386,21 +389,15 @@ pub(super) async fn replace_journal_range(
             .execute(&mut *tx)
             .await
             .map_err(db)?;
-        let rows: Vec<Ins<'_>> = kept.iter().chain(entries).map(ins).collect();
+        let rows: Vec<Ins<'_>> = kept.iter().chain(entries).map(|e| ins(e, form)).collect();
         tx.insert_entries(&rows).await.map_err(db)?;
         tx.commit().await.map_err(db)
     })
 }
 
 /// An entry read back, as a row to insert again.
-pub(crate) fn ins(e: &JournalEntry) -> Ins<'_> {
-    Ins {
-        session_id: &e.session_id,
-        seq: e.seq,
-        kind: &e.kind,
-        body: &e.body,
-        at_ms: e.at_ms,
-    }
+pub(crate) fn ins<'a>(e: &'a JournalEntry, form: &dyn BodyForm) -> Ins<'a> {
+    Ins::new(form, &e.session_id, e.seq, &e.kind, &e.body, e.at_ms)
 }
 
 #[cfg(test)]

@@ -16,6 +16,8 @@
 mod auth;
 mod backend;
 mod checkpoint;
+mod entry;
+mod form;
 mod grants;
 mod journal;
 mod lease;
@@ -31,11 +33,13 @@ mod writer;
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use backend::{Pool, db, on_pool};
 
 pub use backend::JOURNAL_FORMAT;
+pub use entry::{DurableSeq, JournalEntry, NewEntry, Watermark, watermark};
+pub use form::{BodyForm, Verbatim};
 pub use lease::{Acquired, ReplicaOptions};
 
 /// Errors at the store boundary. The session layer maps them to JSON-RPC errors once.
@@ -85,6 +89,9 @@ pub struct StoreOptions {
     /// This process is one replica of several on one Postgres: `close` gives back the session
     /// leases it holds once the journal writer is flushed (a drain's hand-off).
     pub replica: Option<ReplicaOptions>,
+    /// How journal bodies are stored (`BodyForm`); a journal must be read with the form it
+    /// was written with. Default: as they come.
+    pub body_form: Arc<dyn BodyForm>,
 }
 
 impl Default for StoreOptions {
@@ -95,6 +102,7 @@ impl Default for StoreOptions {
             max_connections: 8,
             exclusive: false,
             replica: None,
+            body_form: Arc::new(Verbatim),
         }
     }
 }
@@ -163,74 +171,6 @@ pub struct SessionPage {
     pub next_cursor: Option<String>,
 }
 
-/// One journal entry as stored: the exact JSON text that was sent.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JournalEntry {
-    /// Shared by the entries of one stored pack (one allocation per row read, not per entry).
-    pub session_id: Arc<str>,
-    pub seq: i64,
-    /// What the body is, e.g. the `sessionUpdate` kind; opaque to the store. Shared by the
-    /// entries of one stored pack.
-    pub kind: Arc<str>,
-    /// Shared, so that a catch-up queues it for its client as read, without another copy.
-    pub body: Arc<str>,
-    pub at_ms: i64,
-}
-
-/// Where one session's journal stands, as the writer reports it through a `DurableSeq`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Watermark {
-    /// Every entry appended with a seq up to this one is committed.
-    pub durable: i64,
-    /// The seq of an entry the database rejected (a constraint, a bad value): the watermark
-    /// stops below it for good, and later appends through the same watch are not written.
-    pub rejected: Option<i64>,
-    /// The rejection was fencing: the entry carried an epoch that is no longer the session's
-    /// lease epoch (another replica took the session over).
-    pub fenced: bool,
-}
-
-impl Watermark {
-    /// A journal committed up to `seq`, nothing rejected.
-    pub fn at(seq: i64) -> Watermark {
-        Watermark {
-            durable: seq,
-            rejected: None,
-            fenced: false,
-        }
-    }
-
-    /// True once `seq` is committed, or once it never will be (the watermark stopped).
-    pub fn settled(&self, seq: i64) -> bool {
-        self.durable >= seq || self.rejected.is_some()
-    }
-}
-
-/// Durable watermark of one session's journal, set by the writer only. One watch per live
-/// session: a rejection stops this watch, and a new watch (the session opened again from its
-/// row's `last_seq`) starts afresh.
-pub type DurableSeq = watch::Sender<Watermark>;
-
-/// A fresh watch for a journal committed up to `last_seq`.
-pub fn watermark(last_seq: i64) -> (Arc<DurableSeq>, watch::Receiver<Watermark>) {
-    let (tx, rx) = watch::channel(Watermark::at(last_seq));
-    (Arc::new(tx), rx)
-}
-
-/// An append on its way to the group-commit writer.
-#[derive(Debug, Clone)]
-pub struct NewEntry {
-    pub session_id: Arc<str>,
-    pub seq: i64,
-    pub kind: Arc<str>,
-    pub body: Arc<str>,
-    pub at_ms: i64,
-    /// The lease epoch its writer holds (several replicas), checked against the session's in
-    /// the insert's transaction: a stale one is refused (`Watermark::fenced`). `None`: no
-    /// lease (a single daemon), no check.
-    pub epoch: Option<i64>,
-}
-
 #[derive(Debug, Clone)]
 pub struct PrincipalRow {
     pub id: String,
@@ -279,6 +219,8 @@ struct Inner {
     _owner: Option<std::fs::File>,
     /// A SQLite file's WAL checkpoints (`checkpoint.rs`).
     checkpoints: Option<checkpoint::Checkpoints>,
+    /// `StoreOptions::body_form`; the writer holds it too.
+    form: Arc<dyn BodyForm>,
 }
 
 impl Store {
@@ -316,6 +258,7 @@ impl Store {
                 replica: opts.replica.map(|r| r.id),
                 _owner: owner,
                 checkpoints,
+                form: opts.body_form,
             }),
         })
     }
@@ -423,7 +366,14 @@ impl Store {
         after_seq: i64,
         limit: i64,
     ) -> Result<Vec<JournalEntry>, StoreError> {
-        journal::journal_after(&self.inner.pool, session_id, after_seq, limit).await
+        journal::journal_after(
+            &self.inner.pool,
+            &*self.inner.form,
+            session_id,
+            after_seq,
+            limit,
+        )
+        .await
     }
 
     /// Replaces the entries with `first_seq <= seq <= last_seq` by `entries` (compaction).
@@ -438,8 +388,16 @@ impl Store {
         last_seq: i64,
         entries: &[JournalEntry],
     ) -> Result<(), StoreError> {
-        journal::replace_journal_range(&self.inner.pool, session_id, first_seq, last_seq, entries)
-            .await
+        let form = &*self.inner.form;
+        journal::replace_journal_range(
+            &self.inner.pool,
+            form,
+            session_id,
+            first_seq,
+            last_seq,
+            entries,
+        )
+        .await
     }
 
     /// Pairs `(previous seq, seq)` of neighbouring entries after `after_seq` whose kinds are
@@ -464,7 +422,14 @@ impl Store {
         max_entries: u64,
         max_bytes: u64,
     ) -> Result<u64, StoreError> {
-        trim::trim_journal(&self.inner.pool, session_id, max_entries, max_bytes).await
+        trim::trim_journal(
+            &self.inner.pool,
+            &*self.inner.form,
+            session_id,
+            max_entries,
+            max_bytes,
+        )
+        .await
     }
 
     /// Count and total body bytes of a session's journal.

@@ -16,12 +16,14 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::JournalEntry;
+use super::form::BodyForm;
 
 /// The most entries one row holds. Reads that look for the row holding a seq start their index
 /// range this far below it, so it bounds what such a read scans, and it caps one row's size.
 pub(crate) const PACK_MAX: i64 = 256;
 
-/// One journal row to insert, borrowed from a `NewEntry` or a `JournalEntry`.
+/// One journal row to insert, borrowed from a `NewEntry` or a `JournalEntry`; `body` is what
+/// is stored of it (`BodyForm::shrink`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ins<'a> {
     pub session_id: &'a str,
@@ -29,6 +31,26 @@ pub(crate) struct Ins<'a> {
     pub kind: &'a str,
     pub body: &'a str,
     pub at_ms: i64,
+}
+
+impl<'a> Ins<'a> {
+    /// The entry `(session_id, seq, kind, body, at_ms)` as `form` stores it.
+    pub fn new(
+        form: &dyn BodyForm,
+        session_id: &'a str,
+        seq: i64,
+        kind: &'a str,
+        body: &'a str,
+        at_ms: i64,
+    ) -> Ins<'a> {
+        Ins {
+            session_id,
+            seq,
+            kind,
+            body: form.shrink(session_id, seq, body).unwrap_or(body),
+            at_ms,
+        }
+    }
 }
 
 /// One row to insert: `n_entries` entries from `seq` on.
@@ -114,26 +136,18 @@ impl Row {
         self.seq + i64::from(self.n_entries) - 1
     }
 
-    /// Its entries, in seq order. A body that does not split into `n_entries` parts is a
-    /// corrupt row, reported rather than guessed at.
-    pub fn entries(self) -> Result<Vec<JournalEntry>, sqlx::Error> {
-        let session_id: Arc<str> = self.session_id.into();
-        let kind: Arc<str> = self.kind.into();
-        if self.n_entries == 1 {
-            return Ok(vec![JournalEntry {
-                session_id,
-                seq: self.seq,
-                kind,
-                body: self.body.into(),
-                at_ms: self.at_ms,
-            }]);
-        }
-        let parts: Vec<&str> = self.body.split('\n').collect();
+    /// What is stored of each entry, in seq order, with its seq. A body that does not split
+    /// into `n_entries` parts is a corrupt row, reported rather than guessed at.
+    pub fn stored(&self) -> Result<Vec<(i64, &str)>, sqlx::Error> {
+        let parts: Vec<&str> = match self.n_entries {
+            1 => vec![self.body.as_str()],
+            _ => self.body.split('\n').collect(),
+        };
         if self.n_entries < 1 || parts.len() != self.n_entries as usize {
             return Err(sqlx::Error::Decode(
                 format!(
                     "journal row {}#{} holds {} entries, not the {} it says",
-                    session_id,
+                    self.session_id,
                     self.seq,
                     parts.len(),
                     self.n_entries
@@ -141,15 +155,30 @@ impl Row {
                 .into(),
             ));
         }
-        Ok(parts
+        Ok((self.seq..).zip(parts).collect())
+    }
+
+    /// Its entries, in seq order, each body as it was appended (`form` expands what it shrank).
+    pub fn entries(self, form: &dyn BodyForm) -> Result<Vec<JournalEntry>, sqlx::Error> {
+        let session_id: Arc<str> = self.session_id.as_str().into();
+        let kind: Arc<str> = self.kind.as_str().into();
+        let mut buf = String::new();
+        Ok(self
+            .stored()?
             .into_iter()
-            .zip(self.seq..)
-            .map(|(body, seq)| JournalEntry {
-                session_id: session_id.clone(),
-                seq,
-                kind: kind.clone(),
-                body: body.into(),
-                at_ms: self.at_ms,
+            .map(|(seq, stored)| {
+                buf.clear();
+                let body = match form.expand(&session_id, seq, stored, &mut buf) {
+                    true => buf.as_str(),
+                    false => stored,
+                };
+                JournalEntry {
+                    session_id: session_id.clone(),
+                    seq,
+                    kind: kind.clone(),
+                    body: body.into(),
+                    at_ms: self.at_ms,
+                }
             })
             .collect())
     }
@@ -160,6 +189,7 @@ pub(crate) fn entries_within(
     rows: Vec<Row>,
     from: i64,
     to: i64,
+    form: &dyn BodyForm,
 ) -> Result<Vec<JournalEntry>, sqlx::Error> {
     let mut out = Vec::new();
     for row in rows {
@@ -167,7 +197,7 @@ pub(crate) fn entries_within(
             continue;
         }
         out.extend(
-            row.entries()?
+            row.entries(form)?
                 .into_iter()
                 .filter(|e| e.seq >= from && e.seq <= to),
         );
@@ -178,6 +208,28 @@ pub(crate) fn entries_within(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::form::Verbatim;
+
+    /// Bodies `SID#SEQ~REST` are stored as `~REST`; others as they are.
+    #[derive(Debug)]
+    struct Tilde;
+
+    impl BodyForm for Tilde {
+        fn shrink<'a>(&self, session_id: &str, seq: i64, body: &'a str) -> Option<&'a str> {
+            let head = format!("{session_id}#{seq}");
+            body.strip_prefix(&head)
+                .filter(|rest| rest.starts_with('~'))
+        }
+
+        fn expand(&self, session_id: &str, seq: i64, stored: &str, out: &mut String) -> bool {
+            use std::fmt::Write as _;
+            let shrunk = stored.starts_with('~');
+            if shrunk {
+                let _ = write!(out, "{session_id}#{seq}{stored}");
+            }
+            shrunk
+        }
+    }
 
     fn ins<'a>(session_id: &'a str, seq: i64, kind: &'a str, body: &'a str, at_ms: i64) -> Ins<'a> {
         Ins {
@@ -203,7 +255,7 @@ mod tests {
     fn round_trip(entries: &[Ins<'_>]) -> Vec<JournalEntry> {
         let mut out: Vec<JournalEntry> = pack(entries)
             .iter()
-            .flat_map(|p| row(p).entries().unwrap())
+            .flat_map(|p| row(p).entries(&Verbatim).unwrap())
             .collect();
         out.sort_by(|a, b| (&a.session_id, a.seq).cmp(&(&b.session_id, b.seq)));
         out
@@ -258,6 +310,31 @@ mod tests {
     }
 
     #[test]
+    fn a_form_stores_bodies_shorter_and_reads_give_them_back_exactly() {
+        let bodies: Vec<String> = (1..=4)
+            .map(|s| match s {
+                3 => "kept as it is".to_owned(),
+                _ => format!("a#{s}~text {s}"),
+            })
+            .collect();
+        let e: Vec<Ins<'_>> = (1..=4)
+            .map(|s| Ins::new(&Tilde, "a", s, "k", &bodies[s as usize - 1], 0))
+            .collect();
+        let p = pack(&e);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].body, "~text 1\n~text 2\nkept as it is\n~text 4");
+        let back: Vec<String> = entries_within(vec![row(&p[0])], 1, 4, &Tilde)
+            .unwrap()
+            .iter()
+            .map(|e| e.body.to_string())
+            .collect();
+        assert_eq!(back, bodies);
+        // A body for another seq or session is not shrunk by what it happens to start with.
+        assert_eq!(Ins::new(&Tilde, "a", 9, "k", "a#1~x", 0).body, "a#1~x");
+        assert_eq!(Ins::new(&Tilde, "b", 1, "k", "a#1~x", 0).body, "a#1~x");
+    }
+
+    #[test]
     fn a_row_that_does_not_split_into_its_count_is_an_error() {
         let bad = Row {
             session_id: "a".into(),
@@ -267,14 +344,14 @@ mod tests {
             body: "x\ny".into(),
             at_ms: 0,
         };
-        assert!(bad.entries().is_err());
+        assert!(bad.entries(&Verbatim).is_err());
     }
 
     #[test]
     fn entries_within_cuts_rows_at_both_ends() {
         let e: Vec<Ins<'_>> = (1..=10).map(|s| ins("a", s, "k", "b", 0)).collect();
         let rows: Vec<Row> = pack(&e).iter().map(row).collect();
-        let seqs: Vec<i64> = entries_within(rows, 4, 6)
+        let seqs: Vec<i64> = entries_within(rows, 4, 6, &Verbatim)
             .unwrap()
             .iter()
             .map(|e| e.seq)

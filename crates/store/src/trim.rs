@@ -7,6 +7,7 @@
 
 use super::StoreError;
 use super::backend::{Pool, begin_write, db, on_pool, on_write};
+use super::form::BodyForm;
 use super::journal::{JournalSql, ins};
 use super::pack::{Ins, PACK_MAX, Row, entries_within};
 use super::rows::{self, JOURNAL_COLUMNS};
@@ -46,6 +47,7 @@ pub(super) async fn journal_size(pool: &Pool, session_id: &str) -> Result<(i64, 
 /// remain; returns how many went.
 pub(super) async fn trim_journal(
     pool: &Pool,
+    form: &dyn BodyForm,
     session_id: &str,
     max_entries: u64,
     max_bytes: u64,
@@ -116,14 +118,14 @@ pub(super) async fn trim_journal(
             let row = rows::journal_row(&row).map_err(db)?;
             let first = row.seq;
             dropped += (cut - first + 1) as u64;
-            let tail = entries_within(vec![row], cut + 1, i64::MAX).map_err(db)?;
+            let tail = entries_within(vec![row], cut + 1, i64::MAX, form).map_err(db)?;
             sqlx::query("DELETE FROM journal WHERE session_id = $1 AND seq = $2")
                 .bind(session_id)
                 .bind(first)
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?;
-            let tail: Vec<Ins<'_>> = tail.iter().map(ins).collect();
+            let tail: Vec<Ins<'_>> = tail.iter().map(|e| ins(e, form)).collect();
             tx.insert_entries(&tail).await.map_err(db)?;
         }
         tx.commit().await.map_err(db)?;
@@ -141,17 +143,18 @@ fn cut_by_count(seq: i64, n_entries: i32, total: i64, keep: i64) -> i64 {
 
 /// The newest seq at which the bytes counted from the newest entry down exceed `max`, given the
 /// row at which the running sum (`total`, this row included) first does.
+/// Bytes as stored (`BodyForm`), as the database's running sum counts them.
 fn cut_by_bytes(row: Row, total: i64, max: i64) -> Result<i64, sqlx::Error> {
-    let entries = row.entries()?;
-    let mut sum = total - entries.iter().map(|e| e.body.len() as i64).sum::<i64>();
-    for e in entries.iter().rev() {
-        sum += e.body.len() as i64;
+    let stored = row.stored()?;
+    let mut sum = total - stored.iter().map(|(_, b)| b.len() as i64).sum::<i64>();
+    for (seq, body) in stored.iter().rev() {
+        sum += body.len() as i64;
         if sum > max {
-            return Ok(e.seq);
+            return Ok(*seq);
         }
     }
     // The database said this row passes `max`; it cannot fall short.
-    Ok(entries.first().map_or(0, |e| e.seq))
+    Ok(stored.first().map_or(0, |(seq, _)| *seq))
 }
 
 /// Pairs `(previous seq, seq)` of neighbouring entries (by seq, after `after_seq`) that share

@@ -2,6 +2,7 @@
 //! the journal read it pages back with (the last entries before a seq).
 
 use super::backend::{Pool, conflict_or_db, db, now_ms, on_pool, on_write};
+use super::form::BodyForm;
 use super::journal::read_rows;
 use super::pack::PACK_MAX;
 use super::rows::JOURNAL_COLUMNS;
@@ -66,7 +67,14 @@ impl Store {
         before_seq: i64,
         limit: i64,
     ) -> Result<Vec<JournalEntry>, StoreError> {
-        journal_before(&self.inner.pool, session_id, before_seq, limit).await
+        journal_before(
+            &self.inner.pool,
+            &*self.inner.form,
+            session_id,
+            before_seq,
+            limit,
+        )
+        .await
     }
 }
 
@@ -213,6 +221,7 @@ pub(super) async fn revoke_for_token(pool: &Pool, token_id: &str) -> Result<u64,
 /// range read however long the journal is.
 pub(super) async fn journal_before(
     pool: &Pool,
+    form: &dyn BodyForm,
     session_id: &str,
     before_seq: i64,
     limit: i64,
@@ -232,7 +241,7 @@ pub(super) async fn journal_before(
         let want = (limit - out.len()) as i64;
         let found = read_rows(pool, &sql, session_id, before, want).await?;
         for row in found {
-            let mut entries = row.entries().map_err(db)?;
+            let mut entries = row.entries(form).map_err(db)?;
             entries.retain(|e| e.seq < before);
             let keep = entries.len().min(limit - out.len());
             out.extend(entries.drain(entries.len() - keep..).rev());

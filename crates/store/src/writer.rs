@@ -20,6 +20,7 @@ use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::{mpsc, watch};
 
 use super::backend::{Failure, Pool, begin_write, classify, on_write};
+use super::form::BodyForm;
 use super::journal::JournalSql;
 use super::pack::Ins;
 use super::{DurableSeq, NewEntry, StoreOptions};
@@ -46,6 +47,7 @@ pub(crate) fn spawn(pool: Pool, opts: &StoreOptions) -> (mpsc::Sender<Msg>, Fini
         pool,
         rx,
         batch_max: opts.journal_batch_max.max(1),
+        form: opts.body_form.clone(),
         open: true,
         _finished: finished_tx,
     };
@@ -57,6 +59,8 @@ struct Writer {
     pool: Pool,
     rx: mpsc::Receiver<Msg>,
     batch_max: usize,
+    /// How bodies are stored (`StoreOptions::body_form`).
+    form: Arc<dyn BodyForm>,
     /// False once the channel is closed and drained.
     open: bool,
     /// Dropped with the writer; see `Finished`.
@@ -158,7 +162,9 @@ impl Writer {
             .without_max_times();
         let attempt = || async {
             let started = std::time::Instant::now();
-            write(&self.pool, items).await.map(|()| started.elapsed())
+            write(&self.pool, &*self.form, items)
+                .await
+                .map(|()| started.elapsed())
         };
         let result = attempt
             .retry(backoff)
@@ -192,7 +198,7 @@ impl Writer {
 
 /// One transaction: raise the touched sessions' `last_seq` (which row-locks them), check the
 /// lease epochs the entries carry, then insert every entry.
-async fn write(pool: &Pool, items: &[&Item]) -> Result<(), CommitError> {
+async fn write(pool: &Pool, form: &dyn BodyForm, items: &[&Item]) -> Result<(), CommitError> {
     let fences: BTreeSet<(&str, i64)> = items
         .iter()
         .filter_map(|(e, _)| e.epoch.map(|epoch| (&*e.session_id, epoch)))
@@ -206,13 +212,7 @@ async fn write(pool: &Pool, items: &[&Item]) -> Result<(), CommitError> {
     let marks: Vec<(&str, i64)> = marks.into_iter().collect();
     let rows: Vec<Ins<'_>> = items
         .iter()
-        .map(|(e, _)| Ins {
-            session_id: &e.session_id,
-            seq: e.seq,
-            kind: &e.kind,
-            body: &e.body,
-            at_ms: e.at_ms,
-        })
+        .map(|(e, _)| Ins::new(form, &e.session_id, e.seq, &e.kind, &e.body, e.at_ms))
         .collect();
     on_write!(pool, |p| {
         let mut tx = p.begin_with(begin_write(pool)).await?;

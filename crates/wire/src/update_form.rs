@@ -27,24 +27,56 @@ pub fn push_seq_tail(out: &mut String, seq: i64) {
     let _ = write!(out, "{SEQ_TAIL_START}{seq}{SEQ_TAIL_END}");
 }
 
-/// `(session id, seq)` of an update in acpd's own form, read from its head and tail only.
-/// `None` for any other text. For text that came from acpd (it is trusted to be one JSON
-/// value): given that, the head fixes the top-level members and the tail can only be the
-/// params' last member, so a match cannot be fooled by a string inside the update.
-pub fn read(text: &str) -> Option<(&str, i64)> {
+/// An update in acpd's own form, taken apart: `text` is
+/// [`UPDATE_HEAD`]`"SESSION_ID"MEMBERS`[`SEQ_TAIL_START`]`SEQ`[`SEQ_TAIL_END`]. MEMBERS is
+/// empty or starts with `,` (the params' members after `sessionId`, e.g. `,"update":{…}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parts<'a> {
+    pub session_id: &'a str,
+    pub members: &'a str,
+    pub seq: i64,
+}
+
+/// `text` taken apart, when it is in acpd's own form; `None` for any other text. For text
+/// that came from acpd (it is trusted to be one JSON value): given that, the head fixes the
+/// top-level members and the tail can only be the params' last member, so a match cannot be
+/// fooled by a string inside the update. [`join`] gives `text` back byte for byte.
+pub fn split(text: &str) -> Option<Parts<'_>> {
     let rest = text.strip_prefix(UPDATE_HEAD)?.strip_prefix('"')?;
     let end = rest.find(['"', '\\'])?;
     if rest.as_bytes()[end] != b'"' {
         return None;
     }
-    let sid = &rest[..end];
-    let body = rest[end..].strip_suffix(SEQ_TAIL_END)?;
+    let session_id = &rest[..end];
+    let body = rest[end + 1..].strip_suffix(SEQ_TAIL_END)?;
     let digits = body.len() - body.bytes().rev().take_while(u8::is_ascii_digit).count();
     let (before, n) = body.split_at(digits);
-    if !before.ends_with(SEQ_TAIL_START) || n.is_empty() || (n.len() > 1 && n.starts_with('0')) {
+    let members = before.strip_suffix(SEQ_TAIL_START)?;
+    if n.is_empty() || (n.len() > 1 && n.starts_with('0')) {
         return None;
     }
-    Some((sid, n.parse().ok()?))
+    Some(Parts {
+        session_id,
+        members,
+        seq: n.parse().ok()?,
+    })
+}
+
+/// Appends the text [`split`] took apart to `out`.
+pub fn join(parts: Parts<'_>, out: &mut String) {
+    out.reserve(UPDATE_HEAD.len() + parts.session_id.len() + parts.members.len() + 48);
+    out.push_str(UPDATE_HEAD);
+    out.push('"');
+    out.push_str(parts.session_id);
+    out.push('"');
+    out.push_str(parts.members);
+    push_seq_tail(out, parts.seq);
+}
+
+/// `(session id, seq)` of an update in acpd's own form, read from its head and tail only
+/// ([`split`]); `None` for any other text.
+pub fn read(text: &str) -> Option<(&str, i64)> {
+    split(text).map(|p| (p.session_id, p.seq))
 }
 
 #[cfg(test)]
@@ -70,6 +102,29 @@ mod tests {
     }
 
     #[test]
+    fn split_and_join_give_the_text_back_byte_for_byte() {
+        let body = r#"{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"é \\\" ,\"_meta\":{}"}}"#;
+        for (sid, seq) in [("acpd-1", 42), ("s", 0), ("ünïcode", i64::MAX)] {
+            let t = update(sid, body, seq);
+            let parts = split(&t).expect("acpd's form");
+            assert_eq!(parts.session_id, sid);
+            assert_eq!(parts.seq, seq);
+            assert_eq!(parts.members, format!(r#","update":{body}"#));
+            let mut back = String::new();
+            join(parts, &mut back);
+            assert_eq!(back, t);
+        }
+        // Params holding nothing but the session id.
+        let mut bare = format!(r#"{UPDATE_HEAD}"s""#);
+        push_seq_tail(&mut bare, 7);
+        let parts = split(&bare).expect("acpd's form");
+        assert_eq!(parts.members, "");
+        let mut back = String::new();
+        join(parts, &mut back);
+        assert_eq!(back, bare);
+    }
+
+    #[test]
     fn any_other_form_is_left_to_the_parse() {
         for other in [
             // The agent's own _meta was merged in.
@@ -89,6 +144,7 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s"#,
         ] {
             assert_eq!(read(other), None, "{other}");
+            assert_eq!(split(other), None, "{other}");
         }
     }
 }

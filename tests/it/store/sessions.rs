@@ -90,12 +90,12 @@ async fn check_schema_too_new(url: String) {
     .await;
     raw(
         &url,
-        "UPDATE meta SET value = '3' WHERE key = 'journal_format'",
+        "UPDATE meta SET value = '4' WHERE key = 'journal_format'",
     )
     .await;
     assert!(matches!(
         Store::open(&url, StoreOptions::default()).await,
-        Err(StoreError::SchemaTooNew { found: 3, known: 2 })
+        Err(StoreError::SchemaTooNew { found: 4, known: 3 })
     ));
 }
 
