@@ -26,6 +26,7 @@ mod fork;
 mod fs_roots;
 mod handshake;
 mod hostile;
+mod journal_form;
 mod journal_rejection;
 mod journal_retention;
 mod layering;
