@@ -21,11 +21,11 @@ use super::{JournalEntry, StoreError, rows};
 /// session (another acpd on the same store), and skipping the row would drop entries while
 /// reporting them durable. A row of a session that never existed fails the foreign key.
 pub(crate) trait JournalSql {
-    /// Raises `sessions.last_seq` to each `(session_id, seq)` (never lowers it) for live
-    /// sessions; returns how many sessions matched. Run it before inserting: it row-locks the
-    /// sessions (Postgres), so a concurrent `delete_session` cannot slip between the "is it
-    /// deleted" check and the insert and leave orphan rows.
-    async fn raise_last_seq(&mut self, marks: &[(&str, i64)]) -> Result<u64, sqlx::Error>;
+    /// Raises `sessions.last_seq` to each mark's seq and `updated_at_ms` to its time (never
+    /// lowers either) for live sessions; returns how many sessions matched. Run it before
+    /// inserting: it row-locks the sessions (Postgres), so a concurrent `delete_session`
+    /// cannot slip between the "is it deleted" check and the insert and leave orphan rows.
+    async fn raise_last_seq(&mut self, marks: &[Mark<'_>]) -> Result<u64, sqlx::Error>;
     async fn insert_entries(&mut self, rows: &[Ins<'_>]) -> Result<(), sqlx::Error>;
     /// The first `(session_id, epoch)` of `fences` whose epoch is not the session's lease
     /// epoch (fencing). Run it after `raise_last_seq`, whose row locks keep the lease from
@@ -38,13 +38,20 @@ pub(crate) trait JournalSql {
     async fn stored(&mut self, session_id: &str, seq: i64) -> Result<Option<Stored>, sqlx::Error>;
 }
 
+/// `(session_id, seq, at_ms)`: a session's journal reaches `seq`, and it was active at `at_ms`.
+/// An append is the session's activity: the row's `updated_at_ms` moves with the journal, in
+/// the same transaction, so a turn's end needs no row write of its own (a second write to the
+/// same row, which on Postgres waited for the journal's row lock and then cost a commit of its
+/// own on every turn's path).
+pub(crate) type Mark<'a> = (&'a str, i64, i64);
+
 /// A row's `(n_entries, kind, body)`.
 type Stored = (i32, String, String);
 
 const STORED: &str = "SELECT n_entries, kind, body FROM journal WHERE session_id = $1 AND seq = $2";
 
 const RAISE_LAST_SEQ: &str = "UPDATE sessions \
-     SET last_seq = CASE WHEN last_seq > $2 THEN last_seq ELSE $2 END \
+     SET last_seq = MAX(last_seq, $2), updated_at_ms = MAX(updated_at_ms, $3) \
      WHERE id = $1 AND deleted_at_ms IS NULL";
 
 /// Rows per SQLite statement: a whole group commit (the writer takes up to 512 entries, fewer
@@ -75,12 +82,13 @@ fn sqlite_insert_sql(n: usize) -> String {
 }
 
 impl JournalSql for SqliteConnection {
-    async fn raise_last_seq(&mut self, marks: &[(&str, i64)]) -> Result<u64, sqlx::Error> {
+    async fn raise_last_seq(&mut self, marks: &[Mark<'_>]) -> Result<u64, sqlx::Error> {
         let mut matched = 0;
-        for (id, seq) in marks {
+        for (id, seq, at_ms) in marks {
             matched += sqlx::query(RAISE_LAST_SEQ)
                 .bind(*id)
                 .bind(*seq)
+                .bind(*at_ms)
                 .execute(&mut *self)
                 .await?
                 .rows_affected();
@@ -144,19 +152,22 @@ impl JournalSql for SqliteConnection {
 }
 
 impl JournalSql for PgConnection {
-    async fn raise_last_seq(&mut self, marks: &[(&str, i64)]) -> Result<u64, sqlx::Error> {
+    async fn raise_last_seq(&mut self, marks: &[Mark<'_>]) -> Result<u64, sqlx::Error> {
         if marks.is_empty() {
             return Ok(0);
         }
         let ids: Vec<&str> = marks.iter().map(|m| m.0).collect();
         let seqs: Vec<i64> = marks.iter().map(|m| m.1).collect();
+        let ats: Vec<i64> = marks.iter().map(|m| m.2).collect();
         Ok(sqlx::query(
-            "UPDATE sessions AS s SET last_seq = GREATEST(s.last_seq, v.seq) \
-             FROM UNNEST($1::text[], $2::int8[]) AS v (id, seq) \
+            "UPDATE sessions AS s SET last_seq = GREATEST(s.last_seq, v.seq), \
+             updated_at_ms = GREATEST(s.updated_at_ms, v.at_ms) \
+             FROM UNNEST($1::text[], $2::int8[], $3::int8[]) AS v (id, seq, at_ms) \
              WHERE s.id = v.id AND s.deleted_at_ms IS NULL",
         )
         .bind(ids)
         .bind(seqs)
+        .bind(ats)
         .execute(&mut *self)
         .await?
         .rows_affected())
@@ -353,7 +364,8 @@ pub(super) async fn replace_journal_range(
         }
         prev = e.seq;
     }
-    let mark = [(session_id, entries.last().map_or(0, |e| e.seq))];
+    // Compaction rewrites old entries: not activity, so no time (0 never raises it).
+    let mark = [(session_id, entries.last().map_or(0, |e| e.seq), 0)];
     // The rows holding any entry of the range: packs at either end may reach outside it.
     let within = format!(
         "WHERE session_id = $1 AND seq > $2 - {PACK_MAX} AND seq <= $3 AND seq + n_entries > $2"

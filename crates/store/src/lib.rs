@@ -341,7 +341,9 @@ impl Store {
     }
 
     /// Queues an append for group commit. Returns once queued (waits only when the queue is
-    /// full). `durable` is advanced to `entry.seq` once the entry's batch has committed.
+    /// full). `durable` is advanced to `entry.seq` once the entry's batch has committed. The
+    /// same transaction raises the session row's `last_seq` and its `updated_at_ms` to the
+    /// entry's `at_ms`: an append is activity.
     ///
     /// Entries of a deleted session are discarded (and acknowledged). An entry the database
     /// rejects as data (e.g. its session never existed, a constraint fails) stops `durable`:

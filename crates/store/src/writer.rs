@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::backend::{Failure, Pool, begin_write, classify, on_write};
 use super::form::BodyForm;
-use super::journal::JournalSql;
+use super::journal::{JournalSql, Mark};
 use super::pack::Ins;
 use super::{DurableSeq, NewEntry, StoreOptions};
 
@@ -196,20 +196,23 @@ impl Writer {
     }
 }
 
-/// One transaction: raise the touched sessions' `last_seq` (which row-locks them), check the
-/// lease epochs the entries carry, then insert every entry.
+/// One transaction: raise the touched sessions' `last_seq` and `updated_at_ms` (which
+/// row-locks them), check the lease epochs the entries carry, then insert every entry.
 async fn write(pool: &Pool, form: &dyn BodyForm, items: &[&Item]) -> Result<(), CommitError> {
     let fences: BTreeSet<(&str, i64)> = items
         .iter()
         .filter_map(|(e, _)| e.epoch.map(|epoch| (&*e.session_id, epoch)))
         .collect();
     let fences: Vec<(&str, i64)> = fences.into_iter().collect();
-    let mut marks: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut marks: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
     for (e, _) in items.iter().copied() {
-        let m = marks.entry(&*e.session_id).or_insert(e.seq);
-        *m = (*m).max(e.seq);
+        let m = marks.entry(&*e.session_id).or_insert((e.seq, e.at_ms));
+        *m = (m.0.max(e.seq), m.1.max(e.at_ms));
     }
-    let marks: Vec<(&str, i64)> = marks.into_iter().collect();
+    let marks: Vec<Mark<'_>> = marks
+        .into_iter()
+        .map(|(id, (seq, at_ms))| (id, seq, at_ms))
+        .collect();
     let rows: Vec<Ins<'_>> = items
         .iter()
         .map(|(e, _)| Ins::new(form, &e.session_id, e.seq, &e.kind, &e.body, e.at_ms))

@@ -104,12 +104,13 @@ impl Session {
         }
     }
 
-    /// The end of a prompt turn: counted, the row saved, the client answered once the turn's
-    /// row updates (its title, say) are written.
+    /// The end of a prompt turn: counted, the client answered once the turn's row updates (its
+    /// title, say) are written. The row's `updated_at` needs no write of its own: every
+    /// journal commit moves it (`acpd_store::Store::append`), and the turn journaled its
+    /// prompt at least.
     pub(super) fn end_turn(&mut self, responder: Responder, result: Result<Value, ResponseError>) {
         let reason = crate::metrics::stop_reason_label(&result);
         metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason).increment(1);
-        self.save(self.patch());
         self.after_rows(Out::Reply { responder, result });
         self.retention();
     }
