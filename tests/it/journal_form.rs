@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
 use sqlx::{Connection, SqliteConnection};
 
-use crate::support::{Daemon, DaemonOptions, kind};
+use crate::support::agent_chunks as chunks;
+use crate::support::{Daemon, DaemonOptions};
 
 /// `(seq, n_entries, body)` of every journal row of `sid`, oldest first.
 async fn rows(db: &mut SqliteConnection, sid: &str) -> Vec<(i64, i64, String)> {
@@ -16,14 +16,6 @@ async fn rows(db: &mut SqliteConnection, sid: &str) -> Vec<(i64, i64, String)> {
         .fetch_all(db)
         .await
         .expect("journal rows")
-}
-
-fn chunks(updates: &[Value]) -> Vec<Value> {
-    updates
-        .iter()
-        .filter(|u| kind(u) == "agent_message_chunk")
-        .cloned()
-        .collect()
 }
 
 #[tokio::test]

@@ -9,18 +9,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::support::{Daemon, DaemonOptions, agent_texts, assert_consecutive, kind, seq, seqs};
-
-/// The `agent_message_chunk`s of `updates`.
-fn chunks(updates: &[Value]) -> Vec<Value> {
-    updates
-        .iter()
-        .filter(|u| kind(u) == "agent_message_chunk")
-        .cloned()
-        .collect()
-}
+use crate::support::agent_chunks as chunks;
+use crate::support::{Daemon, DaemonOptions, agent_texts, assert_consecutive, seq, seqs};
 
 #[tokio::test]
 async fn a_client_stuck_in_a_big_load_holds_up_no_other_session_of_the_agent() {

@@ -37,6 +37,15 @@ pub fn chunk_text(params: &Value) -> Option<&str> {
     params["update"]["content"]["text"].as_str()
 }
 
+/// The `agent_message_chunk`s among `updates`, in order.
+pub fn agent_chunks(updates: &[Value]) -> Vec<Value> {
+    updates
+        .iter()
+        .filter(|p| kind(p) == "agent_message_chunk")
+        .cloned()
+        .collect()
+}
+
 /// Texts of the `agent_message_chunk`s among `updates`, in order.
 pub fn agent_texts(updates: &[Value]) -> Vec<String> {
     updates
