@@ -214,7 +214,7 @@ async fn blackholed_link_is_noticed_and_resumed() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_link_falls_back_to_reattach() -> Result<()> {
     let dir = Arc::new(tempfile::tempdir()?);
-    let d = Daemon::start_with(dir, free_port(), false, &["--resume-grace-secs", "1"]).await?;
+    let d = Daemon::start_with(dir, 0, false, &["--resume-grace-secs", "1"]).await?;
     let proxy = Proxy::start(([127, 0, 0, 1], d.port).into()).await?;
     let mut shim = Shim::spawn(&proxy.url(), &[], d.dir.path())?;
     let sid = shim.open_session().await?;

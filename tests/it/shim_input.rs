@@ -85,7 +85,7 @@ async fn a_line_over_the_daemons_limit_is_answered_not_resent_forever() -> Resul
     // shim's own limit (256 MiB) would let a 6 MiB line through.
     let d = Daemon::start_with(
         std::sync::Arc::new(tempfile::tempdir()?),
-        crate::shim_support::free_port(),
+        0,
         false,
         &["--max-message-bytes", "1048576"],
     )

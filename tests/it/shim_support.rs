@@ -37,10 +37,12 @@ pub struct Daemon {
 impl Daemon {
     pub async fn start(auth: bool) -> Result<Daemon> {
         let dir = Arc::new(tempfile::tempdir()?);
-        Daemon::start_in(dir, free_port(), auth).await
+        Daemon::start_in(dir, 0, auth).await
     }
 
-    /// Starts (again) on the given data dir and port.
+    /// Starts (again) on the given data dir and port. Port 0 on a fresh data dir: the port the
+    /// kernel gives, read from acpd's log (a port picked beforehand could be taken by another
+    /// test before acpd binds it); a restart passes that port again.
     pub async fn start_in(dir: Arc<tempfile::TempDir>, port: u16, auth: bool) -> Result<Daemon> {
         Daemon::start_with(dir, port, auth, &[]).await
     }
@@ -77,9 +79,32 @@ impl Daemon {
         }
         cmd.args(extra);
         let child = cmd.spawn().context("spawn acpd")?;
-        let d = Daemon { dir, port, child };
+        let mut d = Daemon { dir, port, child };
+        if port == 0 {
+            d.port = d.bound_port().await?;
+        }
         d.wait_ready().await?;
         Ok(d)
+    }
+
+    /// The port of the `acpd listening: ws://127.0.0.1:PORT/acp` line acpd logs once it is set up.
+    async fn bound_port(&mut self) -> Result<u16> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while tokio::time::Instant::now() < deadline {
+            let log = self.log();
+            let port = log
+                .rsplit_once("acpd listening: ws://127.0.0.1:")
+                .and_then(|(_, rest)| rest.split_once('/'))
+                .and_then(|(port, _)| port.parse().ok());
+            if let Some(port) = port {
+                return Ok(port);
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("acpd exited with {status} before listening; log:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bail!("acpd did not listen; log:\n{}", self.log())
     }
 
     async fn wait_ready(&self) -> Result<()> {

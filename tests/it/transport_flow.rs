@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::shim_support::{Daemon, WAIT, free_port, prompt};
+use crate::shim_support::{Daemon, WAIT, prompt};
 
 type Ws = WebSocketStream<TcpStream>;
 
@@ -113,7 +113,7 @@ async fn a_client_that_stops_reading_is_closed_after_the_write_deadline() -> Res
     // busy agent's sessions sharing its stdout.
     let other_agent = format!("t={}", crate::support::scripted_agent_bin());
     let dir = std::sync::Arc::new(tempfile::tempdir()?);
-    let d = Daemon::start_with(dir, free_port(), false, &["--agent", &other_agent]).await?;
+    let d = Daemon::start_with(dir, 0, false, &["--agent", &other_agent]).await?;
     let mut stuck = connect(d.port).await?;
     let sid = open_session(&mut stuck).await?;
     // A long turn, and from here on this client reads nothing.
