@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Args, Config};
 use crate::server::{self, Core, LOCAL_PRINCIPAL};
-use acpd_store::{Store, StoreOptions};
+use acpd_store::Store;
 
 /// Exit code for a bad configuration or usage (BSD `EX_USAGE`).
 pub const EXIT_USAGE: u8 = 64;
@@ -364,14 +364,12 @@ fn ensure_data_dir(config: &Config) -> Result<(), String> {
 async fn admin_store(args: &Args) -> Result<Store, ExitCode> {
     let config = config_of(args)?;
     ensure_data_dir(&config).map_err(fail)?;
-    // The daemon's journal form, so that no admin command can ever read a shortened body.
-    let opts = StoreOptions {
-        body_form: std::sync::Arc::new(crate::session::journal_form::UpdateForm),
-        ..StoreOptions::default()
-    };
-    Store::open(&config.store_url, opts)
-        .await
-        .map_err(|e| fail(e.to_string()))
+    Store::open(
+        &config.store_url,
+        crate::session::journal_form::store_options(),
+    )
+    .await
+    .map_err(|e| fail(e.to_string()))
 }
 
 async fn token(action: TokenAction) -> ExitCode {

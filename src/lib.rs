@@ -23,5 +23,5 @@ pub use config::{Setting, reference as config_reference};
 pub use server::serve;
 /// Chunk compaction, for the store suite (it runs it against both backends).
 pub use session::compaction::compact;
-/// The daemon's journal form, for tools and tests that open its store directly.
-pub use session::journal_form::UpdateForm;
+/// The daemon's store options (its journal form), for tools and tests that open its store.
+pub use session::journal_form::store_options;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acpd_store::{NewEntry, SessionRow, Store, StoreOptions};
+use acpd_store::{NewEntry, SessionRow, Store};
 use acpd_wire::update_form;
 use anyhow::{Result, ensure};
 use sqlx::{Connection, Executor, PgConnection};
@@ -24,11 +24,7 @@ const INSERTS: usize = 1000;
 /// Appends `appends` entries to a fresh session and reads `read_back` entries back (best of 5).
 pub async fn measure(url: &str, tag: &str, appends: i64, read_back: i64) -> Result<StoreRef> {
     // The daemon's journal form: the store stores updates as acpd does.
-    let opts = StoreOptions {
-        body_form: Arc::new(acpd::UpdateForm),
-        ..StoreOptions::default()
-    };
-    let store = Store::open(url, opts).await?;
+    let store = Store::open(url, acpd::store_options()).await?;
     let principal = store.ensure_principal("bench").await?;
     let (stream, replay) = (format!("stream-{tag}"), format!("replay-{tag}"));
     store

@@ -110,8 +110,7 @@ impl Core {
                     id: c.replica_id.clone(),
                     lease_ttl: c.lease_ttl,
                 }),
-                body_form: Arc::new(crate::session::journal_form::UpdateForm),
-                ..StoreOptions::default()
+                ..crate::session::journal_form::store_options()
             },
         )
         .await?;

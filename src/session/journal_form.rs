@@ -8,12 +8,24 @@
 //! Any other body (an agent's own `_meta`, a client request, an id with escapes) is stored
 //! whole.
 
-use acpd_store::BodyForm;
+use std::sync::Arc;
+
+use acpd_store::{BodyForm, StoreOptions};
 use acpd_wire::update_form::{self, Parts};
 
-/// The daemon's `BodyForm`; every `Store` the daemon opens uses it.
+/// The daemon's `BodyForm`; every `Store` the daemon opens uses it (`store_options`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct UpdateForm;
+
+/// The store options every `Store` of the daemon starts from (serve, stdio, admin commands,
+/// and tools or tests that open its store): the defaults with the daemon's journal form, so
+/// that nothing can read a journal without it.
+pub fn store_options() -> StoreOptions {
+    StoreOptions {
+        body_form: Arc::new(UpdateForm),
+        ..StoreOptions::default()
+    }
+}
 
 impl BodyForm for UpdateForm {
     fn shrink<'a>(&self, session_id: &str, seq: i64, body: &'a str) -> Option<&'a str> {

@@ -169,7 +169,7 @@ fn may_continue(e: &JournalEntry) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use acpd_store::{NewEntry, SessionRow, StoreOptions};
+    use acpd_store::{NewEntry, SessionRow};
 
     fn body(seq: i64, kind: &str, message: &str) -> String {
         format!(
@@ -186,10 +186,7 @@ mod tests {
     /// A store holding one session "s" whose journal is runs of the given lengths.
     async fn store_with_runs(runs: &[usize]) -> Store {
         // The daemon's journal form: merged runs go back in shortened, and read back whole.
-        let opts = StoreOptions {
-            body_form: std::sync::Arc::new(crate::session::journal_form::UpdateForm),
-            ..StoreOptions::default()
-        };
+        let opts = crate::session::journal_form::store_options();
         let store = Store::open("sqlite::memory:", opts).await.unwrap();
         let row = SessionRow {
             id: "s".into(),

@@ -49,11 +49,7 @@ async fn attach_beyond_the_journal_end_is_an_error_with_the_end() {
 async fn truncate_journal(db: &std::path::Path, sid: &str, keep: i64) -> Result<()> {
     let url = format!("sqlite://{}", db.display());
     // Through the store, which splits a row holding entries on both sides of the cut.
-    let opts = acpd_store::StoreOptions {
-        body_form: std::sync::Arc::new(acpd::UpdateForm),
-        ..Default::default()
-    };
-    let store = acpd_store::Store::open(&url, opts).await?;
+    let store = acpd_store::Store::open(&url, acpd::store_options()).await?;
     store
         .replace_journal_range(sid, keep + 1, i64::MAX, &[])
         .await?;
