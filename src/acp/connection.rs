@@ -15,8 +15,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+mod agent_call;
+use agent_call::AgentCalls;
+
 use super::rate::{RATE_LIMITED, RateLimit};
-use crate::agent::{AgentHandle, AgentKey};
+use crate::agent::{AgentHandle, AgentKey, WeakAgentHandle};
 use crate::config::BusyPrompts;
 use crate::config::Config;
 use crate::error::AcpError;
@@ -65,6 +68,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
         roles: HashMap::new(),
         caps: HashMap::new(),
         handlers: JoinSet::new(),
+        calls: AgentCalls::new(),
         flooded: false,
     };
     while !conn.flooded {
@@ -81,6 +85,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
                     conn.opened(sid, Ok((handle, None))).await;
                 }
                 Ok(Done::Opened { sid, result }) => conn.opened(sid, result).await,
+                Ok(Done::Reached(agent)) => conn.calls.reached(agent),
                 Ok(Done::Nothing) | Err(_) => {}
             }
         }
@@ -124,6 +129,8 @@ enum Done {
     Nothing,
     /// `session/new` made and attached this session.
     Created(SessionHandle),
+    /// A call reached the connection's agent through the pool: later calls go to it directly.
+    Reached(WeakAgentHandle),
     /// The hub opened (or could not open) a session this connection has commands for.
     Opened {
         sid: String,
@@ -146,6 +153,7 @@ struct Connection {
     /// grant's role); absent for its own sessions.
     caps: HashMap<String, Role>,
     handlers: JoinSet<Done>,
+    calls: AgentCalls,
     /// Notifications came faster than the rate limit (they cannot be refused one by one):
     /// the loop ends and the connection is closed.
     flooded: bool,
@@ -309,19 +317,7 @@ impl Connection {
             _ => {
                 let Some(sid) = super::params::session_id(&params) else {
                     // Not about a session: the agent's business (authenticate, logout, extensions).
-                    let agent = self.agent(init);
-                    self.handlers.spawn(async move {
-                        let result = match agent.await {
-                            Ok(a) => a
-                                .request(&method, params)
-                                .await
-                                .map_err(|e| AcpError::from(e).into()),
-                            Err(e) => Err(e.into()),
-                        };
-                        responder.respond(result).await;
-                        Done::Nothing
-                    });
-                    return;
+                    return self.call_agent(init, method, params, responder).await;
                 };
                 let conn = self.ctx.conn_id.clone();
                 let cmd = match method.as_str() {

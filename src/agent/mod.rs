@@ -18,10 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use acpd_wire::{IncomingRequest, PeerError, PeerHandle, RawNotification, ResponseError};
+use acpd_wire::{
+    Forward, IncomingRequest, MapError, PeerError, PeerHandle, PendingForward, RawNotification,
+    Responder, ResponseError,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -123,6 +126,31 @@ impl AgentHandle {
             .await
     }
 
+    /// Sends a request whose answer goes straight to `responder`'s link from the agent's peer
+    /// task; a failure is worded by `word` after the login hint is added, as `request`'s
+    /// caller would see it. Until then the call holds `permit` and keeps the agent running,
+    /// as a caller awaiting `request` would. A full queue hands the request back, to be sent
+    /// from a task.
+    pub fn forward(
+        &self,
+        method: &str,
+        params: Value,
+        responder: Responder,
+        permit: OwnedSemaphorePermit,
+        word: fn(PeerError) -> ResponseError,
+    ) -> Result<(), PendingForward> {
+        let profile = self.profile.clone();
+        let map_err: MapError = Arc::new(move |e| {
+            word(match e {
+                PeerError::Remote(e) => PeerError::Remote(login::auth_hint(e, &profile)),
+                other => other,
+            })
+        });
+        let hold = (permit, self.router.clone());
+        self.peer
+            .try_forward(method, Some(params), Forward::new(responder, map_err, hold))
+    }
+
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, PeerError> {
         match self.peer.request(method, Some(params)).await {
             Err(PeerError::Remote(e)) => Err(PeerError::Remote(login::auth_hint(e, &self.profile))),
@@ -132,7 +160,7 @@ impl AgentHandle {
 
     /// A handle that does not keep the agent running: once every `AgentHandle` is gone, the
     /// agent stops ("no longer used").
-    fn downgrade(&self) -> WeakAgentHandle {
+    pub(crate) fn downgrade(&self) -> WeakAgentHandle {
         WeakAgentHandle {
             peer: self.peer.clone(),
             init: self.init.clone(),
@@ -169,7 +197,8 @@ impl AgentHandle {
 }
 
 /// An `AgentHandle` that does not keep its agent running (`AgentHandle::downgrade`).
-struct WeakAgentHandle {
+#[derive(Clone)]
+pub(crate) struct WeakAgentHandle {
     peer: PeerHandle,
     init: Arc<Value>,
     router: mpsc::WeakUnboundedSender<hosted::RouterCommand>,
@@ -179,7 +208,7 @@ struct WeakAgentHandle {
 
 impl WeakAgentHandle {
     /// The handle again, if some session still holds the agent.
-    fn upgrade(&self) -> Option<AgentHandle> {
+    pub(crate) fn upgrade(&self) -> Option<AgentHandle> {
         Some(AgentHandle {
             peer: self.peer.clone(),
             init: self.init.clone(),

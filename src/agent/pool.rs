@@ -34,6 +34,8 @@ enum PoolCommand {
     Exited { key: AgentKey, generation: u64 },
     /// Stop every agent process of a principal (its last valid token was revoked).
     StopPrincipal { principal: String },
+    /// The live agent of `key` was used without `Get` (a connection's remembered handle).
+    Touch { key: AgentKey },
 }
 
 /// Hands out agent processes. Cheap to clone.
@@ -88,6 +90,13 @@ impl AgentPool {
             .map_err(|_| Arc::new(AgentError::ShuttingDown))?;
         rx.await.map_err(|_| Arc::new(AgentError::ShuttingDown))?
     }
+
+    /// Counts as asking for the live agent of `key` (it is held strongly again, and its
+    /// idle time starts over) without waiting for the pool. A full queue skips it: touches
+    /// are repeated.
+    pub fn touch(&self, key: AgentKey) {
+        let _ = self.tx.try_send(PoolCommand::Touch { key });
+    }
 }
 
 enum Slot {
@@ -110,7 +119,8 @@ impl Held {
             Held::Strong(h, _) => h.clone(),
             Held::Weak(w) => w.upgrade()?,
         };
-        (!h.exited.is_cancelled()).then_some(h)
+        // A closed link is an exit on its way: the process may not be reaped yet.
+        (!h.exited.is_cancelled() && !h.peer.is_closed()).then_some(h)
     }
 }
 
@@ -178,6 +188,13 @@ impl PoolTask {
                     }
                 }
                 PoolCommand::StopPrincipal { principal } => self.stop_principal(&principal),
+                PoolCommand::Touch { key } => {
+                    if let Some(Slot::Ready(held, _)) = self.slots.get_mut(&key)
+                        && let Some(h) = held.live()
+                    {
+                        *held = Held::Strong(h, Instant::now());
+                    }
+                }
             }
         }
     }

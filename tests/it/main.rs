@@ -8,6 +8,7 @@ mod pgtest;
 mod support;
 
 mod agent_backoff;
+mod agent_calls;
 mod agent_processes;
 mod agent_supervision;
 mod attach_after;

@@ -14,6 +14,7 @@
 //! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes).
 //! A `session/new` with `_meta.scripted.quiet: true` is answered without the
 //! `available_commands_update` that otherwise comes before the answer.
+//! `_scripted/echo` answers its params; `_scripted/hang` is never answered (a stuck agent).
 //! `ACPD_SCRIPTED_AGENT_QUIET=1`: no line on stderr per request (the benchmark's agent).
 
 mod io;
@@ -105,6 +106,8 @@ fn dispatch(agent: &Arc<Agent>, msg: Value) {
             let id = id.clone();
             if method == "session/prompt" {
                 prompt(agent, id, params);
+            } else if method == "_scripted/hang" {
+                // Never answered: stands in for an agent that is stuck on a request.
             } else {
                 let result = handle_request(agent, method, params);
                 agent.out.respond(id, result);

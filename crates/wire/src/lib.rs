@@ -15,8 +15,8 @@ pub use msg::{
     Malformed, Message, Notification, Request, RequestId, Response, ResponseError, code,
 };
 pub use peer::{
-    Answer, InFrame, Incoming, IncomingRequest, Link, OutgoingRequest, PeerError, PeerHandle,
-    Responder, memory_pair, spawn,
+    Answer, Forward, InFrame, Incoming, IncomingRequest, Link, MapError, OutgoingRequest,
+    PeerError, PeerHandle, PendingForward, Responder, memory_pair, spawn,
 };
 
 /// Depth of the channels between a pump and its peer: enough to keep a socket busy, small

@@ -18,9 +18,11 @@ use tokio_util::task::TaskTracker;
 use super::envelope::{self, RawNotification};
 use super::msg::{Malformed, Message, Notification, Request, RequestId, Response, ResponseError};
 
+mod forward;
 mod incoming;
 mod lane;
 mod memory;
+pub use forward::{Forward, MapError, PendingForward};
 pub use lane::Answer;
 use lane::{LaneItem, QUEUE_MESSAGES, Queued};
 pub use memory::memory_pair;
@@ -77,7 +79,12 @@ pub struct IncomingRequest {
 /// Where the answer to one of our requests goes.
 enum Reply {
     Oneshot(oneshot::Sender<Result<Value, PeerError>>),
-    InBand { route: String, tag: u64 },
+    InBand {
+        route: String,
+        tag: u64,
+    },
+    /// Straight to the asker of a request this link relays (`PeerHandle::try_forward`).
+    Forward(Box<Forward>),
 }
 
 enum Command {
@@ -296,6 +303,13 @@ impl Responder {
         }
     }
 
+    /// Answers without waiting: the link's queue, or a task of that link when it is full.
+    pub fn respond_now(mut self, result: Result<Value, ResponseError>) {
+        if let Some(id) = self.id.take() {
+            send_from_drop(&self.tx, &self.tasks, Command::Reply { id, result });
+        }
+    }
+
     pub fn id(&self) -> Option<&RequestId> {
         self.id.as_ref()
     }
@@ -464,9 +478,18 @@ impl PeerTask {
         for (_, token) in self.theirs.drain() {
             token.cancel();
         }
+        // Forwards still queued have an asker waiting: tell it the link is gone.
+        commands.close();
+        while let Ok(cmd) = commands.try_recv() {
+            forward::disconnected(cmd);
+        }
         for (_, reply) in self.ours.drain() {
-            if let Reply::Oneshot(tx) = reply {
-                let _ = tx.send(Err(PeerError::Disconnected));
+            match reply {
+                Reply::Oneshot(tx) => {
+                    let _ = tx.send(Err(PeerError::Disconnected));
+                }
+                Reply::Forward(f) => f.answer(Err(PeerError::Disconnected)),
+                Reply::InBand { .. } => {}
             }
         }
     }

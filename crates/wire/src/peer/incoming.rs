@@ -64,6 +64,7 @@ impl PeerTask {
                             result: r.result,
                         });
                     }
+                    Some(Reply::Forward(f)) => f.answer(r.result.map_err(PeerError::Remote)),
                     None => tracing::debug!(id = %r.id, "response to no pending request"),
                 }
             }
