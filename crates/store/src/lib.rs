@@ -20,6 +20,7 @@ mod entry;
 mod form;
 mod grants;
 mod journal;
+mod journal_pg;
 mod lease;
 pub mod metrics;
 mod pack;

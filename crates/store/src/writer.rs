@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, watch};
 use super::backend::{Failure, Pool, begin_write, classify, on_write};
 use super::form::BodyForm;
 use super::journal::{JournalSql, Mark};
+use super::journal_pg;
 use super::pack::Ins;
 use super::{DurableSeq, NewEntry, StoreOptions};
 
@@ -197,7 +198,8 @@ impl Writer {
 }
 
 /// One transaction: raise the touched sessions' `last_seq` and `updated_at_ms` (which
-/// row-locks them), check the lease epochs the entries carry, then insert every entry.
+/// row-locks them), check the lease epochs the entries carry, then insert every entry. On
+/// Postgres a batch without epochs is one statement instead (`journal_pg`).
 async fn write(pool: &Pool, form: &dyn BodyForm, items: &[&Item]) -> Result<(), CommitError> {
     let fences: BTreeSet<(&str, i64)> = items
         .iter()
@@ -217,6 +219,14 @@ async fn write(pool: &Pool, form: &dyn BodyForm, items: &[&Item]) -> Result<(), 
         .iter()
         .map(|(e, _)| Ins::new(form, &e.session_id, e.seq, &e.kind, &e.body, e.at_ms))
         .collect();
+    // Postgres without fencing: the whole commit is one statement, one round trip. A
+    // position already taken (a retry, a second writer) comes through the transaction below.
+    if let (Pool::Postgres(p), true) = (pool, fences.is_empty()) {
+        let mut conn = p.acquire().await?;
+        if journal_pg::commit(&mut conn, &marks, &rows).await? {
+            return Ok(());
+        }
+    }
     on_write!(pool, |p| {
         let mut tx = p.begin_with(begin_write(pool)).await?;
         tx.raise_last_seq(&marks).await?;
