@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::support::daemon::{process_alive, wait_all_dead};
-use crate::support::{Daemon, DaemonOptions};
+use crate::support::{Client, Daemon, DaemonOptions};
 
 /// Calls one connection may have out at once (`MAX_HANDLERS` in `acp/connection.rs`).
 const IN_FLIGHT: usize = 1024;
@@ -23,6 +23,16 @@ fn live_agents_except(daemon: &Daemon, old: &[i32]) -> Vec<i32> {
         .collect()
 }
 
+/// A client whose connection has reached (and so remembers) the agent, and the agent's pid.
+async fn caller(daemon: &Daemon) -> (Client, i32) {
+    let mut client = daemon.client().await;
+    let echoed = client.request("_scripted/echo", json!({ "n": 0 })).await;
+    assert_eq!(echoed.unwrap(), json!({ "n": 0 }));
+    let pids = daemon.agent_pids();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    (client, pids[0])
+}
+
 fn sigkill(pid: i32) {
     // SAFETY: plain kill(2) on a pid the test's daemon started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
@@ -31,37 +41,28 @@ fn sigkill(pid: i32) {
 #[tokio::test]
 async fn a_call_out_when_the_agent_dies_is_answered_and_the_next_reaches_a_new_agent() {
     let daemon = Daemon::start().await;
-    let mut client = daemon.client().await;
-    let echoed = client.request("_scripted/echo", json!({ "n": 1 })).await;
-    assert_eq!(echoed.unwrap(), json!({ "n": 1 }));
-    let first = daemon.agent_pids();
-    assert_eq!(first.len(), 1, "{first:?}");
+    let (mut client, first) = caller(&daemon).await;
     let stuck = client.send_request("_scripted/hang", json!({})).await;
     // The agent reads in order: once this is answered, it holds the stuck call.
     client
         .request("_scripted/echo", json!({ "n": 2 }))
         .await
         .unwrap();
-    sigkill(first[0]);
+    sigkill(first);
     let err = client.wait_response(&stuck).await.unwrap_err();
     assert_eq!(err.code, -32603, "{err}");
     assert!(err.message.contains("agent"), "{err}");
     // The same connection's next call starts and reaches a new process.
     let echoed = client.request("_scripted/echo", json!({ "n": 3 })).await;
     assert_eq!(echoed.unwrap(), json!({ "n": 3 }));
-    assert_eq!(live_agents_except(&daemon, &first).len(), 1);
+    assert_eq!(live_agents_except(&daemon, &[first]).len(), 1);
 }
 
 #[tokio::test]
 async fn calls_beyond_the_bound_in_flight_are_refused_and_the_connection_lives_on() {
     let daemon =
         Daemon::start_with(DaemonOptions::default().arg("--max-requests-per-second", 0)).await;
-    let mut client = daemon.client().await;
-    client
-        .request("_scripted/echo", json!({ "n": 0 }))
-        .await
-        .unwrap();
-    let pids = daemon.agent_pids();
+    let (mut client, agent) = caller(&daemon).await;
     let mut stuck = Vec::with_capacity(IN_FLIGHT);
     for _ in 0..IN_FLIGHT {
         stuck.push(client.send_request("_scripted/hang", json!({})).await);
@@ -76,7 +77,7 @@ async fn calls_beyond_the_bound_in_flight_are_refused_and_the_connection_lives_o
     let (_, result) = client.prompt(&sid, "echo still here").await;
     assert_eq!(result.unwrap()["stopReason"], "end_turn");
     // The agent dies: every stuck call is answered, and the bound is free again.
-    sigkill(pids[0]);
+    sigkill(agent);
     for id in &stuck {
         let err = client.wait_response(id).await.unwrap_err();
         assert_eq!(err.code, -32603, "{err}");
@@ -89,13 +90,8 @@ async fn calls_beyond_the_bound_in_flight_are_refused_and_the_connection_lives_o
 async fn steady_calls_keep_the_agent_from_idling_and_it_stops_once_they_end() {
     let daemon =
         Daemon::start_with(DaemonOptions::default().arg("--agent-idle-stop-secs", 1)).await;
-    let mut client = daemon.client().await;
-    client
-        .request("_scripted/echo", json!({ "n": 0 }))
-        .await
-        .unwrap();
-    let pids = daemon.agent_pids();
-    assert_eq!(pids.len(), 1, "{pids:?}");
+    let (mut client, agent) = caller(&daemon).await;
+    let pids = [agent];
     // Three idle periods of calls, no session: the agent is in use all along.
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {

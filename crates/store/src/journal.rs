@@ -7,6 +7,7 @@ use sqlx::{PgConnection, SqliteConnection};
 
 use super::backend::{Pool, begin_write, db, on_pool, on_write};
 use super::form::BodyForm;
+use super::journal_pg::Columns;
 use super::pack::{Ins, PACK_MAX, Pack, Row, entries_within, pack};
 use super::rows::JOURNAL_COLUMNS;
 use super::{JournalEntry, StoreError, rows};
@@ -178,22 +179,7 @@ impl JournalSql for PgConnection {
             return Ok(());
         }
         let rows = pack(entries);
-        // One statement for the whole batch: six arrays, one round trip.
-        let mut session_ids = Vec::with_capacity(rows.len());
-        let mut seqs = Vec::with_capacity(rows.len());
-        let mut counts = Vec::with_capacity(rows.len());
-        let mut kinds = Vec::with_capacity(rows.len());
-        let mut bodies = Vec::with_capacity(rows.len());
-        let mut ats = Vec::with_capacity(rows.len());
-        for r in &rows {
-            session_ids.push(r.session_id);
-            seqs.push(r.seq);
-            counts.push(r.n_entries);
-            kinds.push(r.kind);
-            bodies.push(r.body.as_ref());
-            ats.push(r.at_ms);
-        }
-        let inserted = sqlx::query(
+        let insert = sqlx::query(
             "INSERT INTO journal (session_id, seq, n_entries, kind, body, at_ms) \
              SELECT v.session_id, v.seq, v.n_entries, v.kind, v.body, v.at_ms \
              FROM UNNEST($1::text[], $2::int8[], $3::int4[], $4::text[], $5::text[], $6::int8[]) \
@@ -201,16 +187,13 @@ impl JournalSql for PgConnection {
              WHERE NOT EXISTS \
                (SELECT 1 FROM sessions s WHERE s.id = v.session_id AND s.deleted_at_ms IS NOT NULL) \
              ON CONFLICT (session_id, seq) DO NOTHING",
-        )
-        .bind(session_ids)
-        .bind(seqs)
-        .bind(counts)
-        .bind(kinds)
-        .bind(bodies)
-        .bind(ats)
-        .execute(&mut *self)
-        .await?
-        .rows_affected();
+        );
+        // One statement for the whole batch: six arrays, one round trip.
+        let inserted = Columns::of(&rows)
+            .bind(insert)
+            .execute(&mut *self)
+            .await?
+            .rows_affected();
         if (inserted as usize) < rows.len() {
             check_skipped(&mut *self, &rows).await?;
         }
