@@ -7,8 +7,7 @@ use sqlx::{PgConnection, SqliteConnection};
 
 use super::backend::{Pool, begin_write, db, on_pool, on_write};
 use super::form::BodyForm;
-use super::journal_pg::Columns;
-use super::pack::{Ins, PACK_MAX, Pack, Row, entries_within, pack};
+use super::pack::{Columns, Ins, PACK_MAX, Pack, Row, entries_within, pack};
 use super::rows::JOURNAL_COLUMNS;
 use super::{JournalEntry, StoreError, rows};
 

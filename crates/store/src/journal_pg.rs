@@ -3,11 +3,9 @@
 //! before. A single statement is its own transaction, so it is as atomic as the four.
 
 use sqlx::PgConnection;
-use sqlx::postgres::{PgArguments, Postgres};
-use sqlx::query::Query;
 
 use super::journal::Mark;
-use super::pack::{Ins, Pack, pack};
+use super::pack::{Columns, Ins, pack};
 
 /// Raises the marked sessions (as `JournalSql::raise_last_seq`) and inserts the batch's packs
 /// (as `JournalSql::insert_entries`) in one statement. `Ok(false)`: a row's position is taken
@@ -67,53 +65,4 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.code())
         .is_some_and(|c| c == "23505")
-}
-
-/// A batch's packs as the six arrays an `UNNEST` of journal rows takes, in the journal's column
-/// order: one statement for the whole batch, whatever its size.
-pub(crate) struct Columns<'a> {
-    session_ids: Vec<&'a str>,
-    seqs: Vec<i64>,
-    counts: Vec<i32>,
-    kinds: Vec<&'a str>,
-    bodies: Vec<&'a str>,
-    ats: Vec<i64>,
-}
-
-impl<'a> Columns<'a> {
-    pub(crate) fn of(rows: &'a [Pack<'a>]) -> Self {
-        let mut c = Columns {
-            session_ids: Vec::with_capacity(rows.len()),
-            seqs: Vec::with_capacity(rows.len()),
-            counts: Vec::with_capacity(rows.len()),
-            kinds: Vec::with_capacity(rows.len()),
-            bodies: Vec::with_capacity(rows.len()),
-            ats: Vec::with_capacity(rows.len()),
-        };
-        for r in rows {
-            c.session_ids.push(r.session_id);
-            c.seqs.push(r.seq);
-            c.counts.push(r.n_entries);
-            c.kinds.push(r.kind);
-            c.bodies.push(r.body.as_ref());
-            c.ats.push(r.at_ms);
-        }
-        c
-    }
-
-    /// Binds the six arrays as the query's next parameters.
-    pub(crate) fn bind<'q>(
-        self,
-        q: Query<'q, Postgres, PgArguments>,
-    ) -> Query<'q, Postgres, PgArguments>
-    where
-        'a: 'q,
-    {
-        q.bind(self.session_ids)
-            .bind(self.seqs)
-            .bind(self.counts)
-            .bind(self.kinds)
-            .bind(self.bodies)
-            .bind(self.ats)
-    }
 }

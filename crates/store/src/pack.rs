@@ -15,6 +15,9 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use sqlx::postgres::{PgArguments, Postgres};
+use sqlx::query::Query;
+
 use super::JournalEntry;
 use super::form::BodyForm;
 
@@ -203,6 +206,55 @@ pub(crate) fn entries_within(
         );
     }
     Ok(out)
+}
+
+/// A batch's packs as the six arrays an `UNNEST` of journal rows takes, in the journal's column
+/// order: one statement for the whole batch, whatever its size.
+pub(crate) struct Columns<'a> {
+    session_ids: Vec<&'a str>,
+    seqs: Vec<i64>,
+    counts: Vec<i32>,
+    kinds: Vec<&'a str>,
+    bodies: Vec<&'a str>,
+    ats: Vec<i64>,
+}
+
+impl<'a> Columns<'a> {
+    pub(crate) fn of(rows: &'a [Pack<'a>]) -> Self {
+        let mut c = Columns {
+            session_ids: Vec::with_capacity(rows.len()),
+            seqs: Vec::with_capacity(rows.len()),
+            counts: Vec::with_capacity(rows.len()),
+            kinds: Vec::with_capacity(rows.len()),
+            bodies: Vec::with_capacity(rows.len()),
+            ats: Vec::with_capacity(rows.len()),
+        };
+        for r in rows {
+            c.session_ids.push(r.session_id);
+            c.seqs.push(r.seq);
+            c.counts.push(r.n_entries);
+            c.kinds.push(r.kind);
+            c.bodies.push(r.body.as_ref());
+            c.ats.push(r.at_ms);
+        }
+        c
+    }
+
+    /// Binds the six arrays as the query's next parameters.
+    pub(crate) fn bind<'q>(
+        self,
+        q: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments>
+    where
+        'a: 'q,
+    {
+        q.bind(self.session_ids)
+            .bind(self.seqs)
+            .bind(self.counts)
+            .bind(self.kinds)
+            .bind(self.bodies)
+            .bind(self.ats)
+    }
 }
 
 #[cfg(test)]
