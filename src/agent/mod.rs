@@ -140,22 +140,23 @@ impl AgentHandle {
         word: fn(PeerError) -> ResponseError,
     ) -> Result<(), PendingForward> {
         let profile = self.profile.clone();
-        let map_err: MapError = Arc::new(move |e| {
-            word(match e {
-                PeerError::Remote(e) => PeerError::Remote(login::auth_hint(e, &profile)),
-                other => other,
-            })
-        });
+        let map_err: MapError = Arc::new(move |e| word(hinted(e, &profile)));
         let hold = (permit, self.router.clone());
         self.peer
             .try_forward(method, Some(params), Forward::new(responder, map_err, hold))
     }
 
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, PeerError> {
-        match self.peer.request(method, Some(params)).await {
-            Err(PeerError::Remote(e)) => Err(PeerError::Remote(login::auth_hint(e, &self.profile))),
-            other => other,
-        }
+        self.peer
+            .request(method, Some(params))
+            .await
+            .map_err(|e| hinted(e, &self.profile))
+    }
+
+    /// Whether the process runs and its link is open: a closed link is an exit on its way
+    /// (the process may not be reaped yet).
+    pub fn is_live(&self) -> bool {
+        !self.exited.is_cancelled() && !self.peer.is_closed()
     }
 
     /// A handle that does not keep the agent running: once every `AgentHandle` is gone, the
@@ -196,8 +197,15 @@ impl AgentHandle {
     }
 }
 
+/// The agent's error with the login hint added (an auth error names how to log it in).
+fn hinted(e: PeerError, profile: &str) -> PeerError {
+    match e {
+        PeerError::Remote(e) => PeerError::Remote(login::auth_hint(e, profile)),
+        other => other,
+    }
+}
+
 /// An `AgentHandle` that does not keep its agent running (`AgentHandle::downgrade`).
-#[derive(Clone)]
 pub(crate) struct WeakAgentHandle {
     peer: PeerHandle,
     init: Arc<Value>,

@@ -119,8 +119,7 @@ impl Held {
             Held::Strong(h, _) => h.clone(),
             Held::Weak(w) => w.upgrade()?,
         };
-        // A closed link is an exit on its way: the process may not be reaped yet.
-        (!h.exited.is_cancelled() && !h.peer.is_closed()).then_some(h)
+        h.is_live().then_some(h)
     }
 }
 

@@ -47,7 +47,7 @@ impl AgentCalls {
             .known
             .as_ref()
             .and_then(WeakAgentHandle::upgrade)
-            .filter(|a| !a.exited.is_cancelled() && !a.peer.is_closed());
+            .filter(AgentHandle::is_live);
         if agent.is_none() {
             self.known = None;
         }
