@@ -13,12 +13,17 @@ pub struct Opts {
     pub store_appends: i64,
     /// Sections to run (`--only`); all when empty.
     pub only: Vec<String>,
+    /// Round trips the `rt` section times (`--rt`); all when empty.
+    pub rt: Vec<String>,
 }
 
 /// The sections `--only` can pick.
 const SECTIONS: [&str; 7] = [
     "rt", "stream", "load", "start", "store", "conns", "replicas",
 ];
+
+/// The round trips `--rt` can pick: `session/prompt`, `_scripted/echo`, `session/new`.
+const ROUND_TRIPS: [&str; 3] = ["prompt", "echo", "new"];
 
 impl Opts {
     pub fn parse() -> Result<Opts> {
@@ -31,6 +36,7 @@ impl Opts {
             conns: vec![1000, 10_000],
             store_appends: 100_000,
             only: Vec::new(),
+            rt: Vec::new(),
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -52,6 +58,7 @@ impl Opts {
                         conns: vec![1000],
                         store_appends: 20_000,
                         only: std::mem::take(&mut o.only),
+                        rt: std::mem::take(&mut o.rt),
                     }
                 }
                 "--round-trips" => o.round_trips = num(&a)?.max(1) as usize,
@@ -66,6 +73,20 @@ impl Opts {
                         bail!("unknown section {bad}; sections: {}", SECTIONS.join(","));
                     }
                 }
+                // The websocat pair's `session/prompt` takes ~44 ms (Nagle holds its second
+                // message), so `--rt echo,new` is the quick way to time the other two.
+                "--rt" => {
+                    let v = args
+                        .next()
+                        .context("--rt needs ROUND_TRIP[,ROUND_TRIP...]")?;
+                    o.rt = v.split(',').map(str::to_owned).collect();
+                    if let Some(bad) = o.rt.iter().find(|s| !ROUND_TRIPS.contains(&s.as_str())) {
+                        bail!(
+                            "unknown round trip {bad}; round trips: {}",
+                            ROUND_TRIPS.join(",")
+                        );
+                    }
+                }
                 "--conns" => {
                     let v = args.next().context("--conns needs N[,N...]")?;
                     o.conns = v
@@ -76,8 +97,10 @@ impl Opts {
                 }
                 _ => bail!(
                     "usage: relay [--quick] [--only SECTION,...] [--round-trips N] [--updates N] \
-                     [--runs N] [--starts N] [--loads N] [--conns N,N]\nsections: {}",
-                    SECTIONS.join(",")
+                     [--runs N] [--starts N] [--loads N] [--conns N,N] [--rt ROUND_TRIP,...]\n\
+                     sections: {}\nround trips: {}",
+                    SECTIONS.join(","),
+                    ROUND_TRIPS.join(",")
                 ),
             }
         }
@@ -86,5 +109,10 @@ impl Opts {
 
     pub fn wants(&self, section: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|s| s == section)
+    }
+
+    /// Whether the `rt` section times this round trip.
+    pub fn wants_rt(&self, round_trip: &str) -> bool {
+        self.rt.is_empty() || self.rt.iter().any(|s| s == round_trip)
     }
 }

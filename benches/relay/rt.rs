@@ -24,49 +24,64 @@ pub(super) fn round_trips(
         opts.round_trips
     );
     for (p, c, sid) in clients.iter_mut() {
-        let mut times = Vec::with_capacity(opts.round_trips);
-        for _ in 0..opts.round_trips {
-            let t = Instant::now();
-            let a = c.prompt(sid, "echo x")?;
-            times.push(t.elapsed());
-            ensure!(
-                a.updates == 1,
-                "{}: echo sent {} updates",
+        if opts.wants_rt("prompt") {
+            prompts(opts, c, sid, p.label(), mode, &rt_prompt, report)?;
+        }
+        if opts.wants_rt("echo") {
+            let mut times = Vec::with_capacity(opts.round_trips);
+            for _ in 0..opts.round_trips {
+                let t = Instant::now();
+                c.call("_scripted/echo", json!({ "n": 1 }))?;
+                times.push(t.elapsed());
+            }
+            report.put(
+                "rt-ext",
+                &rt_ext,
+                Unit::RoundTrip,
                 p.label(),
-                a.updates
+                mode,
+                percentiles(times),
             );
         }
-        report.put(
-            "rt-prompt",
-            &rt_prompt,
-            Unit::RoundTrip,
-            p.label(),
-            mode,
-            percentiles(times),
-        );
-        let mut times = Vec::with_capacity(opts.round_trips);
-        for _ in 0..opts.round_trips {
-            let t = Instant::now();
-            c.call("_scripted/echo", json!({ "n": 1 }))?;
-            times.push(t.elapsed());
+        if opts.wants_rt("new") {
+            let times = new_session::timed(c, opts.round_trips, p.closes())?;
+            report.put(
+                "rt-new",
+                &rt_new,
+                Unit::RoundTrip,
+                p.label(),
+                mode,
+                percentiles(times),
+            );
         }
-        report.put(
-            "rt-ext",
-            &rt_ext,
-            Unit::RoundTrip,
-            p.label(),
-            mode,
-            percentiles(times),
-        );
-        let times = new_session::timed(c, opts.round_trips, p.closes())?;
-        report.put(
-            "rt-new",
-            &rt_new,
-            Unit::RoundTrip,
-            p.label(),
-            mode,
-            percentiles(times),
-        );
     }
+    Ok(())
+}
+
+/// `session/prompt "echo x"` round trips, one at a time.
+fn prompts(
+    opts: &Opts,
+    c: &mut LineClient,
+    sid: &str,
+    label: &str,
+    mode: Mode,
+    title: &str,
+    report: &mut Report,
+) -> Result<()> {
+    let mut times = Vec::with_capacity(opts.round_trips);
+    for _ in 0..opts.round_trips {
+        let t = Instant::now();
+        let a = c.prompt(sid, "echo x")?;
+        times.push(t.elapsed());
+        ensure!(a.updates == 1, "{label}: echo sent {} updates", a.updates);
+    }
+    report.put(
+        "rt-prompt",
+        title,
+        Unit::RoundTrip,
+        label,
+        mode,
+        percentiles(times),
+    );
     Ok(())
 }
