@@ -66,27 +66,10 @@ impl Opts {
                 "--runs" => o.runs = num(&a)?.max(1) as usize,
                 "--starts" => o.starts = num(&a)?.max(1) as usize,
                 "--loads" => o.loads = num(&a)?.max(1) as usize,
-                "--only" => {
-                    let v = args.next().context("--only needs SECTION[,SECTION...]")?;
-                    o.only = v.split(',').map(str::to_owned).collect();
-                    if let Some(bad) = o.only.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
-                        bail!("unknown section {bad}; sections: {}", SECTIONS.join(","));
-                    }
-                }
+                "--only" => o.only = picks(args.next(), &a, "section", &SECTIONS)?,
                 // The websocat pair's `session/prompt` takes ~44 ms (Nagle holds its second
                 // message), so `--rt echo,new` is the quick way to time the other two.
-                "--rt" => {
-                    let v = args
-                        .next()
-                        .context("--rt needs ROUND_TRIP[,ROUND_TRIP...]")?;
-                    o.rt = v.split(',').map(str::to_owned).collect();
-                    if let Some(bad) = o.rt.iter().find(|s| !ROUND_TRIPS.contains(&s.as_str())) {
-                        bail!(
-                            "unknown round trip {bad}; round trips: {}",
-                            ROUND_TRIPS.join(",")
-                        );
-                    }
-                }
+                "--rt" => o.rt = picks(args.next(), &a, "round trip", &ROUND_TRIPS)?,
                 "--conns" => {
                     let v = args.next().context("--conns needs N[,N...]")?;
                     o.conns = v
@@ -115,4 +98,14 @@ impl Opts {
     pub fn wants_rt(&self, round_trip: &str) -> bool {
         self.rt.is_empty() || self.rt.iter().any(|s| s == round_trip)
     }
+}
+
+/// The comma-separated list after `flag`, each one of `known`.
+fn picks(arg: Option<String>, flag: &str, what: &str, known: &[&str]) -> Result<Vec<String>> {
+    let v = arg.with_context(|| format!("{flag} needs a {what}, or several with commas"))?;
+    let list: Vec<String> = v.split(',').map(str::to_owned).collect();
+    if let Some(bad) = list.iter().find(|s| !known.contains(&s.as_str())) {
+        bail!("unknown {what} {bad}; {what}s: {}", known.join(","));
+    }
+    Ok(list)
 }
