@@ -55,16 +55,16 @@ pub enum AgentError {
 pub enum AgentEvent {
     /// Params as the agent sent them: a `session/update` is journaled without being parsed.
     Notification(RawNotification),
-    Request(IncomingRequest),
+    /// Boxed, like `Response`'s result: these are rare, and a session's event channel holds
+    /// a block of 32 slots of the largest variant for its whole life.
+    Request(Box<IncomingRequest>),
     /// The answer to a request sent with `AgentHandle::request_in_band`.
     Response {
         tag: u64,
-        result: Result<Value, ResponseError>,
+        result: Box<Result<Value, ResponseError>>,
     },
     /// The process is gone; `status` says how it ended.
-    Exited {
-        status: String,
-    },
+    Exited { status: String },
 }
 
 /// Which process: agents are per principal so tokens never share an agent's memory.
@@ -224,5 +224,16 @@ impl WeakAgentHandle {
             exited: self.exited.clone(),
             profile: self.profile.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A live session holds the first block (32 slots) of its agent-event channel for its
+    /// whole life: the events stay small (the rare large ones are boxed), so ten thousand idle
+    /// sessions do not each hold 32 slots of the largest event.
+    #[test]
+    fn the_event_channel_every_live_session_holds_carries_small_events() {
+        assert!(std::mem::size_of::<super::AgentEvent>() <= 48);
     }
 }

@@ -224,7 +224,7 @@ pub(super) struct Session {
 impl Session {
     async fn run(
         mut self,
-        mut commands: mpsc::Receiver<SessionCommand>,
+        mut commands: mpsc::Receiver<Box<SessionCommand>>,
         mut events: mpsc::Receiver<AgentEvent>,
         serial: u64,
     ) {
@@ -244,7 +244,7 @@ impl Session {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 cmd = commands.recv() => match cmd {
-                    Some(cmd) => self.on_command(cmd).await,
+                    Some(cmd) => self.on_command(*cmd).await,
                     None => break,
                 },
                 ev = events.recv() => {

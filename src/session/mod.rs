@@ -209,7 +209,9 @@ pub struct SessionHandle {
     pub principal: Arc<str>,
     /// The agent profile the session runs on.
     pub profile: Arc<str>,
-    tx: mpsc::Sender<SessionCommand>,
+    /// Boxed: a channel allocates its first block of 32 slots up front, and a live session
+    /// holds that block of its command channel for its whole life.
+    tx: mpsc::Sender<Box<SessionCommand>>,
     /// Published by the actor when a turn starts or ends and when a client comes or goes.
     status: tokio::sync::watch::Receiver<LiveStatus>,
 }
@@ -217,7 +219,7 @@ pub struct SessionHandle {
 impl SessionHandle {
     /// Queues a command; `Err` gives it back when the actor has ended.
     pub async fn send(&self, cmd: SessionCommand) -> Result<(), SessionCommand> {
-        self.tx.send(cmd).await.map_err(|e| e.0)
+        self.tx.send(Box::new(cmd)).await.map_err(|e| *e.0)
     }
 
     pub fn is_closed(&self) -> bool {

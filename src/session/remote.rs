@@ -107,13 +107,13 @@ struct Forwarder {
 }
 
 impl Forwarder {
-    async fn run(mut self, mut commands: mpsc::Receiver<SessionCommand>) {
+    async fn run(mut self, mut commands: mpsc::Receiver<Box<SessionCommand>>) {
         let shutdown = self.shared.shutdown.clone();
         while !self.done {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 cmd = commands.recv() => match cmd {
-                    Some(cmd) => self.on_command(cmd).await,
+                    Some(cmd) => self.on_command(*cmd).await,
                     None => break,
                 },
                 msg = next_incoming(&mut self.link) => match msg {

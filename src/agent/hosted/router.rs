@@ -45,6 +45,9 @@ struct Route {
     generation: u64,
     /// When the session last took an event from its backlog (or the backlog started).
     moved_at: Instant,
+    /// The agent's id of the session, its key in `by_agent_sid`: so a route leaves that map
+    /// without a scan of every session of the agent.
+    agent_sid: Option<String>,
 }
 
 /// A permit task's result: room for one event on a route's channel.
@@ -122,33 +125,14 @@ impl Router {
                 }
                 cmd = commands.recv() => match cmd {
                     Some(RouterCommand::Register { route, agent_session_id, events }) => {
-                        let kept = self.routes.remove(&route).map(|r| r.backlog);
-                        // What was held for the route's earlier registration still goes first.
-                        let backlog = kept.filter(|b| !b.is_empty());
-                        let waiting = backlog.is_some();
-                        self.registrations += 1;
-                        self.routes.insert(route.clone(), Route {
-                            tx: events,
-                            backlog: backlog.unwrap_or_default(),
-                            generation: self.registrations,
-                            moved_at: Instant::now(),
-                        });
-                        if waiting {
-                            self.wait_for_room(&route);
-                        }
-                        if let Some(asid) = agent_session_id {
-                            for ev in self.early.remove(&asid).unwrap_or_default() {
-                                self.deliver(&route, ev);
-                            }
-                            self.by_agent_sid.retain(|_, r| *r != route);
-                            self.by_agent_sid.insert(asid, route);
-                        }
+                        self.register(route, agent_session_id, events)
                     }
                     Some(RouterCommand::Active { route }) => self.last_route = Some(route),
                     Some(RouterCommand::Unregister { route }) => {
-                        self.routes.remove(&route);
+                        if let Some(r) = self.routes.remove(&route) {
+                            self.forget_agent_sid(&route, r.agent_sid);
+                        }
                         self.over.remove(&route);
-                        self.by_agent_sid.retain(|_, r| *r != route);
                     }
                     // Every handle is gone: nobody can use this agent any more.
                     None => {
@@ -316,8 +300,8 @@ impl Router {
     fn overflow(&mut self, route: &str) {
         tracing::error!(agent = %self.agent, session = %route, "a session took nothing from its agent for {ROUTE_STALL:?}; detaching it from the agent");
         self.over.remove(route);
-        if let Some(r) = self.routes.remove(route) {
-            self.by_agent_sid.retain(|_, s| s != route);
+        if let Some(mut r) = self.routes.remove(route) {
+            self.forget_agent_sid(route, r.agent_sid.take());
             let status = "the session stopped taking the agent's output".to_owned();
             self.tasks.spawn(async move {
                 let _ = r.tx.send(AgentEvent::Exited { status }).await;
@@ -325,10 +309,61 @@ impl Router {
         }
     }
 
+    /// A session's (re-)registration: a new channel; what was held for its earlier
+    /// registration still goes first, and so does what the agent said about its id before.
+    fn register(
+        &mut self,
+        route: String,
+        agent_session_id: Option<String>,
+        events: mpsc::Sender<AgentEvent>,
+    ) {
+        let (backlog, mut agent_sid) = match self.routes.remove(&route) {
+            Some(r) => (r.backlog, r.agent_sid),
+            None => (VecDeque::new(), None),
+        };
+        let waiting = !backlog.is_empty();
+        if let Some(asid) = &agent_session_id
+            && agent_sid.as_ref() != Some(asid)
+        {
+            self.forget_agent_sid(&route, agent_sid.take());
+        }
+        self.registrations += 1;
+        self.routes.insert(
+            route.clone(),
+            Route {
+                tx: events,
+                backlog,
+                generation: self.registrations,
+                moved_at: Instant::now(),
+                agent_sid: agent_session_id.clone().or(agent_sid),
+            },
+        );
+        if waiting {
+            self.wait_for_room(&route);
+        }
+        if let Some(asid) = agent_session_id {
+            for ev in self.early.remove(&asid).unwrap_or_default() {
+                self.deliver(&route, ev);
+            }
+            self.by_agent_sid.insert(asid, route);
+        }
+    }
+
+    /// Drops `route`'s entry of `by_agent_sid`, unless the agent's id now names another
+    /// session.
+    fn forget_agent_sid(&mut self, route: &str, agent_sid: Option<String>) {
+        if let Some(asid) = agent_sid
+            && self.by_agent_sid.get(&asid).is_some_and(|r| r == route)
+        {
+            self.by_agent_sid.remove(&asid);
+        }
+    }
+
     fn route(&mut self, msg: Incoming) {
         let (sid, event) = match msg {
             Incoming::Response { route, tag, result } => {
                 let result = result.map_err(|e| crate::agent::login::auth_hint(e, &self.agent));
+                let result = Box::new(result);
                 self.deliver(&route, AgentEvent::Response { tag, result });
                 self.last_route = Some(route);
                 return;
@@ -345,7 +380,7 @@ impl Router {
                         .clone()
                         .filter(|route| self.routes.contains_key(route));
                     match target {
-                        Some(route) => self.deliver(&route, AgentEvent::Request(r)),
+                        Some(route) => self.deliver(&route, AgentEvent::Request(Box::new(r))),
                         None => {
                             tracing::debug!(agent = %self.agent, method = %r.method, "agent request with no session to route it to");
                             let e = ResponseError::method_not_found(&r.method);
@@ -355,7 +390,7 @@ impl Router {
                     }
                     return;
                 }
-                (sid, AgentEvent::Request(r))
+                (sid, AgentEvent::Request(Box::new(r)))
             }
         };
         let Some(sid) = sid else {
@@ -366,11 +401,18 @@ impl Router {
             .by_agent_sid
             .get(&sid)
             .filter(|r| self.routes.contains_key(*r))
-            .cloned()
         {
             Some(route) => {
-                self.deliver(&route, event);
-                self.last_route = Some(route);
+                // Set only when it changes: a streaming turn allocates nothing here.
+                if self.last_route.as_ref() != Some(route) {
+                    self.last_route = Some(route.clone());
+                }
+                // Borrowed out of `last_route` while delivering, not cloned.
+                let last = self.last_route.take();
+                if let Some(route) = &last {
+                    self.deliver(route, event);
+                }
+                self.last_route = last;
             }
             None => {
                 if self.early.len() > EARLY_LIMIT {

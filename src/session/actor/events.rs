@@ -75,31 +75,34 @@ impl Session {
                         .insert(Pending::new(req.method, params, req.responder, deadline));
                 self.outbox.push(Out::Request(id));
             }
-            AgentEvent::Response { tag, result } => match self.turn.inflight.remove(&tag) {
-                Some(Inflight::Prompt { responder }) => {
-                    let result = match self.judge_answer(tag, result).await {
-                        Some(Err(_)) if self.turn.cancel_requested => {
-                            Ok(json!({ "stopReason": "cancelled" }))
-                        }
-                        Some(r) => r,
-                        None => return,
-                    };
-                    self.end_turn(responder, result);
+            AgentEvent::Response { tag, result } => {
+                let result = *result;
+                match self.turn.inflight.remove(&tag) {
+                    Some(Inflight::Prompt { responder }) => {
+                        let result = match self.judge_answer(tag, result).await {
+                            Some(Err(_)) if self.turn.cancel_requested => {
+                                Ok(json!({ "stopReason": "cancelled" }))
+                            }
+                            Some(r) => r,
+                            None => return,
+                        };
+                        self.end_turn(responder, result);
+                    }
+                    Some(Inflight::Relay { responder }) => {
+                        self.outbox.push(Out::Reply { responder, result })
+                    }
+                    Some(Inflight::Fork {
+                        responder,
+                        client,
+                        params,
+                    }) => self.fork_answered(responder, client, params, result),
+                    Some(Inflight::Restore(step)) => self.restore_done(step, result).await,
+                    // The late answer of a turn acpd answered itself.
+                    None => {
+                        let _ = self.judge_answer(tag, result).await;
+                    }
                 }
-                Some(Inflight::Relay { responder }) => {
-                    self.outbox.push(Out::Reply { responder, result })
-                }
-                Some(Inflight::Fork {
-                    responder,
-                    client,
-                    params,
-                }) => self.fork_answered(responder, client, params, result),
-                Some(Inflight::Restore(step)) => self.restore_done(step, result).await,
-                // The late answer of a turn acpd answered itself.
-                None => {
-                    let _ = self.judge_answer(tag, result).await;
-                }
-            },
+            }
             AgentEvent::Exited { status } => self.agent_exited(status).await,
         }
     }
