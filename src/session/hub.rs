@@ -9,7 +9,7 @@
 //! and reads the row after it, so the row's `last_seq` is at or past every append the
 //! previous owner got in: from the new epoch on, the store refuses that owner's appends.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
@@ -46,11 +46,66 @@ type OpenWaiter = (
 /// answer comes back as `Loaded`, and a cancel-all is sent by a task.
 pub(super) struct HubTask {
     pub shared: Shared,
-    pub live: HashMap<Arc<str>, (u64, SessionHandle)>,
+    pub live: Live,
     /// Sessions whose row is being read, with who waits for them.
     pub opening: HashMap<String, Vec<OpenWaiter>>,
     /// Places under the live-session limit held by `session/new`s still under way.
     pub reserved: HashMap<String, usize>,
+}
+
+/// The live sessions: id -> (serial, handle), and each principal's ids, so the limit check
+/// and a revocation look at one principal's sessions, not at every session of the daemon.
+#[derive(Default)]
+pub(super) struct Live {
+    by_id: HashMap<Arc<str>, (u64, SessionHandle)>,
+    by_principal: HashMap<Arc<str>, HashSet<Arc<str>>>,
+}
+
+impl Live {
+    fn get(&self, id: &str) -> Option<&(u64, SessionHandle)> {
+        self.by_id.get(id)
+    }
+
+    fn insert(&mut self, serial: u64, handle: SessionHandle) {
+        let id = handle.id.clone();
+        if let Some((_, old)) = self.by_id.get(&id)
+            && old.principal != handle.principal
+        {
+            self.unindex(&id, &old.principal.clone());
+        }
+        self.by_principal
+            .entry(handle.principal.clone())
+            .or_default()
+            .insert(id.clone());
+        self.by_id.insert(id, (serial, handle));
+    }
+
+    /// Removes `id` if it is still the actor started as `serial`.
+    fn remove(&mut self, id: &str, serial: u64) {
+        if self.by_id.get(id).is_some_and(|(s, _)| *s == serial)
+            && let Some((_, h)) = self.by_id.remove(id)
+        {
+            self.unindex(id, &h.principal);
+        }
+    }
+
+    fn unindex(&mut self, id: &str, principal: &Arc<str>) {
+        if let Some(ids) = self.by_principal.get_mut(principal) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.by_principal.remove(principal);
+            }
+        }
+    }
+
+    fn all(&self) -> impl Iterator<Item = &SessionHandle> {
+        self.by_id.values().map(|(_, h)| h)
+    }
+
+    fn of<'a>(&'a self, principal: &str) -> impl Iterator<Item = &'a SessionHandle> + 'a {
+        let ids = self.by_principal.get(principal).into_iter().flatten();
+        ids.filter_map(|id| self.by_id.get(id).map(|(_, h)| h))
+    }
 }
 
 /// A place under a principal's live-session limit, held from the admission of a
@@ -135,7 +190,7 @@ impl HubTask {
                     self.release(&handle.principal);
                     // An actor already gone (a shutdown) is not live.
                     if !handle.is_closed() {
-                        self.live.insert(handle.id.clone(), (serial, handle));
+                        self.live.insert(serial, handle);
                     }
                 }
                 HubCommand::Admit { principal, reply } => {
@@ -147,7 +202,7 @@ impl HubTask {
                 }
                 HubCommand::Release { principal } => self.release(&principal),
                 HubCommand::GrantRevoked { session, principal } => {
-                    if let Some((_, h)) = self.live.get(session.as_str()) {
+                    if let Some((_, h)) = self.live.get(&session) {
                         let h = h.clone();
                         // Sent by a task: the hub never waits on a session.
                         self.shared.tasks.spawn(async move {
@@ -159,15 +214,14 @@ impl HubTask {
                     let found = ids
                         .into_iter()
                         .filter_map(|id| {
-                            let status = self.live.get(id.as_str())?.1.status();
+                            let status = self.live.get(&id)?.1.status();
                             Some((id, status))
                         })
                         .collect();
                     let _ = reply.send(found);
                 }
                 HubCommand::CancelAll => {
-                    let live: Vec<SessionHandle> =
-                        self.live.values().map(|(_, h)| h.clone()).collect();
+                    let live: Vec<SessionHandle> = self.live.all().cloned().collect();
                     self.shared.tasks.spawn(async move {
                         for h in live {
                             let _ = h.send(SessionCommand::Cancel { conn: None }).await;
@@ -178,11 +232,7 @@ impl HubTask {
                     principal,
                     stop_agents,
                 } => self.revoked(principal, stop_agents),
-                HubCommand::Ended { id, serial } => {
-                    if self.live.get(&id).is_some_and(|(s, _)| *s == serial) {
-                        self.live.remove(&id);
-                    }
-                }
+                HubCommand::Ended { id, serial } => self.live.remove(&id, serial),
             }
         }
     }
@@ -194,7 +244,7 @@ impl HubTask {
         profile: Option<String>,
         reply: oneshot::Sender<Result<SessionHandle, AcpError>>,
     ) {
-        if let Some((_, h)) = self.live.get(id.as_str())
+        if let Some((_, h)) = self.live.get(&id)
             && !h.is_closed()
         {
             // The owner is checked against the store row the actor was started from.
@@ -333,25 +383,13 @@ impl HubTask {
     fn admits(&self, principal: &str) -> bool {
         let max = self.shared.settings.max_live_per_principal;
         let reserved = self.reserved.get(principal).copied().unwrap_or(0);
-        max == 0
-            || self
-                .live
-                .values()
-                .filter(|(_, h)| !h.is_closed() && &*h.principal == principal)
-                .count()
-                + reserved
-                < max
+        max == 0 || self.live.of(principal).filter(|h| !h.is_closed()).count() + reserved < max
     }
 
     /// Cancels the running turns of `principal`'s live sessions on a task; then, if asked,
     /// stops its agent processes (after a moment, so turns end as cancelled, not as a crash).
     fn revoked(&mut self, principal: String, stop_agents: bool) {
-        let live: Vec<SessionHandle> = self
-            .live
-            .values()
-            .filter(|(_, h)| *h.principal == *principal)
-            .map(|(_, h)| h.clone())
-            .collect();
+        let live: Vec<SessionHandle> = self.live.of(&principal).cloned().collect();
         tracing::warn!(target: "acpd::audit", %principal, sessions = live.len(), stop_agents, "token revoked: cancelling the principal's turns");
         let pool = self.shared.pool.clone();
         self.shared.tasks.spawn(async move {
@@ -385,7 +423,7 @@ impl HubTask {
         let id: Arc<str> = Arc::from(row.id.as_str());
         let lease = epoch.and_then(|e| Some(self.shared.cluster.as_ref()?.hold(id.clone(), e)));
         let handle = actor::spawn(row, agent, self.shared.clone(), serial, lease);
-        self.live.insert(id, (serial, handle.clone()));
+        self.live.insert(serial, handle.clone());
         handle
     }
 }
@@ -407,4 +445,54 @@ pub(super) async fn lease_new(shared: &Shared, id: &str) -> Result<Option<i64>, 
 /// Whether a session of profile `agent` is visible to a request scoped to `profile`.
 fn in_profile(agent: &str, profile: &Option<String>) -> bool {
     profile.as_deref().is_none_or(|p| p == agent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(id: &str, principal: &str) -> SessionHandle {
+        let (tx, _) = mpsc::channel(1);
+        let (_, status) = tokio::sync::watch::channel(Default::default());
+        SessionHandle {
+            id: Arc::from(id),
+            principal: Arc::from(principal),
+            profile: Arc::from("p"),
+            tx,
+            status,
+        }
+    }
+
+    fn ids<'a>(it: impl Iterator<Item = &'a SessionHandle>) -> Vec<String> {
+        let mut v: Vec<String> = it.map(|h| h.id.to_string()).collect();
+        v.sort();
+        v
+    }
+
+    /// A principal's sessions are found without looking at anyone else's, and an actor's
+    /// end removes it only while it is the actor the hub knows (not a newer one of the id).
+    #[test]
+    fn live_sessions_are_indexed_by_principal() {
+        let mut live = Live::default();
+        live.insert(1, handle("a1", "alice"));
+        live.insert(2, handle("a2", "alice"));
+        live.insert(3, handle("b1", "bob"));
+        assert_eq!(ids(live.of("alice")), ["a1", "a2"]);
+        assert_eq!(ids(live.of("bob")), ["b1"]);
+        assert_eq!(ids(live.of("carol")), Vec::<String>::new());
+        assert_eq!(ids(live.all()), ["a1", "a2", "b1"]);
+
+        // a1 reopened as actor 4: the end of actor 1 leaves it.
+        live.insert(4, handle("a1", "alice"));
+        live.remove("a1", 1);
+        assert_eq!(ids(live.of("alice")), ["a1", "a2"]);
+        live.remove("a1", 4);
+        live.remove("a2", 2);
+        assert_eq!(ids(live.of("alice")), Vec::<String>::new());
+        assert!(
+            !live.by_principal.contains_key("alice"),
+            "no empty sets kept"
+        );
+        assert_eq!(ids(live.all()), ["b1"]);
+    }
 }

@@ -352,7 +352,7 @@ impl SessionHub {
         };
         let task = hub::HubTask {
             shared: shared.clone(),
-            live: HashMap::new(),
+            live: hub::Live::default(),
             opening: HashMap::new(),
             reserved: HashMap::new(),
         };
