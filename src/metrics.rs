@@ -14,6 +14,7 @@ pub const CONNECTIONS_REFUSED_TOTAL: &str = "acpd_connections_refused_total";
 pub const SESSIONS_LIVE: &str = "acpd_sessions_live";
 pub const SESSIONS_DETACHED: &str = "acpd_sessions_detached";
 pub const PROMPTS_TOTAL: &str = "acpd_prompts_total";
+pub const RETENTION_PASSES_TOTAL: &str = "acpd_journal_retention_passes_total";
 // The store records its own (it is a crate of its own); they are described here with the rest.
 use acpd_store::metrics::{
     JOURNAL_APPEND_SECONDS, JOURNAL_BATCH_SIZE, JOURNAL_ENTRIES_TOTAL, STORE_ERRORS_TOTAL,
@@ -73,6 +74,10 @@ fn describe() {
     describe_counter!(
         PROMPTS_TOTAL,
         "Prompt turns ended, by stop reason (error: the turn failed)"
+    );
+    describe_counter!(
+        RETENTION_PASSES_TOTAL,
+        "Journal retention passes started (a session's journal measured, and cut if over a cap)"
     );
     describe_histogram!(JOURNAL_APPEND_SECONDS, "Time to commit one journal batch");
     describe_histogram!(JOURNAL_BATCH_SIZE, "Journal entries per committed batch");

@@ -140,7 +140,7 @@ enum Inflight {
 /// Completions of the actor's helper tasks.
 enum TaskDone {
     AgentReady(Result<AgentHandle, Arc<AgentError>>),
-    Retention(Result<Option<super::retention::Outcome>, StoreError>),
+    Retention(Result<super::retention::Pass, StoreError>),
     ClientAnswer {
         pending: u64,
         conn: ConnId,
@@ -182,6 +182,8 @@ struct Upkeep {
     compacting: bool,
     /// Another pass is due when the running one ends.
     retention_wanted: bool,
+    /// Whether the journal may be over a cap.
+    journal: super::retention::Estimate,
 }
 
 /// The session's state, grouped by what owns it.
@@ -493,25 +495,7 @@ impl Session {
             TaskDone::AgentReady(Ok(agent)) => self.restore_step(agent, None).await,
             TaskDone::CatchUp { conn, after, page } => self.on_catch_up(conn, after, page),
             TaskDone::Row(done) => self.on_row_done(done),
-            TaskDone::Retention(r) => {
-                self.upkeep.compacting = false;
-                if self.upkeep.retention_wanted {
-                    self.retention();
-                }
-                match r {
-                    Ok(Some(o)) => tracing::info!(
-                        session = %self.id,
-                        before = o.before,
-                        after = o.after,
-                        dropped_oldest = o.dropped_oldest,
-                        "journal compacted"
-                    ),
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(session = %self.id, error = %e, "journal retention failed")
-                    }
-                }
-            }
+            TaskDone::Retention(r) => self.retention_done(r),
             TaskDone::AgentReady(Err(e)) => {
                 self.agent = AgentState::Unbound;
                 let err: ResponseError = AcpError::Agent(e).into();
@@ -525,31 +509,6 @@ impl Session {
                 result,
             } => self.client_answered(pending, conn, result).await,
         }
-    }
-
-    /// Starts a retention pass after a turn, unless one is running or no cap is set.
-    fn retention(&mut self) {
-        let (entries, bytes) = (
-            self.shared.settings.journal_max_entries,
-            self.shared.settings.journal_max_bytes,
-        );
-        if entries == 0 && bytes == 0 {
-            return;
-        }
-        // One pass at a time; a turn that ends during a pass gets another pass after it.
-        self.upkeep.retention_wanted = true;
-        if self.upkeep.compacting {
-            return;
-        }
-        self.upkeep.compacting = true;
-        self.upkeep.retention_wanted = false;
-        let (store, id) = (self.shared.store.clone(), self.id.clone());
-        // Compact what the turns wrote once it is all committed.
-        let (mut durable, upto) = (self.durable_rx.clone(), self.next_seq - 1);
-        self.tasks.spawn(async move {
-            let _ = durable.wait_for(|d| d.settled(upto)).await;
-            TaskDone::Retention(super::retention::enforce(store, id, entries, bytes).await)
-        });
     }
 }
 

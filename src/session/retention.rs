@@ -6,6 +6,11 @@
 //! (neighbours of one mergeable kind), a page at a time, replacing each page's range; the
 //! oldest entries are dropped by `Store::trim_journal`, which counts and sums in the database.
 //! A 1 000 000-entry journal costs a page of memory, not a journal.
+//!
+//! Nor is the journal measured after every turn: the actor keeps an upper bound of its size
+//! (`Estimate`: the last measure plus what it appended since), and a turn that leaves that
+//! bound under both caps starts no pass, so a long session's turns do not each sum its
+//! journal in the database.
 
 use std::sync::Arc;
 
@@ -23,6 +28,78 @@ pub(super) struct Outcome {
     pub dropped_oldest: usize,
 }
 
+/// A journal's size as retention counts it: entries, and their bytes as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Size {
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+impl Size {
+    fn measured((count, bytes): (i64, i64)) -> Size {
+        Size {
+            entries: count.max(0) as u64,
+            bytes: bytes.max(0) as u64,
+        }
+    }
+
+    /// Over a cap (0: no cap).
+    fn over(self, max_entries: u64, max_bytes: u64) -> bool {
+        (max_entries > 0 && self.entries > max_entries) || (max_bytes > 0 && self.bytes > max_bytes)
+    }
+
+    fn plus(self, other: Size) -> Size {
+        Size {
+            entries: self.entries.saturating_add(other.entries),
+            bytes: self.bytes.saturating_add(other.bytes),
+        }
+    }
+}
+
+/// A pass's result: what it did (`None`: nothing, the journal was under the caps) and the
+/// journal's size when it measured last.
+pub(super) type Pass = (Option<Outcome>, Size);
+
+/// What a session's actor knows of its journal's size between passes: never less than the
+/// real size, so "under the caps" by the estimate means under them in the store. Pure: the
+/// actor tells it what happened, it says whether a pass is needed.
+#[derive(Debug, Default)]
+pub(super) struct Estimate {
+    /// The last measure plus the appends since; `None` until a pass has measured (an actor
+    /// starts with a journal it has not counted) or after a pass failed.
+    known: Option<Size>,
+    /// Appended while a pass runs: the pass's measure may miss them.
+    during_pass: Option<Size>,
+}
+
+impl Estimate {
+    /// One entry of `bytes` stored bytes was appended.
+    pub fn appended(&mut self, bytes: u64) {
+        let one = Size { entries: 1, bytes };
+        if let Some(k) = &mut self.known {
+            *k = k.plus(one);
+        }
+        if let Some(d) = &mut self.during_pass {
+            *d = d.plus(one);
+        }
+    }
+
+    /// Whether a pass must look at the journal: its size is unknown or may be over a cap.
+    pub fn needs_pass(&self, max_entries: u64, max_bytes: u64) -> bool {
+        self.known.is_none_or(|k| k.over(max_entries, max_bytes))
+    }
+
+    pub fn pass_started(&mut self) {
+        self.during_pass = Some(Size::default());
+    }
+
+    /// The pass measured `size` (`None`: it failed) at some point after it started.
+    pub fn pass_ended(&mut self, size: Option<Size>) {
+        let during = self.during_pass.take().unwrap_or_default();
+        self.known = size.map(|s| s.plus(during));
+    }
+}
+
 /// Checks the caps and compacts when over. Entries appended meanwhile have higher seqs and are
 /// outside the replaced ranges, so a pass can run while the session goes on.
 pub(super) async fn enforce(
@@ -30,7 +107,7 @@ pub(super) async fn enforce(
     session_id: Arc<str>,
     max_entries: u64,
     max_bytes: u64,
-) -> Result<Option<Outcome>, StoreError> {
+) -> Result<Pass, StoreError> {
     enforce_paged(&store, &session_id, max_entries, max_bytes, PAGE).await
 }
 
@@ -40,29 +117,27 @@ async fn enforce_paged(
     max_entries: u64,
     max_bytes: u64,
     page: i64,
-) -> Result<Option<Outcome>, StoreError> {
-    let over = |(count, bytes): (i64, i64)| {
-        (max_entries > 0 && count.max(0) as u64 > max_entries)
-            || (max_bytes > 0 && bytes.max(0) as u64 > max_bytes)
-    };
-    let size = store.journal_size(session_id).await?;
-    if !over(size) {
-        return Ok(None);
+) -> Result<Pass, StoreError> {
+    let size = Size::measured(store.journal_size(session_id).await?);
+    if !size.over(max_entries, max_bytes) {
+        return Ok((None, size));
     }
     merge_chunks(store, session_id, page).await?;
-    let dropped_oldest = if over(store.journal_size(session_id).await?) {
+    let merged = Size::measured(store.journal_size(session_id).await?);
+    let dropped_oldest = if merged.over(max_entries, max_bytes) {
         store
             .trim_journal(session_id, max_entries, max_bytes)
             .await?
     } else {
         0
     };
-    let after = store.journal_size(session_id).await?.0;
-    Ok(Some(Outcome {
-        before: size.0.max(0) as usize,
-        after: after.max(0) as usize,
+    let after = Size::measured(store.journal_size(session_id).await?);
+    let outcome = Outcome {
+        before: size.entries as usize,
+        after: after.entries as usize,
         dropped_oldest: dropped_oldest as usize,
-    }))
+    };
+    Ok((Some(outcome), after))
 }
 
 /// A run of chunks that may go on in the next page, merged so far but not yet written back:
@@ -264,21 +339,61 @@ mod tests {
         };
         let newest_three: u64 = merged[4..].iter().map(stored).sum();
         assert!(newest_three < merged[4..].iter().map(|e| e.body.len() as u64).sum());
-        let outcome = enforce_paged(&store, "s", 5, newest_three, 3)
+        let (outcome, size) = enforce_paged(&store, "s", 5, newest_three, 3)
             .await
-            .unwrap()
-            .expect("over the caps");
+            .unwrap();
+        let outcome = outcome.expect("over the caps");
         assert_eq!(
             (outcome.before, outcome.after, outcome.dropped_oldest),
             (34, 3, 4)
         );
+        let three = Size {
+            entries: 3,
+            bytes: newest_three,
+        };
+        assert_eq!(size, three, "the pass says what it left");
         assert_eq!(journal(&store).await, merged[4..].to_vec());
-        assert!(
-            enforce_paged(&store, "s", 5, newest_three, 3)
-                .await
-                .unwrap()
-                .is_none()
-        );
+        let (again, size) = enforce_paged(&store, "s", 5, newest_three, 3)
+            .await
+            .unwrap();
+        assert!(again.is_none());
+        assert_eq!(size, three);
         store.close().await;
+    }
+
+    /// The estimate asks for a pass until one has measured, then only once the appends since
+    /// may have crossed a cap; appends made while a pass runs count on top of its measure.
+    #[test]
+    fn the_estimate_asks_for_a_pass_only_when_a_cap_may_be_crossed() {
+        let mut e = Estimate::default();
+        assert!(e.needs_pass(10, 0), "a journal nobody measured");
+        e.pass_started();
+        e.appended(5);
+        e.pass_ended(Some(Size {
+            entries: 8,
+            bytes: 80,
+        }));
+        assert_eq!(
+            e.known,
+            Some(Size {
+                entries: 9,
+                bytes: 85
+            })
+        );
+        assert!(!e.needs_pass(10, 100));
+        e.appended(10);
+        assert!(!e.needs_pass(10, 100), "10 entries is the cap, not over it");
+        e.appended(6);
+        // 11 entries, 101 bytes.
+        assert!(e.needs_pass(10, 0), "over the entry cap");
+        assert!(e.needs_pass(0, 100), "over the byte cap");
+        assert!(!e.needs_pass(0, 1000));
+        assert!(!e.needs_pass(0, 0), "no caps");
+        e.pass_started();
+        e.pass_ended(None);
+        assert!(
+            e.needs_pass(0, 1000),
+            "a failed pass leaves the size unknown"
+        );
     }
 }

@@ -92,6 +92,52 @@ async fn when_merging_is_not_enough_the_oldest_entries_go() {
     );
 }
 
+/// `acpd_journal_retention_passes_total` as /metrics shows it now.
+async fn retention_passes(daemon: &Daemon) -> u64 {
+    let (_, metrics) = crate::operations::http_get(daemon.addr, "/metrics").await;
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("acpd_journal_retention_passes_total")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0) as u64
+}
+
+/// Turns that leave the journal under its caps do not each measure it in the database: the
+/// session measures once, then counts what it appends, and looks again only when a cap may
+/// have been crossed.
+#[tokio::test]
+async fn turns_under_the_cap_do_not_each_measure_the_journal() {
+    let daemon =
+        Daemon::start_with(DaemonOptions::default().arg("--journal-max-entries", 100)).await;
+    let mut client = daemon.client().await;
+    let sid = client.open_session(&daemon.work_dir()).await;
+    for i in 0..6 {
+        let (_, result) = client.prompt(&sid, &format!("echo turn {i}")).await;
+        assert_eq!(result.unwrap()["stopReason"], "end_turn");
+    }
+    assert_eq!(
+        retention_passes(&daemon).await,
+        1,
+        "one measure for six turns of two entries each"
+    );
+    // This turn crosses the cap: a pass merges its chunks.
+    let (_, result) = client.prompt(&sid, "stream 200 8").await;
+    assert_eq!(result.unwrap()["stopReason"], "end_turn");
+    let replay = load_until(&daemon, &sid, |u| u.len() <= 100).await;
+    assert!(chunk_texts(&replay).len() < 20, "the chunks were merged");
+    assert_eq!(retention_passes(&daemon).await, 2);
+    // Under the cap again after the merge: the next turns need no pass.
+    for i in 0..3 {
+        let (_, result) = client.prompt(&sid, &format!("echo again {i}")).await;
+        assert_eq!(result.unwrap()["stopReason"], "end_turn");
+    }
+    assert_eq!(retention_passes(&daemon).await, 2);
+}
+
 /// The journal rows of one session in bulk, as the daemon would have written them: one
 /// statement generating `n` `tool_call_update` entries after seq `after`.
 async fn bulk_journal(url: &str, sid: &str, after: i64, n: i64) {

@@ -1,5 +1,5 @@
-//! The journal side of a session: appending `session/update`s (write-before-send) and
-//! keeping the session row in step with the updates that change it.
+//! The journal side of a session: appending `session/update`s (write-before-send), keeping
+//! the session row in step with the updates that change it, and starting retention passes.
 
 use std::sync::Arc;
 
@@ -42,6 +42,8 @@ impl Session {
             self.observe(&spliced.kind, &update);
         }
         let text: Arc<str> = spliced.text.into();
+        // The whole text bounds what is stored of it (the journal form stores less).
+        self.upkeep.journal.appended(text.len() as u64);
         let entry = NewEntry {
             session_id: self.id.clone(),
             seq,
@@ -183,6 +185,63 @@ impl Session {
             }
         }
         self.ending = true;
+    }
+
+    /// Starts a retention pass after a turn, unless one is running or no cap is set.
+    pub(super) fn retention(&mut self) {
+        let (entries, bytes) = (
+            self.shared.settings.journal_max_entries,
+            self.shared.settings.journal_max_bytes,
+        );
+        if entries == 0 && bytes == 0 {
+            return;
+        }
+        // One pass at a time; a turn that ends during a pass gets another pass after it.
+        self.upkeep.retention_wanted = true;
+        if self.upkeep.compacting {
+            return;
+        }
+        self.upkeep.retention_wanted = false;
+        if !self.upkeep.journal.needs_pass(entries, bytes) {
+            return;
+        }
+        self.upkeep.compacting = true;
+        self.upkeep.journal.pass_started();
+        metrics::counter!(crate::metrics::RETENTION_PASSES_TOTAL).increment(1);
+        let (store, id) = (self.shared.store.clone(), self.id.clone());
+        // Compact what the turns wrote once it is all committed.
+        let (mut durable, upto) = (self.durable_rx.clone(), self.next_seq - 1);
+        self.tasks.spawn(async move {
+            let _ = durable.wait_for(|d| d.settled(upto)).await;
+            TaskDone::Retention(crate::session::retention::enforce(store, id, entries, bytes).await)
+        });
+    }
+
+    /// A retention pass ended: the estimate learns what it measured, a pass wanted meanwhile
+    /// starts.
+    pub(super) fn retention_done(
+        &mut self,
+        r: Result<crate::session::retention::Pass, StoreError>,
+    ) {
+        self.upkeep.compacting = false;
+        let measured = r.as_ref().ok().map(|(_, size)| *size);
+        self.upkeep.journal.pass_ended(measured);
+        if self.upkeep.retention_wanted {
+            self.retention();
+        }
+        match r.map(|(outcome, _)| outcome) {
+            Ok(Some(o)) => tracing::info!(
+                session = %self.id,
+                before = o.before,
+                after = o.after,
+                dropped_oldest = o.dropped_oldest,
+                "journal compacted"
+            ),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(session = %self.id, error = %e, "journal retention failed")
+            }
+        }
     }
 }
 
