@@ -180,10 +180,6 @@ fn modes(dir: &Path) -> Vec<(PathBuf, bool, u32)> {
 /// `acpd serve` with auth on, the default SQLite store and the built-in agent (its model
 /// unreachable: a new session needs none) in a data directory that does not exist yet.
 async fn serve_builtin(dir: &Path) -> (RawDaemon, String) {
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let config = dir.join("acpd.toml");
     let unreachable = "127.0.0.1:9".parse().unwrap();
     std::fs::write(
@@ -191,12 +187,14 @@ async fn serve_builtin(dir: &Path) -> (RawDaemon, String) {
         crate::builtin_support::builtin_config(unreachable, ""),
     )
     .unwrap();
-    let listen = addr.to_string();
-    let daemon = RawDaemon::start(
-        &["--listen", &listen, "--config", config.to_str().unwrap()],
-        addr,
-    )
-    .await;
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        config.to_str().unwrap(),
+    ];
+    let (daemon, addrs) = RawDaemon::start(&args, &["acpd listening: "]).await;
+    let addr = addrs[0];
     (daemon, format!("ws://{addr}/acp"))
 }
 

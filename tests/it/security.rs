@@ -221,10 +221,9 @@ async fn network_address_without_tls_is_refused() {
 
 #[tokio::test]
 async fn insecure_serves_a_network_address_and_warns() {
-    let port = free_port();
-    let any = format!("0.0.0.0:{port}");
-    let probe = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let daemon = RawDaemon::start(&["--listen", &any, "--insecure"], probe).await;
+    let args = ["--listen", "0.0.0.0:0", "--insecure"];
+    let (daemon, addrs) = RawDaemon::start(&args, &["acpd listening: "]).await;
+    let probe = addrs[0];
     eventually("the --insecure warning", || {
         daemon.log().contains("--insecure")
     })

@@ -11,11 +11,6 @@ use tokio::net::TcpStream;
 use crate::support::security_support::{RawDaemon, local_token};
 use crate::support::{Client, DEFAULT_TIMEOUT, Daemon, DaemonOptions};
 
-fn free_addr() -> std::net::SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
 /// What Chromium sends for `fetch("http://127.0.0.1:PORT/", {method: "POST", mode: "no-cors",
 /// body})` with a string body: `text/plain`, a "simple" request, so no preflight.
 fn browser_post(port: u16, marker: &Path) -> Vec<u8> {
@@ -54,10 +49,16 @@ async fn read_to_close(stream: &mut TcpStream) -> String {
 async fn browser_post_to_the_tcp_port_runs_nothing() {
     // The built-in agent (the default with no agent configured) starts stdio MCP servers;
     // `--no-auth` is the most open the listener can be, and the refusal still applies.
-    let (listen, tcp) = (free_addr(), free_addr());
-    let (l, t) = (listen.to_string(), tcp.to_string());
-    let args = ["--listen", &l, "--tcp-listen", &t, "--no-auth"];
-    let daemon = RawDaemon::start(&args, tcp).await;
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--tcp-listen",
+        "127.0.0.1:0",
+        "--no-auth",
+    ];
+    let tcp_line = "newline-delimited TCP listener: ";
+    let (daemon, addrs) = RawDaemon::start(&args, &[tcp_line]).await;
+    let tcp = addrs[0];
     let marker = daemon.data_dir().join("..").join("pwned");
 
     let mut stream = TcpStream::connect(tcp).await.expect("connect");

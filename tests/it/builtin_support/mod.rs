@@ -82,11 +82,6 @@ impl Drop for Acpd {
     }
 }
 
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
 impl Acpd {
     /// Starts `acpd serve --no-auth` with `config` as its config file.
     pub async fn start(config: &str) -> Acpd {
@@ -100,7 +95,8 @@ impl Acpd {
         std::fs::write(dir.path().join("acpd.toml"), config).expect("config file");
         let mut d = Acpd {
             dir,
-            addr: free_port(),
+            // Known once the daemon says where it listens (`spawn`).
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             child: None,
             env: env
                 .iter()
@@ -128,8 +124,10 @@ impl Acpd {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_acpd"));
         cmd.arg("serve")
             .arg("--no-auth")
+            // Port 0: a port picked before the daemon binds it could be taken meanwhile by
+            // another test on the box.
             .arg("--listen")
-            .arg(self.addr.to_string())
+            .arg("127.0.0.1:0")
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
             .arg("--config")
@@ -152,18 +150,25 @@ impl Acpd {
             cmd.env_remove(k);
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        // The log is appended to across restarts: this start's lines come after `from`.
+        let from = self.log().len();
         self.child = Some(cmd.spawn().expect("spawn acpd"));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(self.addr).await.is_err() {
+        loop {
+            let log = self.log();
+            let this_start = log.get(from..).unwrap_or_default();
+            if let Some(addr) = crate::support::listening_addr(this_start, "acpd listening: ") {
+                self.addr = addr;
+                return;
+            }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!("acpd exited with {status}; log:\n{}", self.log());
+                panic!("acpd exited with {status}; log:\n{log}");
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "acpd did not listen; log:\n{}",
-                self.log()
+                "acpd did not listen; log:\n{log}"
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -171,7 +176,7 @@ impl Acpd {
         std::fs::read_to_string(self.dir.path().join("acpd.log")).unwrap_or_default()
     }
 
-    /// SIGTERM, wait for the exit, start again on the same data directory and port.
+    /// SIGTERM, wait for the exit, start again on the same data directory (on a new port).
     pub async fn restart(&mut self) {
         if let Some(mut c) = self.child.take() {
             if let Some(pid) = c.id() {

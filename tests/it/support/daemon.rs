@@ -145,6 +145,17 @@ fn free_port() -> SocketAddr {
     listener.local_addr().expect("local addr")
 }
 
+/// The address in the first `{before}SCHEME://ADDR…` of `log`: how a daemon started on port
+/// 0 says which port it got.
+pub fn listening_addr(log: &str, before: &str) -> Option<SocketAddr> {
+    let rest = log.split_once(before)?.1;
+    let rest = rest.split_once("://")?.1;
+    let end = rest
+        .find(|c: char| !(c.is_ascii_hexdigit() || ".:[]".contains(c)))
+        .unwrap_or(rest.len());
+    rest[..end].parse::<SocketAddr>().ok()
+}
+
 /// Single-quotes a word for the daemon's shell-like splitting of `--agent NAME=COMMAND`.
 fn quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
@@ -326,14 +337,7 @@ impl Daemon {
         loop {
             let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
             let this_start = log.rsplit_once(&marker).map_or("", |(_, rest)| rest);
-            let found = this_start.split_once(before).and_then(|(_, rest)| {
-                let rest = rest.split_once("://")?.1;
-                let end = rest
-                    .find(|c: char| !(c.is_ascii_hexdigit() || ".:[]".contains(c)))
-                    .unwrap_or(rest.len());
-                rest[..end].parse::<SocketAddr>().ok()
-            });
-            if let Some(addr) = found {
+            if let Some(addr) = listening_addr(this_start, before) {
                 return addr;
             }
             if let Some(status) = self

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use client::{Client, RpcError};
-pub use daemon::{Daemon, DaemonOptions};
+pub use daemon::{Daemon, DaemonOptions, listening_addr};
 pub use editor::PermissionChoice;
 
 /// Deadline of a single wait unless a test sets another.

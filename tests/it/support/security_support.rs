@@ -2,6 +2,7 @@
 //! exactly one certificate, bearer tokens, upgrades with arbitrary headers, and one-shot
 //! `acpd` runs whose exit status is the point.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -229,8 +230,11 @@ pub struct RawDaemon {
 }
 
 impl RawDaemon {
-    /// Starts `acpd serve ARGS --data-dir TMP` and waits until `probe` accepts connections.
-    pub async fn start(args: &[&str], probe: std::net::SocketAddr) -> RawDaemon {
+    /// Starts `acpd serve ARGS --data-dir TMP` and waits until its log names the address
+    /// after each of `listeners` (`"acpd listening: "`, `"newline-delimited TCP listener: "`):
+    /// listen on port 0 and read the port here, since a port picked before the daemon binds it
+    /// can be taken by another test meanwhile. An unspecified IP comes back as loopback.
+    pub async fn start(args: &[&str], listeners: &[&str]) -> (RawDaemon, Vec<SocketAddr>) {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = dir.path().join("acpd.log");
         let file = std::fs::File::create(&log).expect("log file");
@@ -246,22 +250,34 @@ impl RawDaemon {
             .spawn()
             .expect("spawn acpd");
         let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
-        while tokio::net::TcpStream::connect(probe).await.is_err() {
+        let addrs = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let found: Option<Vec<SocketAddr>> = listeners
+                .iter()
+                .map(|before| crate::support::listening_addr(&text, before))
+                .collect();
+            if let Some(found) = found {
+                break found;
+            }
             if let Ok(Some(status)) = child.try_wait() {
-                let log = std::fs::read_to_string(&log).unwrap_or_default();
-                panic!("acpd exited with {status} before listening:\n{log}");
+                panic!("acpd exited with {status} before listening:\n{text}");
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "acpd did not listen on {probe}"
+                "acpd did not log {listeners:?}:\n{text}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        RawDaemon {
+        };
+        let loopback = |a: SocketAddr| match a.ip().is_unspecified() {
+            true => SocketAddr::from(([127, 0, 0, 1], a.port())),
+            false => a,
+        };
+        let daemon = RawDaemon {
             _child: child,
             log,
             dir,
-        }
+        };
+        (daemon, addrs.into_iter().map(loopback).collect())
     }
 
     pub fn data_dir(&self) -> PathBuf {
