@@ -514,6 +514,9 @@ fn main() -> Result<()> {
         if opts.wants("conns") {
             run_conns(&opts, &bins, tmp.path(), &mut report)?;
         }
+        if opts.wants("sessions") {
+            new_session::held(&opts, &bins, tmp.path(), &mut report)?;
+        }
         Ok(())
     })();
     if let (Some(a), Some((name, _))) = (&admin, &pg)

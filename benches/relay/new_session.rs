@@ -1,12 +1,16 @@
-//! The `session/new` round trip of the `rt` section: sequential `session/new`s on one
-//! connection, timed one by one.
+//! `session/new` timed: the round trip of the `rt` section (sequential `session/new`s on one
+//! connection, closed a batch at a time), and the `sessions` section (sessions opened and
+//! held: what each live session costs acpd).
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde_json::json;
 
-use crate::procs::LineClient;
+use crate::procs::{self, Bins, LineClient, Mode, Server};
+use crate::report::{Report, Unit};
+use crate::{Opts, percentiles, shim};
 
 /// Sessions opened between two rounds of `session/close` on the acpd paths, so acpd's live
 /// set stays as small as an editor's (the closes are pipelined and not timed).
@@ -42,4 +46,54 @@ pub fn timed(c: &mut LineClient, n: usize, close: bool) -> Result<Vec<Duration>>
         }
     }
     Ok(times)
+}
+
+/// The `sessions` section: `opts.sessions` sessions opened one after another on one acp-shim
+/// connection and held, none closed: acpd's resident memory per live session, and what one
+/// more `session/new` costs once thousands are live (p50 / p99 of the last tenth). Its own
+/// agent process and connection are started first and not counted.
+pub fn held(opts: &Opts, bins: &Bins, tmp: &Path, report: &mut Report) -> Result<()> {
+    let n = opts.sessions;
+    eprintln!("[unpinned] {n} live sessions");
+    let title = format!(
+        "live sessions, {n} opened on one acp-shim connection and held (SQLite) — acpd RSS growth per session; time to open all (session/new p50 / p99 of the last tenth)"
+    );
+    let mode = Mode::Unpinned;
+    let srv = Server::acpd(mode, bins, &tmp.join("sessions"), None)?;
+    let pid = srv.pid();
+    let mut c = LineClient::spawn(shim(mode, bins, &srv))?;
+    c.call("initialize", json!({ "protocolVersion": 1 }))?;
+    c.new_session_quiet()?;
+    let base = procs::rss_kib(pid)?;
+    let started = Instant::now();
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        c.new_session_quiet()?;
+        times.push(t.elapsed());
+    }
+    let all = started.elapsed();
+    let grown = procs::rss_kib(pid)?.saturating_sub(base);
+    let last = times.split_off(n - (n / 10).max(1));
+    let [p50, p99] = percentiles(last)[..] else {
+        unreachable!("percentiles gives p50 and p99")
+    };
+    let vals = vec![
+        grown as f64 / n as f64,
+        all.as_secs_f64(),
+        p50,
+        p99,
+        base as f64,
+        n as f64,
+    ];
+    report.put(
+        "sessions",
+        &title,
+        Unit::Sessions,
+        "acp-shim → acpd",
+        mode,
+        vals,
+    );
+    c.close();
+    Ok(())
 }

@@ -10,6 +10,8 @@ pub struct Opts {
     pub starts: usize,
     pub loads: usize,
     pub conns: Vec<usize>,
+    /// Live sessions the `sessions` section opens and holds.
+    pub sessions: usize,
     pub store_appends: i64,
     /// Sections to run (`--only`); all when empty.
     pub only: Vec<String>,
@@ -18,8 +20,8 @@ pub struct Opts {
 }
 
 /// The sections `--only` can pick.
-const SECTIONS: [&str; 7] = [
-    "rt", "stream", "load", "start", "store", "conns", "replicas",
+const SECTIONS: [&str; 8] = [
+    "rt", "stream", "load", "start", "store", "conns", "sessions", "replicas",
 ];
 
 /// The round trips `--rt` can pick: `session/prompt`, `_scripted/echo`, `session/new`.
@@ -34,6 +36,7 @@ impl Opts {
             starts: 20,
             loads: 5,
             conns: vec![1000, 10_000],
+            sessions: 5000,
             store_appends: 100_000,
             only: Vec::new(),
             rt: Vec::new(),
@@ -56,6 +59,7 @@ impl Opts {
                         starts: 5,
                         loads: 2,
                         conns: vec![1000],
+                        sessions: 1000,
                         store_appends: 20_000,
                         only: std::mem::take(&mut o.only),
                         rt: std::mem::take(&mut o.rt),
@@ -66,6 +70,7 @@ impl Opts {
                 "--runs" => o.runs = num(&a)?.max(1) as usize,
                 "--starts" => o.starts = num(&a)?.max(1) as usize,
                 "--loads" => o.loads = num(&a)?.max(1) as usize,
+                "--sessions" => o.sessions = num(&a)?.max(1) as usize,
                 "--only" => o.only = picks(args.next(), &a, "section", &SECTIONS)?,
                 // The websocat pair's `session/prompt` takes ~44 ms (Nagle holds its second
                 // message), so `--rt echo,new` is the quick way to time the other two.
@@ -80,7 +85,8 @@ impl Opts {
                 }
                 _ => bail!(
                     "usage: relay [--quick] [--only SECTION,...] [--round-trips N] [--updates N] \
-                     [--runs N] [--starts N] [--loads N] [--conns N,N] [--rt ROUND_TRIP,...]\n\
+                     [--runs N] [--starts N] [--loads N] [--conns N,N] [--sessions N] \
+                     [--rt ROUND_TRIP,...]\n\
                      sections: {}\nround trips: {}",
                     SECTIONS.join(","),
                     ROUND_TRIPS.join(",")

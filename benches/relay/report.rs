@@ -23,6 +23,9 @@ pub enum Unit {
     Store,
     /// KiB/conn, establish s, p50 ms, p99 ms, base KiB, n; unpinned only.
     Conns,
+    /// Live sessions held: KiB each, seconds to open all, session/new p50 / p99 in µs as
+    /// the live set grows.
+    Sessions,
 }
 
 struct Row {
@@ -304,13 +307,17 @@ fn value(unit: Unit, v: &[f64]) -> String {
             "{:.1} KiB, {:.2} s ({:.1}/{:.1} ms)",
             v[0], v[1], v[2], v[3]
         ),
+        Unit::Sessions => format!(
+            "{:.1} KiB, {:.2} s ({:.0}/{:.0} µs)",
+            v[0], v[1], v[2], v[3]
+        ),
     }
 }
 
 fn ratio(unit: Unit, x: &[f64]) -> String {
     match unit {
         Unit::RoundTrip => format!("{:.2} / {:.2}", x[0], x[1]),
-        Unit::Store => "—".to_owned(),
+        Unit::Store | Unit::Sessions => "—".to_owned(),
         _ => format!("{:.2}", x[0]),
     }
 }
