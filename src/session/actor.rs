@@ -178,11 +178,9 @@ struct Turn {
 /// Journal retention passes (`retention.rs`).
 #[derive(Default)]
 struct Upkeep {
-    /// A retention pass is running.
-    compacting: bool,
     /// Another pass is due when the running one ends.
     retention_wanted: bool,
-    /// Whether the journal may be over a cap.
+    /// Whether the journal may be over a cap, and whether a pass is running.
     journal: super::retention::Estimate,
 }
 

@@ -67,12 +67,8 @@ impl Live {
     }
 
     fn insert(&mut self, serial: u64, handle: SessionHandle) {
+        // A session's principal never changes, so a reopened id stays where it was indexed.
         let id = handle.id.clone();
-        if let Some((_, old)) = self.by_id.get(&id)
-            && old.principal != handle.principal
-        {
-            self.unindex(&id, &old.principal.clone());
-        }
         self.by_principal
             .entry(handle.principal.clone())
             .or_default()

@@ -68,7 +68,8 @@ pub(super) struct Estimate {
     /// The last measure plus the appends since; `None` until a pass has measured (an actor
     /// starts with a journal it has not counted) or after a pass failed.
     known: Option<Size>,
-    /// Appended while a pass runs: the pass's measure may miss them.
+    /// Appended while a pass runs (`Some` exactly while one runs): the pass's measure may
+    /// miss them.
     during_pass: Option<Size>,
 }
 
@@ -87,6 +88,10 @@ impl Estimate {
     /// Whether a pass must look at the journal: its size is unknown or may be over a cap.
     pub fn needs_pass(&self, max_entries: u64, max_bytes: u64) -> bool {
         self.known.is_none_or(|k| k.over(max_entries, max_bytes))
+    }
+
+    pub fn pass_running(&self) -> bool {
+        self.during_pass.is_some()
     }
 
     pub fn pass_started(&mut self) {

@@ -95,15 +95,7 @@ async fn when_merging_is_not_enough_the_oldest_entries_go() {
 /// `acpd_journal_retention_passes_total` as /metrics shows it now.
 async fn retention_passes(daemon: &Daemon) -> u64 {
     let (_, metrics) = crate::operations::http_get(daemon.addr, "/metrics").await;
-    metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("acpd_journal_retention_passes_total")?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .unwrap_or(0.0) as u64
+    crate::operations::sample(&metrics, "acpd_journal_retention_passes_total") as u64
 }
 
 /// Turns that leave the journal under its caps do not each measure it in the database: the

@@ -36,7 +36,7 @@ pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 /// The value of one sample line of a Prometheus text body (0 when absent).
-fn sample(body: &str, series: &str) -> f64 {
+pub(crate) fn sample(body: &str, series: &str) -> f64 {
     body.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| {

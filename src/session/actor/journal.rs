@@ -198,14 +198,13 @@ impl Session {
         }
         // One pass at a time; a turn that ends during a pass gets another pass after it.
         self.upkeep.retention_wanted = true;
-        if self.upkeep.compacting {
+        if self.upkeep.journal.pass_running() {
             return;
         }
         self.upkeep.retention_wanted = false;
         if !self.upkeep.journal.needs_pass(entries, bytes) {
             return;
         }
-        self.upkeep.compacting = true;
         self.upkeep.journal.pass_started();
         metrics::counter!(crate::metrics::RETENTION_PASSES_TOTAL).increment(1);
         let (store, id) = (self.shared.store.clone(), self.id.clone());
@@ -223,7 +222,6 @@ impl Session {
         &mut self,
         r: Result<crate::session::retention::Pass, StoreError>,
     ) {
-        self.upkeep.compacting = false;
         let measured = r.as_ref().ok().map(|(_, size)| *size);
         self.upkeep.journal.pass_ended(measured);
         if self.upkeep.retention_wanted {
