@@ -321,13 +321,13 @@ impl Forwarder {
         };
         match msg {
             Incoming::Notification(n) => {
-                let params = n.params.as_ref().map_or("null", |p| p.get());
+                let params = n.params().unwrap_or("null");
                 // The owner's connection may carry other sessions too (a fork made through
                 // it): those reach the client through their own forwarder, never twice.
                 if session_of(params).is_some_and(|sid| *sid != *self.id) {
                     return;
                 }
-                let method = serde_json::to_string(&n.method).unwrap_or_default();
+                let method = serde_json::to_string(n.method()).unwrap_or_default();
                 let text = format!(r#"{{"jsonrpc":"2.0","method":{method},"params":{params}}}"#);
                 if client.peer.send_raw(text).await.is_err() {
                     self.done = true;

@@ -1,5 +1,6 @@
-//! Notifications read by their envelope only: `method` parsed, `params` kept as the raw JSON
-//! the peer sent, so a stream of updates is never built into `serde_json::Value` trees.
+//! Notifications read by their envelope only, in one pass: `method` and the params' top-level
+//! members are found as spans of the frame the peer sent, which is kept whole, so a stream of
+//! updates is neither built into `serde_json::Value` trees nor copied nor scanned again.
 //!
 //! Anything that is not a plain notification (requests, responses, `$/cancel_request`,
 //! malformed input) takes the full parse in `msg.rs`, which also decides the error reply.
@@ -8,25 +9,52 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use super::members::{Members, Pairs, member_spans, push_spans, span_in};
 use super::msg::Notification;
 
 /// A notification whose params are the peer's bytes, validated as JSON but not parsed.
 #[derive(Debug, Clone)]
 pub struct RawNotification {
-    pub method: String,
-    /// An object or an array, as sent (`null` and absent params are `None`).
-    pub params: Option<Box<RawValue>>,
+    /// Holds the method and the params: the peer's whole frame, or (for a notification that
+    /// took the full parse) the two laid end to end.
+    text: Box<str>,
+    /// `[method_start, method_end, params_start, params_end]` in `text` (an empty params span:
+    /// no params), then the params' member spans (`Members`) when they are known. One box, so
+    /// an `AgentEvent` stays small.
+    spans: Box<[u32]>,
 }
 
 impl RawNotification {
+    /// `text` as a plain notification, read by its envelope and kept whole; `Err(text)` when
+    /// it is anything else or not readable this way (`Message::parse` then reads it exactly).
+    pub fn read(text: String) -> Result<RawNotification, String> {
+        notification(text)
+    }
+
+    pub fn method(&self) -> &str {
+        &self.text[self.spans[0] as usize..self.spans[1] as usize]
+    }
+
+    /// An object or an array, as sent (`null` and absent params are `None`).
+    pub fn params(&self) -> Option<&str> {
+        let (start, end) = (self.spans[2] as usize, self.spans[3] as usize);
+        (start < end).then(|| &self.text[start..end])
+    }
+
+    /// The params' top-level members, found when the frame was read. `None` when they are not
+    /// known: params that are absent, an array, an empty object, or that have a member name
+    /// with escapes; the caller then reads `params()` its own exact way.
+    pub fn members(&self) -> Option<Members<'_>> {
+        (self.spans.len() > 4).then(|| Members::new(&self.text, &self.spans[4..]))
+    }
+
     /// The params as a tree, for the rare notification that is interpreted member by member.
     pub fn params_value(&self) -> Option<Value> {
-        let raw = self.params.as_ref()?;
-        match serde_json::from_str(raw.get()) {
+        match serde_json::from_str(self.params()?) {
             Ok(v) => Some(v),
             // Valid JSON serde_json cannot hold (a number beyond f64): read as absent.
             Err(e) => {
-                tracing::debug!(error = %e, method = %self.method, "params cannot be read");
+                tracing::debug!(error = %e, method = %self.method(), "params cannot be read");
                 None
             }
         }
@@ -35,79 +63,45 @@ impl RawNotification {
     pub fn into_notification(self) -> Notification {
         Notification {
             params: self.params_value(),
-            method: self.method,
+            method: self.method().to_owned(),
         }
     }
 }
 
 impl From<Notification> for RawNotification {
     fn from(n: Notification) -> Self {
-        let params = n
-            .params
-            .and_then(|p| serde_json::value::to_raw_value(&p).ok());
+        let mut text = n.method;
+        let method_end = text.len();
+        if let Some(p) = &n.params {
+            text.push_str(&p.to_string());
+        }
+        let fits = |n: usize| u32::try_from(n).ok();
+        let (Some(m), Some(end)) = (fits(method_end), fits(text.len())) else {
+            // Over 4 GiB: no transport carries such a message (`max_message_bytes` is far
+            // below); kept as a notification without params rather than a panic.
+            tracing::error!(
+                len = text.len(),
+                "notification too large to index; params dropped"
+            );
+            text.truncate(method_end);
+            return RawNotification {
+                text: text.into_boxed_str(),
+                spans: Box::new([0, 0, 0, 0]),
+            };
+        };
+        let mut spans = vec![0, m, m, end];
+        if let Some(member) = member_spans(&text[method_end..]) {
+            spans.extend(member.into_iter().map(|i| i + m));
+        }
         RawNotification {
-            method: n.method,
-            params,
+            text: text.into_boxed_str(),
+            spans: spans.into_boxed_slice(),
         }
     }
 }
 
-/// The string member `name` at the top level of the JSON object `object`, read up to that
-/// member only: what follows it is not scanned at all, so a caller that needs one leading
-/// member of a long message (an update's `sessionId`, its `sessionUpdate`) does not read the
-/// rest. For text already validated as JSON. `None` when absent, not a string, or not an object.
-pub fn str_member(object: &str, name: &str) -> Option<String> {
-    match leading_str_member(object, name) {
-        Some(v) => Some(v.to_owned()),
-        None => str_member_scan(object, name),
-    }
-}
-
-/// The common case of `str_member`, without serde: `name` is the object's first member, written
-/// without escapes, and its value is a string without escapes. `None` means "not this shape"
-/// (the caller scans), never "absent". Only for text already validated as JSON, so a string
-/// that ends at the first `"` holds no control characters.
-fn leading_str_member<'t>(object: &'t str, name: &str) -> Option<&'t str> {
-    let ws = |s: &'t str| s.trim_start_matches([' ', '\t', '\n', '\r']);
-    let rest = ws(object).strip_prefix('{')?;
-    let rest = ws(rest).strip_prefix('"')?.strip_prefix(name)?;
-    let rest = ws(rest.strip_prefix('"')?).strip_prefix(':')?;
-    let value = ws(rest).strip_prefix('"')?;
-    let end = value.find(['"', '\\'])?;
-    (value.as_bytes()[end] == b'"').then(|| &value[..end])
-}
-
-/// `str_member` through serde: any member order, escapes decoded.
-fn str_member_scan(object: &str, name: &str) -> Option<String> {
-    use serde::Deserializer as _;
-    use serde::de::{Error, IgnoredAny, MapAccess, Visitor};
-
-    struct Find<'n, 's>(&'n str, &'s mut Option<String>);
-    impl<'de> Visitor<'de> for Find<'_, '_> {
-        type Value = ();
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("an object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                if key == self.0 {
-                    *self.1 = Some(map.next_value::<String>()?);
-                    // Not a failure: the only way to leave the object before its end.
-                    return Err(A::Error::custom("found"));
-                }
-                map.next_value::<IgnoredAny>()?;
-            }
-            Ok(())
-        }
-    }
-    let mut found = None;
-    let mut de = serde_json::Deserializer::from_str(object);
-    let _ = de.deserialize_map(Find(name, &mut found));
-    found
-}
-
-/// The members of a frame that decide what it is. Borrowed where the text has no escapes;
-/// unknown members are skipped (still validated as JSON).
+/// The members of a frame that decide what it is. Borrowed: a method or params member name
+/// with escapes fails this parse and takes the full one.
 #[derive(Deserialize)]
 struct Envelope<'a> {
     #[serde(borrow, default, deserialize_with = "present")]
@@ -116,9 +110,10 @@ struct Envelope<'a> {
     #[serde(borrow, default, deserialize_with = "present")]
     id: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    method: Option<std::borrow::Cow<'a, str>>,
+    method: Option<&'a str>,
+    /// `null` reads as absent; anything but an object with members fails the parse.
     #[serde(borrow, default)]
-    params: Option<&'a RawValue>,
+    params: Option<Pairs<'a>>,
 }
 
 /// A member that is there, whatever its value (`Option` alone reads `null` as absent).
@@ -126,9 +121,19 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
     <&RawValue>::deserialize(d).map(Some)
 }
 
-/// `text` as a plain notification, read by its envelope; `None` when it is anything else or
-/// not valid as one (the full parse then answers it as it deserves).
-pub(crate) fn notification(text: &str) -> Option<RawNotification> {
+/// `text` as a plain notification, read by its envelope and kept whole; `Err(text)` when it is
+/// anything else or not readable this way (the full parse then answers it as it deserves).
+pub(crate) fn notification(text: String) -> Result<RawNotification, String> {
+    match spans_of(&text) {
+        Some(spans) => Ok(RawNotification {
+            text: text.into_boxed_str(),
+            spans: spans.into_boxed_slice(),
+        }),
+        None => Err(text),
+    }
+}
+
+fn spans_of(text: &str) -> Option<Vec<u32>> {
     let env: Envelope = serde_json::from_str(text).ok()?;
     if env.id.is_some() || env.jsonrpc.is_some_and(|v| v.get() != "\"2.0\"") {
         return None;
@@ -137,16 +142,33 @@ pub(crate) fn notification(text: &str) -> Option<RawNotification> {
     if method == "$/cancel_request" {
         return None;
     }
-    let params = match env.params {
-        None => None,
-        Some(p) if p.get() == "null" => None,
-        Some(p) if p.get().starts_with(['{', '[']) => Some(p.to_owned()),
-        Some(_) => return None,
+    let (m0, m1) = span_in(text, method)?;
+    let Some(pairs) = env.params else {
+        return Some(vec![m0, m1, 0, 0]);
     };
-    Some(RawNotification {
-        method: method.into_owned(),
-        params,
-    })
+    let (p0, p1) = object_span(text, &pairs)?;
+    let mut spans = Vec::with_capacity(4 + 4 * pairs.list.len());
+    spans.extend_from_slice(&[m0, m1, p0, p1]);
+    push_spans(&mut spans, text, &pairs)?;
+    Some(spans)
+}
+
+/// The span of the object whose members are `pairs`, from its `{` to its `}`: the text was
+/// just validated, so only whitespace stands between the braces and the first name's quote
+/// and the last value. `None` (the full parse) for an empty object, which has neither.
+fn object_span(text: &str, pairs: &Pairs) -> Option<(u32, u32)> {
+    let (first, last) = (pairs.list.first()?.0, pairs.last?.get());
+    let (name, _) = span_in(text, first)?;
+    let (_, value) = span_in(text, last)?;
+    let bytes = text.as_bytes();
+    let ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let before = &bytes[..(name as usize).checked_sub(1)?];
+    let open = before.iter().rposition(|b| !ws(b))?;
+    let after = &bytes[value as usize..];
+    let close = value as usize + after.iter().position(|b| !ws(b))?;
+    (bytes[name as usize - 1] == b'"' && bytes[open] == b'{' && bytes[close] == b'}')
+        .then_some(())?;
+    Some((u32::try_from(open).ok()?, u32::try_from(close + 1).ok()?))
 }
 
 #[cfg(test)]
@@ -154,19 +176,32 @@ mod tests {
     use super::*;
     use crate::msg::Message;
 
+    fn read(text: &str) -> Option<RawNotification> {
+        notification(text.to_owned()).ok()
+    }
+
     #[test]
     fn plain_notifications_are_read_by_their_envelope() {
-        let n = notification(
-            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"a","update":{"x":[1,2]}}}"#,
-        )
-        .unwrap();
-        assert_eq!(n.method, "session/update");
+        let text = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"a","update":{"x":[1,2]}}}"#;
+        let n = read(text).unwrap();
+        assert_eq!(n.method(), "session/update");
         assert_eq!(
-            n.params.unwrap().get(),
-            r#"{"sessionId":"a","update":{"x":[1,2]}}"#
+            n.params(),
+            Some(r#"{"sessionId":"a","update":{"x":[1,2]}}"#)
         );
-        let n = notification(r#"{"method":"a\u002fb","params":null}"#).unwrap();
-        assert_eq!((n.method.as_str(), n.params.is_none()), ("a/b", true));
+        let m = n.members().unwrap();
+        assert_eq!(m.get("sessionId"), Some(r#""a""#));
+        assert_eq!(m.get("update"), Some(r#"{"x":[1,2]}"#));
+        // Whitespace around the params and their members stays outside the spans.
+        let n = read("{ \"params\" :\t{ \"b\" : [ ] ,\"a\":1\n}\r, \"method\":\"m\" }").unwrap();
+        assert_eq!(n.params(), Some("{ \"b\" : [ ] ,\"a\":1\n}"));
+        assert_eq!(
+            n.members().unwrap().iter().collect::<Vec<_>>(),
+            [("b", "[ ]"), ("a", "1")]
+        );
+        let n = read(r#"{"method":"a","params":null}"#).unwrap();
+        assert_eq!((n.method(), n.params().is_none()), ("a", true));
+        assert!(n.members().is_none());
     }
 
     #[test]
@@ -182,69 +217,51 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"a","method":"b"}"#,
             r#"{"jsonrpc":"2.0","result":{}}"#,
             r#"{"jsonrpc":"2.0","method":"a","params":{"#,
+            // Readable, but not by spans: the full parse reads them exactly.
+            r#"{"method":"a\u002fb"}"#,
+            r#"{"method":"a","params":{"s\u0041":1}}"#,
+            r#"{"method":"a","params":[1]}"#,
+            r#"{"method":"a","params":{}}"#,
             "[]",
             "nope",
         ] {
-            assert!(notification(text).is_none(), "{text}");
+            assert!(read(text).is_none(), "{text}");
         }
+    }
+
+    /// What `peer` does: the envelope first, else the full parse made into the same form.
+    fn either(text: &str) -> RawNotification {
+        read(text).unwrap_or_else(|| match Message::parse(text) {
+            Ok(Message::Notification(n)) => n.into(),
+            other => panic!("{other:?}"),
+        })
     }
 
     #[test]
     fn raw_and_full_parses_agree() {
-        let text = r#"{"jsonrpc":"2.0","method":"m","params":{"b":1,"a":[true,null,"\u00e9"]}}"#;
-        let raw = notification(text).unwrap().into_notification();
-        let Ok(Message::Notification(full)) = Message::parse(text) else {
-            panic!()
-        };
-        assert_eq!(raw, full);
-    }
-
-    #[test]
-    fn a_string_member_is_found_at_the_top_level_only() {
-        let m = |t: &str, n: &str| str_member(t, n);
-        assert_eq!(
-            m(r#"{"sessionId":"a","update":{"x":[1,2]}}"#, "sessionId").as_deref(),
-            Some("a")
-        );
-        assert_eq!(
-            m(
-                r#"{"update":{"sessionId":"no"},"sessionId":"b"}"#,
-                "sessionId"
-            )
-            .as_deref(),
-            Some("b")
-        );
-        assert_eq!(
-            m(r#"{"s\u0041":"c\u0041\n"}"#, "sA").as_deref(),
-            Some("cA\n")
-        );
-        assert_eq!(m(r#"{"update":{"sessionId":"nested"}}"#, "sessionId"), None);
-        assert_eq!(m(r#"{"sessionId":7}"#, "sessionId"), None);
-        assert_eq!(m("[1]", "sessionId"), None);
-        // Stops at the member: what follows is not read.
-        assert_eq!(
-            m(r#"{"a":"x", this is not JSON"#, "a").as_deref(),
-            Some("x")
-        );
-        // The leading-member shortcut agrees with the scan wherever it answers.
-        for (text, name) in [
-            (r#"{"sessionId":"a","update":{}}"#, "sessionId"),
-            (r#" { "sessionId" : "a b" , "x":1}"#, "sessionId"),
-            (r#"{"sessionId":"a\"b","x":1}"#, "sessionId"),
-            (r#"{"sessionIdX":"a"}"#, "sessionId"),
-            (r#"{"session\u0049d":"a"}"#, "sessionId"),
-            (r#"{"sessionId":null,"sessionId":"b"}"#, "sessionId"),
-            (r#"{"sessionUpdate":"plan","entries":[]}"#, "sessionUpdate"),
-            (r#"{"sessionId":"","x":1}"#, "sessionId"),
+        for text in [
+            r#"{"jsonrpc":"2.0","method":"m","params":{"b":1,"a":[true,null,"\u00e9"]}}"#,
+            r#"{"method":"a\u002fb","params":{"x":"y"}}"#,
+            r#"{"method":"m","params":[1,{"a":2}]}"#,
+            r#"{"method":"m","params":{}}"#,
+            r#"{"method":"m"}"#,
         ] {
-            assert_eq!(
-                str_member(text, name),
-                str_member_scan(text, name),
-                "{text}"
-            );
+            let n = either(text);
+            let Ok(Message::Notification(full)) = Message::parse(text) else {
+                panic!()
+            };
+            assert_eq!(n.clone().into_notification(), full, "{text}");
+            // Members, where known, are the params' own.
+            if let (Some(m), Some(serde_json::Value::Object(o))) = (n.members(), &full.params) {
+                assert_eq!(m.iter().count(), o.len(), "{text}");
+                for (name, value) in m.iter() {
+                    let v: serde_json::Value = serde_json::from_str(value).unwrap();
+                    assert_eq!(o[name], v, "{text}");
+                }
+            }
         }
-        assert_eq!(leading_str_member(r#"{"a":"x\"y"}"#, "a"), None);
-        assert_eq!(leading_str_member(r#"{"ab":"x"}"#, "a"), None);
-        assert_eq!(leading_str_member("\n{\t\"a\" :\r\"x\"}", "a"), Some("x"));
+        let n = either(r#"{"method":"a\u002fb","params":{"x":"y"}}"#);
+        assert_eq!((n.method(), n.params()), ("a/b", Some(r#"{"x":"y"}"#)));
+        assert_eq!(n.members().unwrap().get("x"), Some(r#""y""#));
     }
 }

@@ -5,12 +5,14 @@
 mod envelope;
 pub mod lines;
 pub mod local;
+mod members;
 mod msg;
 mod peer;
 pub mod resume;
 pub mod update_form;
 
-pub use envelope::{RawNotification, str_member};
+pub use envelope::RawNotification;
+pub use members::{Members, member_spans, str_member};
 pub use msg::{
     Malformed, Message, Notification, Request, RequestId, Response, ResponseError, code,
 };

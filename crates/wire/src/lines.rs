@@ -264,10 +264,7 @@ impl Decoder for LineDecoder {
 
     fn decode(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
         loop {
-            let newline = buf[self.searched..]
-                .iter()
-                .position(|b| *b == b'\n')
-                .map(|i| self.searched + i);
+            let newline = memchr::memchr(b'\n', &buf[self.searched..]).map(|i| self.searched + i);
             match newline {
                 Some(end) => {
                     let line = buf.split_to(end + 1);

@@ -10,11 +10,11 @@
 //! full is told the agent is gone for it (it re-creates its agent side on its next command),
 //! so one stuck session never holds the agent's other sessions for long.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use serde_json::Value;
-use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::{SendError, TrySendError};
 use tokio::task::JoinSet;
@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{EARLY_LIMIT, KILL_GRACE, Process, RouterCommand};
 use crate::agent::AgentEvent;
-use acpd_wire::{Incoming, ResponseError};
+use acpd_wire::{Incoming, RawNotification, ResponseError};
 
 /// Events held for one session before the agent's stdout is no longer read (its own queue
 /// holds 1024 more).
@@ -360,7 +360,7 @@ impl Router {
     }
 
     fn route(&mut self, msg: Incoming) {
-        let (sid, event) = match msg {
+        let r = match msg {
             Incoming::Response { route, tag, result } => {
                 let result = result.map_err(|e| crate::agent::login::auth_hint(e, &self.agent));
                 let result = Box::new(result);
@@ -368,69 +368,94 @@ impl Router {
                 self.last_route = Some(route);
                 return;
             }
-            Incoming::Notification(n) => {
-                let sid = n.params.as_deref().and_then(raw_session_id);
-                (sid, AgentEvent::Notification(n))
-            }
-            Incoming::Request(r) => {
-                let sid = r.params.as_ref().and_then(session_id_of);
-                if sid.is_none() {
-                    let target = self
-                        .last_route
-                        .clone()
-                        .filter(|route| self.routes.contains_key(route));
-                    match target {
-                        Some(route) => self.deliver(&route, AgentEvent::Request(Box::new(r))),
-                        None => {
-                            tracing::debug!(agent = %self.agent, method = %r.method, "agent request with no session to route it to");
-                            let e = ResponseError::method_not_found(&r.method);
-                            // Answered on the agent's link; a task, so the router never waits.
-                            self.tasks.spawn(r.responder.respond(Err(e)));
-                        }
-                    }
-                    return;
-                }
-                (sid, AgentEvent::Request(Box::new(r)))
-            }
+            Incoming::Notification(n) => return self.route_notification(n),
+            Incoming::Request(r) => r,
         };
-        let Some(sid) = sid else {
+        let Some(sid) = r.params.as_ref().and_then(session_id_of) else {
+            let target = self
+                .last_route
+                .clone()
+                .filter(|route| self.routes.contains_key(route));
+            match target {
+                Some(route) => self.deliver(&route, AgentEvent::Request(Box::new(r))),
+                None => {
+                    tracing::debug!(agent = %self.agent, method = %r.method, "agent request with no session to route it to");
+                    let e = ResponseError::method_not_found(&r.method);
+                    // Answered on the agent's link; a task, so the router never waits.
+                    self.tasks.spawn(r.responder.respond(Err(e)));
+                }
+            }
+            return;
+        };
+        if self.aim(&sid) {
+            self.deliver_last(AgentEvent::Request(Box::new(r)));
+        } else {
+            self.hold_early(sid, AgentEvent::Request(Box::new(r)));
+        }
+    }
+
+    /// The hot path: an update's `sessionId` is read off the member spans the peer found, and
+    /// looked up borrowed; nothing is allocated unless the session is not registered yet.
+    fn route_notification(&mut self, n: RawNotification) {
+        let Some(sid) = notification_session_id(&n) else {
             tracing::debug!(agent = %self.agent, "agent notification without a sessionId dropped");
             return;
         };
-        match self
+        if self.aim(&sid) {
+            self.deliver_last(AgentEvent::Notification(n));
+        } else {
+            let sid = sid.into_owned();
+            self.hold_early(sid, AgentEvent::Notification(n));
+        }
+    }
+
+    /// Points `last_route` at the session the agent calls `agent_sid`; false when no
+    /// registered session has that id (yet).
+    fn aim(&mut self, agent_sid: &str) -> bool {
+        let routes = &self.routes;
+        let Some(route) = self
             .by_agent_sid
-            .get(&sid)
-            .filter(|r| self.routes.contains_key(*r))
-        {
-            Some(route) => {
-                // Set only when it changes: a streaming turn allocates nothing here.
-                if self.last_route.as_ref() != Some(route) {
-                    self.last_route = Some(route.clone());
-                }
-                // Borrowed out of `last_route` while delivering, not cloned.
-                let last = self.last_route.take();
-                if let Some(route) = &last {
-                    self.deliver(route, event);
-                }
-                self.last_route = last;
-            }
-            None => {
-                if self.early.len() > EARLY_LIMIT {
-                    self.early.clear();
-                }
-                let q = self.early.entry(sid).or_default();
-                if q.len() < EARLY_LIMIT {
-                    q.push(event);
-                }
-            }
+            .get(agent_sid)
+            .filter(|r| routes.contains_key(*r))
+        else {
+            return false;
+        };
+        // Set only when it changes: a streaming turn allocates nothing here.
+        if self.last_route.as_ref() != Some(route) {
+            self.last_route = Some(route.clone());
+        }
+        true
+    }
+
+    /// Delivers to `last_route` (borrowed out of it while delivering, not cloned).
+    fn deliver_last(&mut self, event: AgentEvent) {
+        let last = self.last_route.take();
+        if let Some(route) = &last {
+            self.deliver(route, event);
+        }
+        self.last_route = last;
+    }
+
+    /// Held until a session registers the agent's id `sid` (the agent spoke of a session
+    /// before answering the request that made it).
+    fn hold_early(&mut self, sid: String, event: AgentEvent) {
+        if self.early.len() > EARLY_LIMIT {
+            self.early.clear();
+        }
+        let q = self.early.entry(sid).or_default();
+        if q.len() < EARLY_LIMIT {
+            q.push(event);
         }
     }
 }
 
-/// The `sessionId` member of raw params. The scan stops there: agents put it first, so the
-/// update after it (nearly all the bytes) is not read again (the peer validated all of it).
-fn raw_session_id(params: &RawValue) -> Option<String> {
-    acpd_wire::str_member(params.get(), "sessionId")
+/// The `sessionId` of an agent's notification: from the member spans the peer found when it
+/// read the frame, or for params it could not index, a scan that stops at that member.
+fn notification_session_id(n: &RawNotification) -> Option<Cow<'_, str>> {
+    match n.members() {
+        Some(m) => m.string("sessionId"),
+        None => acpd_wire::str_member(n.params()?, "sessionId"),
+    }
 }
 
 fn session_id_of(params: &Value) -> Option<String> {

@@ -20,17 +20,15 @@ impl Session {
                     // The agent replaying its own history: acpd's journal already has it.
                     return;
                 }
-                if n.method == "session/update" {
+                if n.method() == "session/update" {
                     if self.turn.guard.late_update() {
                         // Late output of a turn acpd ended (`cancel.rs`).
                         return;
                     }
-                    if let Some(params) = &n.params {
-                        self.journal_raw(params, None).await;
-                    }
+                    self.journal_raw(&n, None).await;
                 } else {
                     let params = with_session_id(n.params_value().unwrap_or(Value::Null), &self.id);
-                    let text = json!({ "jsonrpc": "2.0", "method": n.method, "params": params })
+                    let text = json!({ "jsonrpc": "2.0", "method": n.method(), "params": params })
                         .to_string();
                     self.outbox.push(Out::Raw {
                         text: text.into(),

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::splice::splice;
@@ -11,29 +10,30 @@ use super::{Inflight, Session, TaskDone};
 use crate::session::outbox::{CATCH_UP_PAGE, CatchUp, Out};
 use crate::session::{ConnId, now_ms};
 use acpd_store::{JournalEntry, NewEntry, SessionPatch, StoreError};
-use acpd_wire::ResponseError;
+use acpd_wire::{Notification, RawNotification, ResponseError};
 
 impl Session {
     /// Journals one `session/update` acpd itself makes (the user's prompt blocks).
     pub(super) async fn journal(&mut self, params: Value, exclude: Option<ConnId>) {
-        match serde_json::value::to_raw_value(&params) {
-            Ok(raw) => self.journal_raw(&raw, exclude).await,
-            Err(e) => tracing::error!(session = %self.id, error = %e, "cannot serialize an update"),
-        }
+        let n = RawNotification::from(Notification {
+            method: "session/update".into(),
+            params: Some(params),
+        });
+        self.journal_raw(&n, exclude).await;
     }
 
     /// Journals one `session/update` as the agent sent it and queues it for the attached
-    /// clients. The update body is never parsed into a tree: only the params' members are
-    /// split (`splice`), `sessionId` and `_meta.acpd.seq` are written in, and the same bytes
-    /// go to the journal and to every client.
-    pub(super) async fn journal_raw(&mut self, params: &RawValue, exclude: Option<ConnId>) {
+    /// clients. The update body is never parsed into a tree: the params' members, which the
+    /// peer found as it read the frame, are spliced (`splice`) with `sessionId` and
+    /// `_meta.acpd.seq` written in, and the same bytes go to the journal and to every client.
+    pub(super) async fn journal_raw(&mut self, n: &RawNotification, exclude: Option<ConnId>) {
         if self.durable_rx.borrow().rejected.is_some() {
             // The journal stopped at a rejected entry (`journal_stopped`): nothing after it is
             // journaled or sent, and the session is ending.
             return;
         }
         let seq = self.next_seq;
-        let Some(spliced) = splice(params, &self.id, seq) else {
+        let Some(spliced) = splice(n, &self.id, seq) else {
             tracing::warn!(session = %self.id, "agent sent a session/update whose params are not an object; dropped");
             return;
         };
@@ -47,7 +47,7 @@ impl Session {
         let entry = NewEntry {
             session_id: self.id.clone(),
             seq,
-            kind: spliced.kind.into(),
+            kind: spliced.kind,
             body: text.clone(),
             at_ms: now_ms(),
             epoch: self.lease.as_ref().map(|l| l.epoch),

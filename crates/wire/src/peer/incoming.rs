@@ -12,7 +12,7 @@ use super::{
 impl PeerTask {
     pub(super) fn on_in_frame(&mut self, frame: InFrame) {
         match frame {
-            InFrame::Text(t) => self.on_frame(&t),
+            InFrame::Text(t) => self.on_frame(t),
             InFrame::NotUtf8 => self.write(Malformed::Parse("invalid UTF-8".into()).reply().into()),
             InFrame::TooLarge(n) => {
                 let e = ResponseError::invalid_request(format!(
@@ -29,14 +29,17 @@ impl PeerTask {
         }
     }
 
-    fn on_frame(&mut self, text: &str) {
+    fn on_frame(&mut self, text: String) {
         tracing::trace!(frame = %text, "in");
         // The common case, a stream of notifications, is read by its envelope alone.
-        if let Some(n) = envelope::notification(text) {
-            self.to_deliver.push_back(Incoming::Notification(n));
-            return;
-        }
-        let msg = match Message::parse(text) {
+        let text = match envelope::notification(text) {
+            Ok(n) => {
+                self.to_deliver.push_back(Incoming::Notification(n));
+                return;
+            }
+            Err(text) => text,
+        };
+        let msg = match Message::parse(&text) {
             Ok(m) => m,
             Err(bad) => {
                 if let Malformed::Parse(e) = &bad {
