@@ -49,7 +49,7 @@ impl Session {
             seq,
             kind: spliced.kind,
             body: text.clone(),
-            at_ms: now_ms(),
+            at_ms: self.burst_ms.unwrap_or_else(now_ms),
             epoch: self.lease.as_ref().map(|l| l.epoch),
         };
         if let Err(e) = self.shared.store.append(entry, self.durable.clone()).await {
