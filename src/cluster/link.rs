@@ -85,7 +85,7 @@ pub async fn dial(
                 source: Box::new(e),
             })?;
     let (in_tx, in_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
-    let (out_tx, mut out_rx) = mpsc::channel::<String>(acpd_wire::LINK_QUEUE);
+    let (out_tx, mut out_rx) = mpsc::channel::<acpd_wire::OutFrame>(acpd_wire::LINK_QUEUE);
     let link = Link {
         incoming: in_rx,
         outgoing: out_tx,
@@ -100,7 +100,7 @@ pub async fn dial(
                 _ = cancel.cancelled() => break,
                 out = out_rx.recv() => match out {
                     Some(text) => {
-                        let sent = tokio::time::timeout(WRITE_DEADLINE, sink.send(Message::text(text)));
+                        let sent = tokio::time::timeout(WRITE_DEADLINE, sink.send(Message::text(text.into_string())));
                         if !matches!(sent.await, Ok(Ok(()))) {
                             break;
                         }

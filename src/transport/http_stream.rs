@@ -168,7 +168,7 @@ impl Connections {
         tasks: &TaskTracker,
     ) -> (Link, Opened) {
         let (in_tx, in_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
-        let (out_tx, out_rx) = mpsc::channel::<String>(acpd_wire::LINK_QUEUE);
+        let (out_tx, out_rx) = mpsc::channel::<acpd_wire::OutFrame>(acpd_wire::LINK_QUEUE);
         let (cmd_tx, cmd_rx) = mpsc::channel(16);
         let (first_tx, first) = oneshot::channel();
         let handle = Handle {
@@ -288,7 +288,7 @@ struct Pump {
     /// With the last seq the connection was sent of each, on whichever stream: a session
     /// stream opened later labels its first unjournaled events after it.
     seen: HashMap<String, i64>,
-    out_rx: mpsc::Receiver<String>,
+    out_rx: mpsc::Receiver<acpd_wire::OutFrame>,
     cmd_rx: mpsc::Receiver<Cmd>,
     first: Option<oneshot::Sender<String>>,
     grace: Duration,
@@ -450,8 +450,8 @@ impl Pump {
                     Some(text) => {
                         bytes_out.increment(text.len() as u64);
                         match self.first.take() {
-                            Some(first) => { let _ = first.send(text); }
-                            None => self.push(text),
+                            Some(first) => { let _ = first.send(text.into_string()); }
+                            None => self.push(text.into_string()),
                         }
                     }
                 },

@@ -52,7 +52,7 @@ pub fn pump(
     cancel: CancellationToken,
 ) -> (Link, impl Future<Output = ()> + Send) {
     let (in_tx, in_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
-    let (out_tx, mut out_rx) = mpsc::channel::<String>(acpd_wire::LINK_QUEUE);
+    let (out_tx, mut out_rx) = mpsc::channel::<acpd_wire::OutFrame>(acpd_wire::LINK_QUEUE);
     let link = Link {
         incoming: in_rx,
         outgoing: out_tx,
@@ -195,8 +195,8 @@ pub(super) const BURST: usize = 64;
 /// once: a streaming turn costs one socket write per burst, not one per update.
 async fn write_burst<S>(
     sink: &mut S,
-    first: String,
-    queue: &mut mpsc::Receiver<String>,
+    first: acpd_wire::OutFrame,
+    queue: &mut mpsc::Receiver<acpd_wire::OutFrame>,
     bytes_out: &metrics::Counter,
 ) -> Result<(), S::Error>
 where
@@ -206,7 +206,7 @@ where
     let mut n = 0;
     while let Some(text) = next {
         bytes_out.increment(text.len() as u64);
-        sink.feed(Message::Text(text.into())).await?;
+        sink.feed(Message::Text(text.into_string().into())).await?;
         n += 1;
         next = if n < BURST {
             queue.try_recv().ok()

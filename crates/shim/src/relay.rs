@@ -29,6 +29,7 @@ use super::map::PathMap;
 use super::mcp::{self, LocalMcp};
 use super::stdin::read_stdin;
 use super::stdout::{OutLine, write_stdout};
+use acpd_wire::OutFrame;
 use acpd_wire::lines::Line;
 use acpd_wire::resume::window::{self, Frame, Window};
 
@@ -411,7 +412,9 @@ impl Relay {
 
     /// The daemon no longer knows the link: start a new one and re-attach the sessions.
     fn restart(&mut self) {
-        let unsent = self.window.take_unwritten();
+        let unsent = (self.window.take_unwritten().into_iter())
+            .map(OutFrame::into_string)
+            .collect();
         self.window = Window::new();
         self.conn_id = None;
         let plan = self.tracker.on_restart(unsent, self.mcp.claims());

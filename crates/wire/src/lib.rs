@@ -7,6 +7,7 @@ pub mod lines;
 pub mod local;
 mod members;
 mod msg;
+mod out_frame;
 mod peer;
 pub mod resume;
 pub mod update_form;
@@ -16,6 +17,7 @@ pub use members::{Members, member_spans, str_member};
 pub use msg::{
     Malformed, Message, Notification, Request, RequestId, Response, ResponseError, code,
 };
+pub use out_frame::OutFrame;
 pub use peer::{
     Answer, Forward, InFrame, Incoming, IncomingRequest, Link, MapError, OutgoingRequest,
     PeerError, PeerHandle, PendingForward, Responder, memory_pair, spawn,

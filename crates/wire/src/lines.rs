@@ -9,7 +9,7 @@ use tokio_util::bytes::{Buf, BytesMut};
 use tokio_util::codec::{Decoder, FramedRead, FramedWrite, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
-use crate::{InFrame, Link};
+use crate::{InFrame, Link, OutFrame};
 
 /// Runs the pump for one line stream without a write deadline (a hosted agent's pipes: an
 /// agent busy computing may leave its stdin unread for a long time); see `pump_with`.
@@ -46,7 +46,7 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (in_tx, in_rx) = mpsc::channel(crate::LINK_QUEUE);
-    let (out_tx, mut out_rx) = mpsc::channel::<String>(crate::LINK_QUEUE);
+    let (out_tx, mut out_rx) = mpsc::channel::<OutFrame>(crate::LINK_QUEUE);
     let link = Link {
         incoming: in_rx,
         outgoing: out_tx,
@@ -118,7 +118,7 @@ where
         }
         // Bounded: at shutdown a stuck peer must not hold the drain.
         let last = write_deadline.unwrap_or(FINAL_FLUSH);
-        let _ = tokio::time::timeout(last, SinkExt::<String>::flush(&mut sink)).await;
+        let _ = tokio::time::timeout(last, SinkExt::<OutFrame>::flush(&mut sink)).await;
     };
     (link, fut)
 }
@@ -132,8 +132,8 @@ const BURST: usize = 64;
 /// Writes `first` and whatever else is already queued (up to `BURST` lines), flushing once.
 async fn write_burst<W: AsyncWrite + Unpin>(
     sink: &mut FramedWrite<W, LinesCodec>,
-    first: String,
-    queue: &mut mpsc::Receiver<String>,
+    first: OutFrame,
+    queue: &mut mpsc::Receiver<OutFrame>,
 ) -> Result<(), LinesCodecError> {
     sink.feed(first).await?;
     for _ in 1..BURST {
@@ -142,7 +142,7 @@ async fn write_burst<W: AsyncWrite + Unpin>(
             Err(_) => break,
         }
     }
-    SinkExt::<String>::flush(sink).await
+    SinkExt::<OutFrame>::flush(sink).await
 }
 
 /// Hands the link the lines that can be had without waiting (already buffered, or one

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use super::envelope::{self, RawNotification};
 use super::msg::{Malformed, Message, Notification, Request, RequestId, Response, ResponseError};
+use super::out_frame::OutFrame;
 
 mod forward;
 mod incoming;
@@ -40,7 +41,7 @@ pub enum InFrame {
 /// Both directions of a transport, as channels. Closing `incoming` ends the peer.
 pub struct Link {
     pub incoming: mpsc::Receiver<InFrame>,
-    pub outgoing: mpsc::Sender<String>,
+    pub outgoing: mpsc::Sender<OutFrame>,
 }
 
 /// Failure of a request we sent.
@@ -407,7 +408,7 @@ struct PeerTask {
     /// Requests they sent that are not answered yet.
     theirs: HashMap<RequestId, CancellationToken>,
     to_deliver: VecDeque<Incoming>,
-    to_write: VecDeque<String>,
+    to_write: VecDeque<OutFrame>,
 }
 
 impl PeerTask {
@@ -429,7 +430,7 @@ impl PeerTask {
                 // one pass of this loop per burst rather than one per message.
                 permit = link.outgoing.reserve(), if !self.to_write.is_empty() => match permit {
                     Ok(p) => {
-                        p.send(self.to_write.pop_front().unwrap_or_default());
+                        if let Some(f) = self.to_write.pop_front() { p.send(f) }
                         send_ready(&mut self.to_write, &link.outgoing);
                     }
                     Err(_) => break,
@@ -495,7 +496,7 @@ impl PeerTask {
     }
 
     fn write(&mut self, m: Message) {
-        self.to_write.push_back(m.to_text());
+        self.to_write.push_back(m.to_text().into());
     }
 
     fn on_command(&mut self, cmd: Command) {
@@ -519,7 +520,7 @@ impl PeerTask {
             Command::Notify { method, params } => {
                 self.write(Notification { method, params }.into())
             }
-            Command::Raw(text) => self.to_write.push_back(text),
+            Command::Raw(text) => self.to_write.push_back(text.into()),
             Command::Reply { id, result } => {
                 // Only the first answer to a request goes out.
                 if self.theirs.remove(&id).is_some() {

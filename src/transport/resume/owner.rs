@@ -95,7 +95,7 @@ impl Owner {
     pub async fn run(
         self,
         link_in: mpsc::Sender<InFrame>,
-        mut link_out: mpsc::Receiver<String>,
+        mut link_out: mpsc::Receiver<acpd_wire::OutFrame>,
         mut ctl: mpsc::Receiver<Control>,
     ) {
         let ka = self.settings.keepalive;

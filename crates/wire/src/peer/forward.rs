@@ -8,6 +8,8 @@ use std::sync::atomic::Ordering;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+#[cfg(test)]
+use super::OutFrame;
 use super::{Command, PeerError, PeerHandle, Reply, Responder, ResponseError};
 
 /// How a failure of the forwarded request reads to the asker (the owner's error mapping).
@@ -111,7 +113,7 @@ mod tests {
         peer: PeerHandle,
         owner: mpsc::Receiver<Incoming>,
         frames: mpsc::Sender<InFrame>,
-        out: mpsc::Receiver<String>,
+        out: mpsc::Receiver<OutFrame>,
     }
 
     fn side() -> Side {
@@ -126,11 +128,12 @@ mod tests {
         }
     }
 
-    async fn next(out: &mut mpsc::Receiver<String>) -> String {
+    async fn next(out: &mut mpsc::Receiver<OutFrame>) -> String {
         timeout(Duration::from_secs(5), out.recv())
             .await
             .unwrap()
             .unwrap()
+            .into_string()
     }
 
     /// A client's request, as the client's peer hands it to its owner.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::{Command, PeerHandle, PeerTask, RequestId, Responder, ResponseError};
+use super::{Command, OutFrame, PeerHandle, PeerTask, RequestId, Responder, ResponseError};
 
 /// What the lane carries: small, since a channel allocates its first block of slots up front.
 pub(super) enum LaneItem {
@@ -112,7 +112,8 @@ impl PeerTask {
         match item {
             LaneItem::Shared(text) => {
                 self.queued.bytes.fetch_sub(text.len(), Ordering::Relaxed);
-                self.to_write.push_back(String::from(&*text));
+                // Shared, not copied: a transport that frames it anew copies it once there.
+                self.to_write.push_back(OutFrame::Shared(text));
             }
             LaneItem::Reply(reply) => {
                 let (id, result) = *reply;
@@ -137,7 +138,7 @@ mod tests {
         PeerHandle,
         mpsc::Receiver<Incoming>,
         mpsc::Sender<InFrame>,
-        mpsc::Receiver<String>,
+        mpsc::Receiver<OutFrame>,
     ) {
         let (in_tx, incoming) = mpsc::channel(8);
         let (outgoing, out_rx) = mpsc::channel(8);
@@ -145,11 +146,12 @@ mod tests {
         (handle, owner, in_tx, out_rx)
     }
 
-    async fn next(out: &mut mpsc::Receiver<String>) -> String {
+    async fn next(out: &mut mpsc::Receiver<OutFrame>) -> String {
         timeout(Duration::from_secs(5), out.recv())
             .await
             .unwrap()
             .unwrap()
+            .into_string()
     }
 
     #[tokio::test]

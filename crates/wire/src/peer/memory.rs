@@ -2,7 +2,7 @@
 
 use tokio::sync::mpsc;
 
-use super::{InFrame, Link};
+use super::{InFrame, Link, OutFrame};
 
 /// Two links joined back to back in memory, for an agent that runs inside acpd.
 ///
@@ -10,8 +10,8 @@ use super::{InFrame, Link};
 /// take its messages pauses only the direction towards it. A side that hangs up ends the other
 /// side's incoming once what it sent has been delivered; the task ends when both are done.
 pub fn memory_pair() -> (Link, Link, impl Future<Output = ()> + Send) {
-    let (a_out, a_out_rx) = mpsc::channel::<String>(crate::LINK_QUEUE);
-    let (b_out, b_out_rx) = mpsc::channel::<String>(crate::LINK_QUEUE);
+    let (a_out, a_out_rx) = mpsc::channel::<OutFrame>(crate::LINK_QUEUE);
+    let (b_out, b_out_rx) = mpsc::channel::<OutFrame>(crate::LINK_QUEUE);
     let (a_in_tx, a_in) = mpsc::channel(crate::LINK_QUEUE);
     let (b_in_tx, b_in) = mpsc::channel(crate::LINK_QUEUE);
     let carry = async move {
@@ -39,19 +39,19 @@ pub fn memory_pair() -> (Link, Link, impl Future<Output = ()> + Send) {
 
 /// One direction of a `memory_pair`.
 struct Carry {
-    from: Option<mpsc::Receiver<String>>,
+    from: Option<mpsc::Receiver<OutFrame>>,
     to: Option<mpsc::Sender<InFrame>>,
     /// Taken from `from`, waiting for room in `to`.
-    held: Option<String>,
+    held: Option<OutFrame>,
 }
 
 enum Step {
-    Took(Option<String>),
+    Took(Option<OutFrame>),
     Room(Option<mpsc::OwnedPermit<InFrame>>),
 }
 
 impl Carry {
-    fn new(from: mpsc::Receiver<String>, to: mpsc::Sender<InFrame>) -> Carry {
+    fn new(from: mpsc::Receiver<OutFrame>, to: mpsc::Sender<InFrame>) -> Carry {
         Carry {
             from: Some(from),
             to: Some(to),
@@ -82,7 +82,7 @@ impl Carry {
             }
             Step::Room(Some(p)) => {
                 if let Some(t) = self.held.take() {
-                    p.send(InFrame::Text(t));
+                    p.send(InFrame::Text(t.into_string()));
                 }
             }
             // The receiver hung up: nothing more to carry this way.
@@ -106,7 +106,7 @@ mod tests {
         let carry = tokio::spawn(carry);
         // B never reads: A's messages fill B's incoming, the slot, then A's outgoing.
         let mut sent = 0;
-        while a.outgoing.try_send(format!("to b {sent}")).is_ok() {
+        while a.outgoing.try_send(format!("to b {sent}").into()).is_ok() {
             sent += 1;
             tokio::task::yield_now().await;
         }

@@ -6,9 +6,12 @@
 //! SEQ numbers one side's messages from 1; ACK is the last SEQ received from the other side.
 
 use std::collections::VecDeque;
+use std::fmt::Write as _;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+
+use crate::OutFrame;
 
 /// A protocol violation on a resumable link; the link cannot go on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,7 +99,7 @@ pub struct Window {
     /// SEQ of the next message pushed.
     next_seq: u64,
     /// Messages not yet acked by the other side, oldest first, consecutive SEQs.
-    unacked: VecDeque<(u64, String)>,
+    unacked: VecDeque<(u64, OutFrame)>,
     unacked_bytes: usize,
     /// Highest SEQ handed to the current socket.
     written: u64,
@@ -130,7 +133,8 @@ impl Window {
     }
 
     /// Numbers a message and keeps it until acked.
-    pub fn push(&mut self, msg: String) {
+    pub fn push(&mut self, msg: impl Into<OutFrame>) {
+        let msg = msg.into();
         self.unacked_bytes += msg.len();
         self.unacked.push_back((self.next_seq, msg));
         self.next_seq += 1;
@@ -156,11 +160,8 @@ impl Window {
         let first = self.unacked.front()?.0;
         let (_, msg) = self.unacked.get(usize::try_from(seq - first).ok()?)?;
         let mut f = String::with_capacity(msg.len() + 48);
-        f.push_str("{\"s\":");
-        f.push_str(&seq.to_string());
-        f.push_str(",\"a\":");
-        f.push_str(&self.received.to_string());
-        f.push_str(",\"m\":");
+        // Into the frame's own buffer: no number is formatted into a `String` of its own.
+        let _ = write!(f, "{{\"s\":{seq},\"a\":{},\"m\":", self.received);
         f.push_str(msg);
         f.push('}');
         self.written = seq;
@@ -254,7 +255,7 @@ impl Window {
     }
 
     /// Takes the messages that never left this side (none was handed to any socket).
-    pub fn take_unwritten(&mut self) -> Vec<String> {
+    pub fn take_unwritten(&mut self) -> Vec<OutFrame> {
         let mut out = Vec::new();
         while let Some((seq, _)) = self.unacked.back() {
             if *seq <= self.ever_written {
@@ -286,7 +287,7 @@ mod tests {
     #[test]
     fn frames_round_trip() {
         let mut w = Window::new();
-        w.push(r#"{"jsonrpc":"2.0","method":"x"}"#.into());
+        w.push(r#"{"jsonrpc":"2.0","method":"x"}"#);
         w.on_data(1).unwrap();
         let f = w.next_frame().unwrap();
         assert_eq!(
@@ -330,11 +331,14 @@ mod tests {
     #[test]
     fn unwritten_messages_can_be_taken_back() {
         let mut w = Window::new();
-        w.push("a".into());
-        w.push("b".into());
+        w.push("a");
+        w.push("b");
         w.next_frame();
-        w.push("c".into());
-        assert_eq!(w.take_unwritten(), vec!["b".to_string(), "c".to_string()]);
+        w.push("c");
+        assert_eq!(
+            w.take_unwritten(),
+            vec![OutFrame::from("b"), OutFrame::from("c")]
+        );
         assert_eq!(w.buffered_bytes(), 1);
         assert!(!w.has_unwritten());
     }
