@@ -23,8 +23,9 @@ pub const SEQ_TAIL_END: &str = "}}}}";
 
 /// Appends `_meta` holding only acpd's seq, and closes the params and the message.
 pub fn push_seq_tail(out: &mut String, seq: i64) {
-    use std::fmt::Write as _;
-    let _ = write!(out, "{SEQ_TAIL_START}{seq}{SEQ_TAIL_END}");
+    out.push_str(SEQ_TAIL_START);
+    out.push_str(itoa::Buffer::new().format(seq));
+    out.push_str(SEQ_TAIL_END);
 }
 
 /// An update in acpd's own form, taken apart: `text` is

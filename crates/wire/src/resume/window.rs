@@ -6,7 +6,6 @@
 //! SEQ numbers one side's messages from 1; ACK is the last SEQ received from the other side.
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -160,8 +159,13 @@ impl Window {
         let first = self.unacked.front()?.0;
         let (_, msg) = self.unacked.get(usize::try_from(seq - first).ok()?)?;
         let mut f = String::with_capacity(msg.len() + 48);
-        // Into the frame's own buffer: no number is formatted into a `String` of its own.
-        let _ = write!(f, "{{\"s\":{seq},\"a\":{},\"m\":", self.received);
+        // No number is formatted into a `String` of its own, nor through `fmt`.
+        let mut n = itoa::Buffer::new();
+        f.push_str("{\"s\":");
+        f.push_str(n.format(seq));
+        f.push_str(",\"a\":");
+        f.push_str(n.format(self.received));
+        f.push_str(",\"m\":");
         f.push_str(msg);
         f.push('}');
         self.written = seq;
