@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use acpd_wire::{InFrame, Incoming, Link, Message, RequestId};
+use acpd_wire::{InFrame, Incoming, Link, Message, OutFrame, RequestId};
 use libfuzzer_sys::fuzz_target;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -39,7 +39,7 @@ async fn run(input: Vec<(u8, String)>) {
         }
     }
     let (in_tx, in_rx) = mpsc::channel(8);
-    let (out_tx, mut out_rx) = mpsc::channel::<String>(8);
+    let (out_tx, mut out_rx) = mpsc::channel::<OutFrame>(8);
     let link = Link {
         incoming: in_rx,
         outgoing: out_tx,
