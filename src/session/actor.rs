@@ -399,7 +399,10 @@ impl Session {
                 conn,
                 params,
                 responder,
-            } => self.prompt(conn, params, responder).await,
+            } => {
+                self.outbox.release_hold_by(&conn);
+                self.prompt(conn, params, responder).await
+            }
             SessionCommand::Cancel { .. } => self.cancel().await,
             SessionCommand::Relay {
                 conn: _,

@@ -125,6 +125,18 @@ impl Outbox {
         self.hold_until = None;
     }
 
+    /// `conn` prompted this session, so it has registered it: the hold that waits for that
+    /// (`hold_for`) has nothing left to wait for, when `conn` is the only client (with others
+    /// attached, the hold may be for one of them, and stays). Without this a prompt sent at
+    /// once after `session/new` waited out the whole delay for its first update and answer.
+    pub fn release_hold_by(&mut self, conn: &ConnId) {
+        if let [only] = self.clients.as_slice()
+            && only.client.conn == *conn
+        {
+            self.hold_until = None;
+        }
+    }
+
     /// Holds back updates for `d`: Zed drops updates for a session it has not registered,
     /// and it registers a session only some time after the response (zed-industries/zed#60199).
     pub fn hold_for(&mut self, d: Duration) {

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{Daemon, agent_texts, assert_consecutive, chunk_text, kind, seq, seqs};
+use crate::support::{
+    Daemon, DaemonOptions, agent_texts, assert_consecutive, assert_increasing, chunk_text, kind,
+    seq, seqs,
+};
 
 #[tokio::test]
 async fn turn_updates_carry_consecutive_seqs_and_acpds_session_id() {
@@ -102,4 +105,28 @@ async fn ten_thousand_updates_arrive_complete_and_in_order() {
     assert_consecutive(&updates);
     let s = seqs(&updates);
     assert_eq!(s[N - 1] - s[0], N as i64 - 1);
+}
+
+#[tokio::test]
+async fn a_prompt_ends_the_bootstrap_hold_of_its_own_session() {
+    // Updates of a new session are held after its answer, for editors that register a session
+    // late (zed-industries/zed#60199). A client that prompts the session has registered it:
+    // its turn must not wait out the hold (a minute here; the client gives up after seconds).
+    let opts = DaemonOptions::default().arg("--bootstrap-delay-ms", 60_000);
+    let daemon = Daemon::start_with(opts).await;
+    let mut client = daemon.client().await;
+    let sid = client.new_session(&daemon.work_dir()).await;
+    let (updates, result) = client.prompt(&sid, "echo at once").await;
+    assert_eq!(result.unwrap(), json!({ "stopReason": "end_turn" }));
+    assert!(
+        agent_texts(&updates).contains(&"at once".to_owned()),
+        "{updates:?}"
+    );
+    // What was held went first, in journal order (the prompt's own block is not echoed).
+    assert_eq!(
+        kind(&updates[0]),
+        "available_commands_update",
+        "{updates:?}"
+    );
+    assert_increasing(&updates);
 }
