@@ -412,9 +412,8 @@ impl Relay {
 
     /// The daemon no longer knows the link: start a new one and re-attach the sessions.
     fn restart(&mut self) {
-        let unsent = (self.window.take_unwritten().into_iter())
-            .map(OutFrame::into_string)
-            .collect();
+        let unsent = self.window.take_unwritten();
+        let unsent = unsent.into_iter().map(OutFrame::into_string).collect();
         self.window = Window::new();
         self.conn_id = None;
         let plan = self.tracker.on_restart(unsent, self.mcp.claims());

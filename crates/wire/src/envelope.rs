@@ -28,7 +28,13 @@ impl RawNotification {
     /// `text` as a plain notification, read by its envelope and kept whole; `Err(text)` when
     /// it is anything else or not readable this way (`Message::parse` then reads it exactly).
     pub fn read(text: String) -> Result<RawNotification, String> {
-        notification(text)
+        match spans_of(&text) {
+            Some(spans) => Ok(RawNotification {
+                text: text.into_boxed_str(),
+                spans: spans.into_boxed_slice(),
+            }),
+            None => Err(text),
+        }
     }
 
     pub fn method(&self) -> &str {
@@ -121,18 +127,8 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
     <&RawValue>::deserialize(d).map(Some)
 }
 
-/// `text` as a plain notification, read by its envelope and kept whole; `Err(text)` when it is
-/// anything else or not readable this way (the full parse then answers it as it deserves).
-pub(crate) fn notification(text: String) -> Result<RawNotification, String> {
-    match spans_of(&text) {
-        Some(spans) => Ok(RawNotification {
-            text: text.into_boxed_str(),
-            spans: spans.into_boxed_slice(),
-        }),
-        None => Err(text),
-    }
-}
-
+/// The spans `RawNotification` keeps for `text`; `None` when it is not a plain notification
+/// this pass can index.
 fn spans_of(text: &str) -> Option<Vec<u32>> {
     let env: Envelope = serde_json::from_str(text).ok()?;
     if env.id.is_some() || env.jsonrpc.is_some_and(|v| v.get() != "\"2.0\"") {
@@ -147,7 +143,7 @@ fn spans_of(text: &str) -> Option<Vec<u32>> {
         return Some(vec![m0, m1, 0, 0]);
     };
     let (p0, p1) = object_span(text, &pairs)?;
-    let mut spans = Vec::with_capacity(4 + 4 * pairs.list.len());
+    let mut spans = Vec::with_capacity(4 + 4 * pairs.0.len());
     spans.extend_from_slice(&[m0, m1, p0, p1]);
     push_spans(&mut spans, text, &pairs)?;
     Some(spans)
@@ -157,7 +153,7 @@ fn spans_of(text: &str) -> Option<Vec<u32>> {
 /// just validated, so only whitespace stands between the braces and the first name's quote
 /// and the last value. `None` (the full parse) for an empty object, which has neither.
 fn object_span(text: &str, pairs: &Pairs) -> Option<(u32, u32)> {
-    let (first, last) = (pairs.list.first()?.0, pairs.last?.get());
+    let (first, last) = (pairs.0.first()?.0, pairs.last_value()?.get());
     let (name, _) = span_in(text, first)?;
     let (_, value) = span_in(text, last)?;
     let bytes = text.as_bytes();
@@ -177,7 +173,7 @@ mod tests {
     use crate::msg::Message;
 
     fn read(text: &str) -> Option<RawNotification> {
-        notification(text.to_owned()).ok()
+        RawNotification::read(text.to_owned()).ok()
     }
 
     #[test]

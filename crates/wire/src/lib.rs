@@ -13,7 +13,7 @@ pub mod resume;
 pub mod update_form;
 
 pub use envelope::RawNotification;
-pub use members::{Members, member_spans, str_member};
+pub use members::{Members, str_member};
 pub use msg::{
     Malformed, Message, Notification, Request, RequestId, Response, ResponseError, code,
 };

@@ -51,19 +51,27 @@ impl<'a> Members<'a> {
 
 /// The member spans of `object`, a JSON object, relative to its first byte: `None` when it is
 /// not valid JSON, not an object, or a member name carries escapes.
-pub fn member_spans(object: &str) -> Option<Vec<u32>> {
+pub(crate) fn member_spans(object: &str) -> Option<Vec<u32>> {
     let pairs: Pairs = serde_json::from_str(object).ok()?;
-    let mut spans = Vec::with_capacity(4 * pairs.list.len());
+    let mut spans = Vec::with_capacity(4 * pairs.0.len());
     push_spans(&mut spans, object, &pairs)?;
     Some(spans)
 }
 
-/// An object's members as borrowed slices of the text being parsed. Fails (so the caller takes
-/// a slower exact path) on anything but an object whose names are free of escapes.
-pub(crate) struct Pairs<'a> {
-    pub list: Vec<(&'a str, &'a RawValue)>,
-    /// The value written last, wherever its member stands (it ends the object).
-    pub last: Option<&'a RawValue>,
+/// An object's members as borrowed slices of the text being parsed, in the order sent; a
+/// repeated name keeps its first place and its last value. Fails (so the caller takes a slower
+/// exact path) on anything but an object whose names are free of escapes.
+pub(crate) struct Pairs<'a>(pub Vec<(&'a str, &'a RawValue)>);
+
+impl<'a> Pairs<'a> {
+    /// The value written last, wherever its member stands: it ends the object. Every name's
+    /// last value is in the list, so it is the one furthest into the text.
+    pub fn last_value(&self) -> Option<&'a RawValue> {
+        self.0
+            .iter()
+            .map(|(_, v)| *v)
+            .max_by_key(|v| v.get().as_ptr())
+    }
 }
 
 impl<'de: 'a, 'a> serde::Deserialize<'de> for Pairs<'a> {
@@ -76,15 +84,13 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Pairs<'a> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Pairs<'a>, A::Error> {
                 let mut list: Vec<(&'a str, &'a RawValue)> = Vec::with_capacity(4);
-                let mut last = None;
                 while let Some((name, value)) = map.next_entry::<&'a str, &'a RawValue>()? {
-                    last = Some(value);
                     match list.iter_mut().find(|(n, _)| *n == name) {
                         Some(m) => m.1 = value,
                         None => list.push((name, value)),
                     }
                 }
-                Ok(Pairs { list, last })
+                Ok(Pairs(list))
             }
         }
         d.deserialize_map(V(std::marker::PhantomData))
@@ -94,7 +100,7 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Pairs<'a> {
 /// Appends the spans of `pairs`, borrowed from `base`, relative to `base`. `None` when an
 /// offset does not fit in a `u32` (the caller takes the exact path).
 pub(crate) fn push_spans(out: &mut Vec<u32>, base: &str, pairs: &Pairs) -> Option<()> {
-    for (name, value) in &pairs.list {
+    for (name, value) in &pairs.0 {
         let (n0, n1) = span_in(base, name)?;
         let (v0, v1) = span_in(base, value.get())?;
         out.extend_from_slice(&[n0, n1, v0, v1]);

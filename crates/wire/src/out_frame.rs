@@ -62,24 +62,6 @@ impl From<Arc<str>> for OutFrame {
     }
 }
 
-impl From<OutFrame> for String {
-    fn from(f: OutFrame) -> Self {
-        f.into_string()
-    }
-}
-
-impl PartialEq<str> for OutFrame {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
-
-impl PartialEq<&str> for OutFrame {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,7 +72,7 @@ mod tests {
         let a = OutFrame::from(shared.clone());
         let b = OutFrame::from(String::from("{\"x\":1}"));
         assert_eq!(a.as_str(), b.as_str());
-        assert_eq!(a, "{\"x\":1}");
+        assert_eq!(a.as_str(), "{\"x\":1}");
         assert_eq!(a.len(), 7);
         assert_eq!(a.into_string(), b.into_string());
         // A shared frame is the same allocation, not a copy.

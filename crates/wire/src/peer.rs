@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::envelope::{self, RawNotification};
+use super::envelope::RawNotification;
 use super::msg::{Malformed, Message, Notification, Request, RequestId, Response, ResponseError};
 use super::out_frame::OutFrame;
 

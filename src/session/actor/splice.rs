@@ -3,9 +3,10 @@
 //! replaced by acpd's, `_meta.acpd` gets the seq, and the update body is copied through byte
 //! for byte, never parsed or scanned again.
 //!
-//! Pure: no I/O, unit-tested below. Params the peer could not index this way (member names
-//! with escapes: no agent writes them, but JSON allows it) were re-serialized by the full
-//! parse, which writes names plainly; an empty object takes an exact path through a tree.
+//! Pure: no I/O, unit-tested below. Params the peer could not index (member names with
+//! escapes: no agent writes them, but JSON allows it) were re-serialized by the full parse,
+//! which writes names plainly where JSON lets it; a name that must stay escaped (a quote, a
+//! backslash, a control character) and an empty object take an exact path through a tree.
 
 use std::sync::{Arc, LazyLock};
 
@@ -115,8 +116,8 @@ fn kind_of(kind: Option<&str>) -> Arc<str> {
     }
 }
 
-/// Params the peer found no member spans for (an empty object; an array, refused here):
-/// exact, through a tree.
+/// Params without member spans (an empty object, a name that must stay escaped; an array is
+/// refused here): exact, through a tree.
 fn slow(params: &str, session_id: &str, seq: i64) -> Option<Spliced> {
     let Ok(Value::Object(mut params)) = serde_json::from_str::<Value>(params) else {
         return None;

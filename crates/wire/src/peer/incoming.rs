@@ -5,8 +5,8 @@
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    InFrame, Incoming, IncomingRequest, Malformed, Message, PeerError, PeerTask, Reply, RequestId,
-    Responder, Response, ResponseError, envelope,
+    InFrame, Incoming, IncomingRequest, Malformed, Message, PeerError, PeerTask, RawNotification,
+    Reply, RequestId, Responder, Response, ResponseError,
 };
 
 impl PeerTask {
@@ -32,7 +32,7 @@ impl PeerTask {
     fn on_frame(&mut self, text: String) {
         tracing::trace!(frame = %text, "in");
         // The common case, a stream of notifications, is read by its envelope alone.
-        let text = match envelope::notification(text) {
+        let text = match RawNotification::read(text) {
             Ok(n) => {
                 self.to_deliver.push_back(Incoming::Notification(n));
                 return;
