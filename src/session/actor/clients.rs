@@ -127,6 +127,10 @@ impl Session {
     pub(super) fn presence(&mut self, event: &str, who: &Client) {
         let clients: Vec<Value> = self.outbox.clients().map(Client::describe).collect();
         self.status.send_modify(|s| s.clients = clients.clone());
+        // Nobody else to tell (the usual `session/new`): no text is built.
+        if !self.outbox.clients().any(|c| c.conn != who.conn) {
+            return;
+        }
         let text = json!({ "jsonrpc": "2.0", "method": PRESENCE, "params": {
             "sessionId": &*self.id,
             "event": event,
