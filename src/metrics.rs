@@ -15,6 +15,12 @@ pub const SESSIONS_LIVE: &str = "acpd_sessions_live";
 pub const SESSIONS_DETACHED: &str = "acpd_sessions_detached";
 pub const PROMPTS_TOTAL: &str = "acpd_prompts_total";
 pub const RETENTION_PASSES_TOTAL: &str = "acpd_journal_retention_passes_total";
+// The update path (ARCHITECTURE.md, "The path of one update"): where it gives way.
+pub const CLIENTS_CATCHING_UP: &str = "acpd_clients_catching_up";
+pub const CLIENT_CATCH_UPS_TOTAL: &str = "acpd_client_catch_ups_total";
+pub const SESSIONS_BEHIND_AGENT: &str = "acpd_sessions_behind_agent";
+pub const AGENT_OUTPUT_PAUSES_TOTAL: &str = "acpd_agent_output_pauses_total";
+pub const SESSIONS_CUT_FROM_AGENT_TOTAL: &str = "acpd_sessions_cut_from_agent_total";
 // The store records its own (it is a crate of its own); they are described here with the rest.
 use acpd_store::metrics::{
     JOURNAL_APPEND_SECONDS, JOURNAL_BATCH_SIZE, JOURNAL_ENTRIES_TOTAL, STORE_ERRORS_TOTAL,
@@ -78,6 +84,27 @@ fn describe() {
     describe_counter!(
         RETENTION_PASSES_TOTAL,
         "Journal retention passes started (a session's journal measured, and cut if over a cap)"
+    );
+    describe_gauge!(
+        CLIENTS_CATCHING_UP,
+        "Attached clients fed from the journal rather than live (a replay, or a client behind)"
+    );
+    describe_counter!(
+        CLIENT_CATCH_UPS_TOTAL,
+        "Times a client started to be fed from the journal, by cause (attach: a load, resume \
+         or attach replays it; behind: its connection's queue filled)"
+    );
+    describe_gauge!(
+        SESSIONS_BEHIND_AGENT,
+        "Sessions so far behind their agent's output that the agent's stdout is not read"
+    );
+    describe_counter!(
+        AGENT_OUTPUT_PAUSES_TOTAL,
+        "Times a session fell so far behind that its agent's output was paused"
+    );
+    describe_counter!(
+        SESSIONS_CUT_FROM_AGENT_TOTAL,
+        "Sessions detached from their agent for taking nothing while it waited"
     );
     describe_histogram!(JOURNAL_APPEND_SECONDS, "Time to commit one journal batch");
     describe_histogram!(JOURNAL_BATCH_SIZE, "Journal entries per committed batch");

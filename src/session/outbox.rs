@@ -28,7 +28,7 @@ mod writer;
 
 use super::{Client, ConnId};
 use acpd_wire::{Responder, ResponseError};
-use writer::{ClientOut, Writer, reply};
+use writer::{Cause, ClientOut, Writer, reply};
 
 /// How often lagging clients are looked at (queue drained? stalled?).
 const LAG_CHECK: Duration = Duration::from_millis(20);
@@ -195,7 +195,7 @@ impl Outbox {
                     // Updates it should get may have left `items` already (a new session's
                     // first update can be durable before its creator is attached).
                     if w.sent_upto < self.flushed_upto {
-                        w.start_lag();
+                        w.start_lag(Cause::Attach);
                     }
                     self.clients.push(w);
                     return;
@@ -209,7 +209,7 @@ impl Outbox {
         let w = &mut self.clients[i];
         let Some(reply_out) = a.reply.map(|(r, res)| reply(r, res)) else {
             if w.sent_upto < upto && w.lag.is_none() {
-                w.start_lag();
+                w.start_lag(Cause::Attach);
             }
             return;
         };
@@ -220,7 +220,7 @@ impl Outbox {
         }
         let lag = match w.lag.as_mut() {
             Some(l) => l,
-            None => w.start_lag(),
+            None => w.start_lag(Cause::Attach),
         };
         lag.held.push_back((upto, reply_out));
         lag.replay = Some((upto, a.hold));
@@ -291,7 +291,7 @@ impl Outbox {
                         if exclude.as_ref() != Some(&c.client.conn)
                             && c.queue(ClientOut::Raw(text.clone())).is_err()
                         {
-                            c.start_lag();
+                            c.start_lag(Cause::Behind);
                             continue;
                         }
                         c.sent_upto = seq;

@@ -5,12 +5,14 @@
 //! `session/new` answers is never lost; an agent streaming faster than the journal commits is
 //! slowed down, never cut off, and a session that takes nothing (its journal stalled) is detached from
 //! its agent after a bound; a close sent while the client lags is answered once it caught up.
+//! `/metrics` shows each of these while it lasts.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::json;
 
+use crate::operations::sample;
 use crate::support::agent_chunks as chunks;
 use crate::support::{Daemon, DaemonOptions, agent_texts, assert_consecutive, seq, seqs};
 
@@ -186,6 +188,64 @@ async fn a_close_sent_while_the_client_lags_is_answered_once_caught_up() {
 }
 
 #[tokio::test]
+async fn metrics_show_clients_fed_from_the_journal_until_they_caught_up() {
+    const N: usize = 20_000;
+    let daemon = Daemon::start().await;
+    let mut c = daemon.client().await.with_timeout(Duration::from_secs(120));
+    let sid = c.open_session(&daemon.work_dir()).await;
+    // 20 MiB the client does not read for a while: its queue fills.
+    let prompt = c.send_prompt(&sid, &format!("stream {N} 1024")).await;
+    daemon.until_lagging().await;
+    let m = metrics(&daemon).await;
+    assert_eq!(sample(&m, "acpd_clients_catching_up"), 1.0, "{m}");
+    assert_eq!(sample(&m, CAUGHT_UP_BEHIND), 1.0, "{m}");
+    let (turn, r) = c.collect_updates_until_response(&prompt).await;
+    assert_eq!(r.expect("the turn")["stopReason"], "end_turn");
+    assert_eq!(chunks(&turn).len(), N);
+    until_metric(&daemon, "acpd_clients_catching_up", 0.0).await;
+    let attaches = sample(&metrics(&daemon).await, CAUGHT_UP_ATTACH);
+
+    // A load replays the journal: a catch-up of its own, over once the load is answered.
+    let mut loader = daemon.client().await.with_timeout(Duration::from_secs(120));
+    let params = json!({ "sessionId": sid, "cwd": daemon.work_dir(), "mcpServers": [] });
+    let load = loader.send_request("session/load", params).await;
+    let (replayed, r) = loader.collect_updates_until_response(&load).await;
+    r.expect("the load");
+    assert!(chunks(&replayed).len() >= N);
+    until_metric(&daemon, "acpd_clients_catching_up", 0.0).await;
+    let m = metrics(&daemon).await;
+    assert_eq!(sample(&m, CAUGHT_UP_ATTACH), attaches + 1.0, "{m}");
+    // (Reading, the client may have caught up and fallen behind again.)
+    assert!(sample(&m, CAUGHT_UP_BEHIND) >= 1.0, "{m}");
+    // Nothing here held an agent up.
+    assert_eq!(sample(&m, "acpd_sessions_behind_agent"), 0.0, "{m}");
+    assert_eq!(sample(&m, "acpd_sessions_cut_from_agent_total"), 0.0, "{m}");
+}
+
+const CAUGHT_UP_BEHIND: &str = r#"acpd_client_catch_ups_total{cause="behind"}"#;
+const CAUGHT_UP_ATTACH: &str = r#"acpd_client_catch_ups_total{cause="attach"}"#;
+
+async fn metrics(daemon: &Daemon) -> String {
+    crate::operations::http_get(daemon.addr, "/metrics").await.1
+}
+
+/// Waits (bounded) until `series` shows `want`.
+async fn until_metric(daemon: &Daemon, series: &str, want: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = metrics(daemon).await;
+        if sample(&m, series) == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} is not {want}:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
 async fn a_session_that_takes_nothing_is_detached_and_its_agents_other_sessions_go_on() {
     let daemon = Daemon::start().await;
     let mut c = daemon.client().await.with_timeout(Duration::from_secs(90));
@@ -205,6 +265,11 @@ async fn a_session_that_takes_nothing_is_detached_and_its_agents_other_sessions_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let m = metrics(&daemon).await;
+    assert_eq!(sample(&m, "acpd_sessions_cut_from_agent_total"), 1.0, "{m}");
+    assert!(sample(&m, "acpd_agent_output_pauses_total") >= 1.0, "{m}");
+    // Detached, it no longer holds the agent's output.
+    assert_eq!(sample(&m, "acpd_sessions_behind_agent"), 0.0, "{m}");
     lock.release().await;
     // The stalled turn ends with an error (its agent side is gone), not never.
     let (_, r) = c.collect_updates_until_response(&prompt).await;

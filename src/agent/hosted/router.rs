@@ -74,7 +74,45 @@ pub(super) struct Router {
     /// Messages for session ids not registered yet (the agent spoke before its response).
     early: HashMap<String, Vec<AgentEvent>>,
     /// Routes whose backlog is over `PAUSE_AT`: while any is, the agent's stdout is not read.
-    over: HashSet<String>,
+    over: Over,
+}
+
+/// The routes over `PAUSE_AT`, counted in `acpd_sessions_behind_agent` while they are (and
+/// no longer once the router ends).
+#[derive(Default)]
+struct Over(HashSet<String>);
+
+impl Over {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &String> {
+        self.0.iter()
+    }
+
+    /// `true` when `route` was not over already: the agent's output pauses for it.
+    fn insert(&mut self, route: &str) -> bool {
+        if self.0.contains(route) {
+            return false;
+        }
+        self.0.insert(route.to_owned());
+        metrics::gauge!(crate::metrics::SESSIONS_BEHIND_AGENT).increment(1);
+        metrics::counter!(crate::metrics::AGENT_OUTPUT_PAUSES_TOTAL).increment(1);
+        true
+    }
+
+    fn remove(&mut self, route: &str) {
+        if self.0.remove(route) {
+            metrics::gauge!(crate::metrics::SESSIONS_BEHIND_AGENT).decrement(1);
+        }
+    }
+}
+
+impl Drop for Over {
+    fn drop(&mut self) {
+        metrics::gauge!(crate::metrics::SESSIONS_BEHIND_AGENT).decrement(self.0.len() as f64);
+    }
 }
 
 impl Router {
@@ -88,7 +126,7 @@ impl Router {
             by_agent_sid: HashMap::new(),
             last_route: None,
             early: HashMap::new(),
-            over: HashSet::new(),
+            over: Over::default(),
         }
     }
 
@@ -201,7 +239,7 @@ impl Router {
         };
         if !r.backlog.is_empty() {
             r.backlog.push_back(ev);
-            if r.backlog.len() >= PAUSE_AT && self.over.insert(route.to_owned()) {
+            if r.backlog.len() >= PAUSE_AT && self.over.insert(route) {
                 tracing::info!(agent = %self.agent, session = %route, "a session is behind its agent (the journal is slower than the agent streams); pausing the agent's output");
             }
             return;
@@ -298,8 +336,10 @@ impl Router {
     /// and it is told the agent is gone for it (it re-creates its agent side on its next
     /// command), so the agent's other sessions go on.
     fn overflow(&mut self, route: &str) {
-        tracing::error!(agent = %self.agent, session = %route, "a session took nothing from its agent for {ROUTE_STALL:?}; detaching it from the agent");
+        // Counted before it is logged: whoever reads the log finds it counted.
+        metrics::counter!(crate::metrics::SESSIONS_CUT_FROM_AGENT_TOTAL).increment(1);
         self.over.remove(route);
+        tracing::error!(agent = %self.agent, session = %route, "a session took nothing from its agent for {ROUTE_STALL:?}; detaching it from the agent");
         if let Some(mut r) = self.routes.remove(route) {
             self.forget_agent_sid(route, r.agent_sid.take());
             let status = "the session stopped taking the agent's output".to_owned();

@@ -42,6 +42,37 @@ pub(super) struct Lag {
     /// An attach replay: catch-up ignores the bootstrap hold until the answer, held behind
     /// the replay up to this seq, is out; then the hold starts.
     pub replay: Option<(i64, Duration)>,
+    /// Counts this lag in `acpd_clients_catching_up` for as long as it lasts, however it ends.
+    _counted: Counted,
+}
+
+/// Why a client is fed from the journal: the `cause` label of `acpd_client_catch_ups_total`.
+#[derive(Clone, Copy)]
+pub(super) enum Cause {
+    /// An attach (load, resume, attach) has journal entries to replay to it.
+    Attach,
+    /// Its connection's queue filled.
+    Behind,
+}
+
+struct Counted;
+
+impl Counted {
+    fn new(cause: Cause) -> Counted {
+        let cause = match cause {
+            Cause::Attach => "attach",
+            Cause::Behind => "behind",
+        };
+        metrics::counter!(crate::metrics::CLIENT_CATCH_UPS_TOTAL, "cause" => cause).increment(1);
+        metrics::gauge!(crate::metrics::CLIENTS_CATCHING_UP).increment(1);
+        Counted
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        metrics::gauge!(crate::metrics::CLIENTS_CATCHING_UP).decrement(1);
+    }
 }
 
 /// A client the outbox starts sending to, having been sent everything up to `sent_upto`.
@@ -60,11 +91,14 @@ impl Writer {
     }
 
     /// The client's lag, started now unless one is under way (what it holds stays held).
-    pub fn start_lag(&mut self) -> &mut Lag {
+    pub fn start_lag(&mut self, cause: Cause) -> &mut Lag {
         let (conn, seq, taken) = (&self.client.conn, self.sent_upto, self.client.peer.taken());
         self.lag.get_or_insert_with(|| {
+            // Counted before it is logged: whoever reads the log finds it counted.
+            let counted = Counted::new(cause);
             tracing::info!(conn = %conn, seq, "client lags; feeding it from the journal");
             Lag {
+                _counted: counted,
                 taken,
                 moved_at: Instant::now(),
                 reading: false,
@@ -80,7 +114,7 @@ impl Writer {
         if let Some(lag) = &mut self.lag {
             lag.held.push_back((upto, out));
         } else if let Err(out) = self.queue(out) {
-            self.start_lag().held.push_back((upto, out));
+            self.start_lag(Cause::Behind).held.push_back((upto, out));
         }
     }
 
