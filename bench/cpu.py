@@ -4,8 +4,10 @@
 # streams N updates of SIZE bytes REPS times and prints rate and µs of CPU per update.
 #   python3 bench/cpu.py [N=200000] [SIZE=64] [REPS=3]
 # PERF=FILE: `perf record --call-graph dwarf` of acpd (of acp-shim with PERF_SHIM=1) during the
-# last run. LOAD=K: then K session/loads of the session, timed. METRICS=1: the journal's
-# commit metrics at the end. BIN=DIR: binaries from DIR. Build first:
+# last run. LOAD=K: then K session/loads of the session, timed. NEW=K: then K sequential
+# session/new, timed, with acpd's and acp-shim's CPU per session/new (PERF then profiles these
+# instead of the last run). METRICS=1: the journal's commit metrics at the end. BIN=DIR:
+# binaries from DIR. Build first:
 #   cargo build --release -p acpd -p acp-shim -p acpd-scripted-agent
 import json, os, socket, subprocess, sys, time, tempfile
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 200000
@@ -17,7 +19,7 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.clos
 d = tempfile.mkdtemp()
 acpd = subprocess.Popen([f"{BIN}/acpd", "serve", "--no-auth", "--listen", f"127.0.0.1:{port}", "--data-dir", d,
     "--agent", f"s={BIN}/acpd-scripted-agent", "--journal-max-entries", "0", "--journal-max-bytes", "0",
-    "--max-requests-per-second", "0", "--max-connections", "0", "--max-connections-per-principal", "0"],
+    "--max-requests-per-second", "0", "--max-sessions-per-principal", "0", "--max-connections", "0", "--max-connections-per-principal", "0"],
     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d + "/acpd.log", "w"))
 for _ in range(100):
     try: socket.create_connection(("127.0.0.1", port)).close(); break
@@ -48,7 +50,7 @@ _, l = wait(send("session/new", {"cwd": "/tmp", "mcpServers": []}))
 sid = json.loads(l)["result"]["sessionId"]
 perf = None
 for r in range(REPS):
-    if PERF and r == REPS - 1:
+    if PERF and r == REPS - 1 and not os.environ.get("NEW"):
         perf = subprocess.Popen(["perf", "record", "-F", os.environ.get("PERF_F", "1000"), "--call-graph", "dwarf,16384", "-o", PERF, "-p", str(shim.pid if os.environ.get("PERF_SHIM") else acpd.pid)], stderr=subprocess.DEVNULL)
         time.sleep(0.5)
     c0 = cpu(acpd.pid); s0 = cpu(shim.pid); w0 = io(acpd.pid); t0 = time.time()
@@ -64,6 +66,19 @@ if os.environ.get("LOAD"):
         t0 = time.time(); n, _ = wait(send("session/load", {"sessionId": sid, "cwd": "/tmp", "mcpServers": []})); t = time.time() - t0
         print(f"load {r}: {n} lines in {t*1000:.1f} ms", flush=True)
         sh.stdin.close(); sh.wait(); shim = shim_old
+if os.environ.get("NEW"):
+    k = int(os.environ["NEW"])
+    for phase in ("warm", "measured"):
+        if PERF and phase == "measured":
+            perf = subprocess.Popen(["perf", "record", "-F", os.environ.get("PERF_F", "1000"), "--call-graph", "dwarf,16384", "-o", PERF, "-p", str(shim.pid if os.environ.get("PERF_SHIM") else acpd.pid)], stderr=subprocess.DEVNULL)
+            time.sleep(0.5)
+        c0 = cpu(acpd.pid); s0 = cpu(shim.pid); ts = []
+        for _ in range(k):
+            t0 = time.perf_counter(); wait(send("session/new", {"cwd": "/tmp", "mcpServers": [], "_meta": {"scripted": {"quiet": True}}})); ts.append(time.perf_counter() - t0)
+        c = cpu(acpd.pid) - c0; sc = cpu(shim.pid) - s0; ts.sort()
+        slow = sum(t > 0.002 for t in ts)
+        print(f"session/new {phase}: p50 {ts[k//2]*1e6:.0f} us, p90 {ts[k*9//10]*1e6:.0f} us, p99 {ts[k*99//100]*1e6:.0f} us, max {ts[-1]*1e6:.0f} us, {slow} over 2 ms; acpd cpu {c/k*1e6:.0f} us, shim {sc/k*1e6:.0f} us per session/new", flush=True)
+        if perf and phase == "measured": perf.send_signal(2); perf.wait()
 if os.environ.get("METRICS"):
     import urllib.request
     m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
