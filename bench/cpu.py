@@ -42,6 +42,8 @@ def wait(i):
 def io(pid):
     f = dict(l.split(": ") for l in open(f"/proc/{pid}/io").read().splitlines())
     return int(f["wchar"]), int(f["write_bytes"])
+def rss(pid):
+    return next(int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS:"))
 def cpu(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
@@ -72,12 +74,12 @@ if os.environ.get("NEW"):
         if PERF and phase == "measured":
             perf = subprocess.Popen(["perf", "record", "-F", os.environ.get("PERF_F", "1000"), "--call-graph", "dwarf,16384", "-o", PERF, "-p", str(shim.pid if os.environ.get("PERF_SHIM") else acpd.pid)], stderr=subprocess.DEVNULL)
             time.sleep(0.5)
-        c0 = cpu(acpd.pid); s0 = cpu(shim.pid); ts = []
+        c0 = cpu(acpd.pid); s0 = cpu(shim.pid); m0 = rss(acpd.pid); ts = []
         for _ in range(k):
             t0 = time.perf_counter(); wait(send("session/new", {"cwd": "/tmp", "mcpServers": [], "_meta": {"scripted": {"quiet": True}}})); ts.append(time.perf_counter() - t0)
-        c = cpu(acpd.pid) - c0; sc = cpu(shim.pid) - s0; ts.sort()
+        c = cpu(acpd.pid) - c0; sc = cpu(shim.pid) - s0; m = rss(acpd.pid) - m0; ts.sort()
         slow = sum(t > 0.002 for t in ts)
-        print(f"session/new {phase}: p50 {ts[k//2]*1e6:.0f} us, p90 {ts[k*9//10]*1e6:.0f} us, p99 {ts[k*99//100]*1e6:.0f} us, max {ts[-1]*1e6:.0f} us, {slow} over 2 ms; acpd cpu {c/k*1e6:.0f} us, shim {sc/k*1e6:.0f} us per session/new", flush=True)
+        print(f"session/new {phase}: p50 {ts[k//2]*1e6:.0f} us, p90 {ts[k*9//10]*1e6:.0f} us, p99 {ts[k*99//100]*1e6:.0f} us, max {ts[-1]*1e6:.0f} us, {slow} over 2 ms; acpd cpu {c/k*1e6:.0f} us, shim {sc/k*1e6:.0f} us per session/new; acpd RSS +{m/k:.1f} KiB per live session", flush=True)
         if perf and phase == "measured": perf.send_signal(2); perf.wait()
 if os.environ.get("METRICS"):
     import urllib.request

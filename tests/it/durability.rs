@@ -233,3 +233,39 @@ async fn the_journal_reaches_the_sqlite_file_while_the_daemon_runs() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The WAL starts over once it holds 16 MiB (`checkpoint.rs`): a daemon that journals far
+/// more than that keeps a WAL of about that size, not one as big as all it ever wrote (a
+/// PASSIVE checkpoint alone never lets a WAL under steady writes start over).
+#[tokio::test]
+async fn the_sqlite_wal_stays_bounded_while_the_daemon_journals() {
+    const N: usize = 48_000;
+    const BOUND: u64 = 40 << 20;
+    let daemon = Daemon::start_with(DaemonOptions::default().sqlite()).await;
+    let wal = daemon.dir().join("acpd.db-wal");
+    let mut client = daemon.client().await.with_timeout(Duration::from_secs(180));
+    let sid = client.open_session(&daemon.work_dir()).await;
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let watcher = tokio::spawn(async move {
+        let mut largest = 0;
+        loop {
+            let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
+            largest = largest.max(size);
+            tokio::select! {
+                _ = &mut stopped => return largest,
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    });
+    // About 60 MiB of journal: every chunk is 1 KiB of text in its envelope.
+    let (turn, result) = client.prompt(&sid, &format!("stream {N} 1024")).await;
+    assert_eq!(result.expect("stream")["stopReason"], "end_turn");
+    assert_full_stream(&turn, N);
+    let _ = stop.send(());
+    let largest = watcher.await.expect("the watcher");
+    assert!(
+        largest <= BOUND,
+        "the WAL grew to {largest} bytes while the daemon journaled"
+    );
+    assert!(largest > 0, "the daemon journaled into a WAL");
+}

@@ -9,6 +9,17 @@
 //! writer, so nobody waits on its fsyncs. Durability is the same either way: a commit is
 //! durable (against a crash of acpd) once it is in the WAL, and an open replays the WAL.
 //! The last connection to close checkpoints once more (SQLite's own close).
+//!
+//! A PASSIVE checkpoint alone never lets the WAL start over under a steady stream of
+//! commits: SQLite rewinds the WAL only when a write transaction begins with every frame
+//! copied back, and a checkpoint that runs beside the writer always ends a few commits short.
+//! The WAL then grows for the daemon's whole life (measured: 173 MB after 6 000
+//! `session/new`s, 143 MB after 600 000 updates), and every commit extends the file, which
+//! on ext4 waits on the journal behind the checkpoint's fsync (the p99 of `session/new`).
+//! So once the WAL holds `RESTART_FRAMES`, the tick after the PASSIVE one is a RESTART: it
+//! holds new writers for the few frames left and waits (`RESTART_WAIT` at most, then it
+//! gives up like a PASSIVE one) for readers to leave the WAL, so the next commit rewinds it;
+//! `journal_size_limit` (`backend.rs`) then truncates the file back to that size.
 
 use std::time::Duration;
 
@@ -23,6 +34,13 @@ use super::backend::db;
 /// µs; what a busy daemon writes in this time is what the next one copies.
 const EVERY: Duration = Duration::from_millis(250);
 
+/// WAL frames (pages, 4 KiB by default) past which a checkpoint makes the WAL start over.
+pub(crate) const RESTART_FRAMES: i64 = 4096;
+
+/// How long a RESTART checkpoint may hold new writers while it waits for the writer in
+/// progress and for readers still in the WAL (the busy timeout of its connection).
+const RESTART_WAIT: Duration = Duration::from_millis(20);
+
 /// The checkpointing task; `stop` ends it and closes its connection.
 pub(crate) struct Checkpoints {
     stop: watch::Sender<bool>,
@@ -34,7 +52,8 @@ impl Checkpoints {
     /// Opens a connection of its own with the pool's options (not a pool connection: the
     /// task never waits for one, and never holds one up) and starts the task.
     pub(crate) async fn start(opts: &SqliteConnectOptions) -> Result<Checkpoints, StoreError> {
-        let mut conn = SqliteConnection::connect_with(opts).await.map_err(db)?;
+        let opts = opts.clone().busy_timeout(RESTART_WAIT);
+        let mut conn = SqliteConnection::connect_with(&opts).await.map_err(db)?;
         let (stop, mut stopped) = watch::channel(false);
         let (finished_tx, finished) = watch::channel(());
         tokio::spawn(async move {
@@ -46,13 +65,17 @@ impl Checkpoints {
                     // A stop, or the store gone without one.
                     _ = stopped.changed() => break,
                     _ = tick.tick() => {
-                        // (busy, WAL frames, frames checkpointed); busy only means a reader
-                        // or writer kept some frames for the next one.
-                        let done = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
-                            .fetch_one(&mut conn)
-                            .await;
-                        if let Err(e) = done {
-                            tracing::warn!(error = %e, "WAL checkpoint failed; the next one retries");
+                        let frames = match checkpoint(&mut conn, PASSIVE).await {
+                            Ok(frames) => frames,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "WAL checkpoint failed; the next one retries");
+                                continue;
+                            }
+                        };
+                        if frames >= RESTART_FRAMES
+                            && let Err(e) = checkpoint(&mut conn, RESTART).await
+                        {
+                            tracing::warn!(error = %e, "WAL restart failed; the next one retries");
                         }
                     }
                 }
@@ -68,4 +91,16 @@ impl Checkpoints {
         let mut finished = self.finished.clone();
         let _ = finished.changed().await;
     }
+}
+
+const PASSIVE: &str = "PRAGMA wal_checkpoint(PASSIVE)";
+const RESTART: &str = "PRAGMA wal_checkpoint(RESTART)";
+
+/// Runs one checkpoint; returns the frames the WAL holds. (SQLite answers (busy, WAL frames,
+/// frames copied); busy only means a reader or writer kept some frames for the next one.)
+async fn checkpoint(conn: &mut SqliteConnection, sql: &'static str) -> Result<i64, sqlx::Error> {
+    let (_busy, frames, _copied) = sqlx::query_as::<_, (i64, i64, i64)>(sql)
+        .fetch_one(conn)
+        .await?;
+    Ok(frames)
 }
