@@ -145,6 +145,18 @@ impl Outbox {
         }
     }
 
+    /// Where an attach that asks for live updates only (implicit, resume) starts a
+    /// connection: at `current` (the last seq given out) when it is new here; where it is
+    /// when it is attached already. Updates still queued for it (held by the bootstrap hold,
+    /// or not yet durable) are its own: a `session/prompt` that overtook the connection's
+    /// filing of its `session/new` (an implicit attach) must not make it skip them.
+    pub fn live_from(&self, conn: &ConnId, current: i64) -> i64 {
+        self.clients
+            .iter()
+            .find(|c| &c.client.conn == conn)
+            .map_or(current, |c| c.sent_upto)
+    }
+
     /// The seq an attach after `after` replays up to: the answer `{lastSeq}` of
     /// `_acpd/session/attach`, which never sends a connection a seq twice.
     pub fn replay_upto(&self, conn: &ConnId, after: i64) -> i64 {
@@ -474,15 +486,7 @@ mod tests {
         // Updates left the outbox before the client attached: it starts out lagging.
         let mut outbox = Outbox::new(TaskTracker::new(), 5);
         outbox.attach(Attached {
-            client: Client {
-                conn: "c1".into(),
-                peer,
-                init: Arc::new(json!({})),
-                role: Role::Controller,
-                principal: "p".into(),
-                principal_name: "p".into(),
-                mcp_tunnel: false,
-            },
+            client: client(peer),
             after: 0,
             reply: Some((req.responder, Ok(json!({"sessionId": "s"})))),
             reply_after_replay: false,
@@ -493,5 +497,72 @@ mod tests {
             !outbox.is_empty(),
             "the answer is still owed, held for the client"
         );
+    }
+
+    fn client(peer: acpd_wire::PeerHandle) -> Client {
+        Client {
+            conn: "c1".into(),
+            peer,
+            init: Arc::new(json!({})),
+            role: Role::Controller,
+            principal: "p".into(),
+            principal_name: "p".into(),
+            mcp_tunnel: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_implicit_attach_of_an_attached_connection_skips_nothing_queued_for_it() {
+        let (frames, incoming) = mpsc::channel(8);
+        let (outgoing, mut out) = mpsc::channel(8);
+        let (peer, mut owner, _task) =
+            acpd_wire::spawn(Link { incoming, outgoing }, CancellationToken::new());
+        let request = r#"{"jsonrpc":"2.0","id":1,"method":"session/new"}"#;
+        frames.send(InFrame::Text(request.into())).await.unwrap();
+        let Some(Incoming::Request(req)) = owner.recv().await else {
+            panic!("no request")
+        };
+        let mut outbox = Outbox::new(TaskTracker::new(), 0);
+        outbox.attach(Attached {
+            client: client(peer.clone()),
+            after: 0,
+            reply: Some((req.responder, Ok(json!({"sessionId": "s"})))),
+            reply_after_replay: false,
+            resend: false,
+            hold: Duration::from_secs(600),
+        });
+        // The agent's first update, durable, held by the bootstrap hold.
+        outbox.push(Out::Update {
+            seq: 1,
+            text: "update 1".into(),
+            exclude: None,
+        });
+        outbox.flush(1).await;
+        // A prompt overtook the connection's filing of its new session: an implicit attach
+        // of the connection, with seq 1 given out but not yet sent to it.
+        let after = outbox.live_from(&"c1".into(), 1);
+        outbox.attach(Attached {
+            client: client(peer),
+            after,
+            reply: None,
+            reply_after_replay: false,
+            resend: false,
+            hold: Duration::ZERO,
+        });
+        outbox.release_hold_by(&"c1".into());
+        outbox.flush(1).await;
+        let mut sent = vec![];
+        while sent.len() < 2 {
+            let frame = tokio::time::timeout(Duration::from_secs(5), out.recv()).await;
+            sent.push(
+                frame
+                    .expect("a frame")
+                    .expect("the link")
+                    .as_str()
+                    .to_owned(),
+            );
+        }
+        assert!(sent[0].contains("sessionId"), "{sent:?}");
+        assert_eq!(sent[1], "update 1");
     }
 }

@@ -31,6 +31,7 @@ impl Session {
             .is_none_or(|c| c.role != client.role)
             .then(|| client.clone());
         let current = self.next_seq - 1;
+        let live_from = self.outbox.live_from(&conn, current);
         let bootstrap = self.shared.settings.bootstrap_delay;
         let resend = matches!(mode, AttachMode::Load { .. });
         // A client that claims to have seen more than the journal holds would silently miss
@@ -52,10 +53,10 @@ impl Session {
         };
         let (after, result, reply_after_replay, hold) = match mode {
             AttachMode::New { result } => (0, Some(result), false, bootstrap),
-            AttachMode::Implicit => (current, None, false, Duration::ZERO),
+            AttachMode::Implicit => (live_from, None, false, Duration::ZERO),
             AttachMode::Resume { params } => {
                 self.adopt_client_params(&client, &params);
-                (current, Some(self.load_result()), false, bootstrap)
+                (live_from, Some(self.load_result()), false, bootstrap)
             }
             AttachMode::Load { params } => {
                 self.adopt_client_params(&client, &params);
