@@ -173,10 +173,11 @@ impl Pool {
                 // Checkpoints run on a task of their own (`checkpoint.rs`), never inside a
                 // commit that someone waits for.
                 let opts = opts.pragma("wal_autocheckpoint", "0");
-                // When the WAL starts over it is truncated back to the size at which the
-                // checkpoint task makes it start over (`checkpoint.rs`): a burst does not
-                // leave a WAL of its size on disk for the daemon's life.
-                let limit = super::checkpoint::RESTART_FRAMES * 4096;
+                // When the WAL starts over a file past 4× the size at which the checkpoint
+                // task makes it start over (`checkpoint.rs`) is truncated to that: a burst
+                // leaves no WAL of its size on disk, and a steady stream rewrites blocks the
+                // file has rather than extending it again after every restart.
+                let limit = super::checkpoint::RESTART_FRAMES * 4096 * 4;
                 let opts = opts.pragma("journal_size_limit", limit.to_string());
                 // No ping before each acquire: a connection to a local file does not go stale
                 // the way a server's does, and the ping is one more round trip to sqlx's SQLite

@@ -19,7 +19,7 @@
 //! So once the WAL holds `RESTART_FRAMES`, the tick after the PASSIVE one is a RESTART: it
 //! holds new writers for the few frames left and waits (`RESTART_WAIT` at most, then it
 //! gives up like a PASSIVE one) for readers to leave the WAL, so the next commit rewinds it;
-//! `journal_size_limit` (`backend.rs`) then truncates the file back to that size.
+//! `journal_size_limit` (`backend.rs`) truncates a file left past 4× that size.
 
 use std::time::Duration;
 
