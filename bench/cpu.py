@@ -5,8 +5,9 @@
 #   python3 bench/cpu.py [N=200000] [SIZE=64] [REPS=3]
 # PERF=FILE: `perf record --call-graph dwarf` of acpd (of acp-shim with PERF_SHIM=1) during the
 # last run. LOAD=K: then K session/loads of the session, timed. NEW=K: then K sequential
-# session/new, timed, with acpd's and acp-shim's CPU per session/new (PERF then profiles these
-# instead of the last run). METRICS=1: the journal's commit metrics at the end. BIN=DIR:
+# session/new, timed, with acpd's and acp-shim's CPU per session/new and acpd's RSS per live
+# session; ECHO=K the same for K `_scripted/echo` (PERF then profiles these instead of the last
+# run). METRICS=1: the journal's commit metrics at the end. BIN=DIR:
 # binaries from DIR. Build first:
 #   cargo build --release -p acpd -p acp-shim -p acpd-scripted-agent
 import json, os, socket, subprocess, sys, time, tempfile
@@ -52,7 +53,7 @@ _, l = wait(send("session/new", {"cwd": "/tmp", "mcpServers": []}))
 sid = json.loads(l)["result"]["sessionId"]
 perf = None
 for r in range(REPS):
-    if PERF and r == REPS - 1 and not os.environ.get("NEW"):
+    if PERF and r == REPS - 1 and not (os.environ.get("NEW") or os.environ.get("ECHO")):
         perf = subprocess.Popen(["perf", "record", "-F", os.environ.get("PERF_F", "1000"), "--call-graph", "dwarf,16384", "-o", PERF, "-p", str(shim.pid if os.environ.get("PERF_SHIM") else acpd.pid)], stderr=subprocess.DEVNULL)
         time.sleep(0.5)
     c0 = cpu(acpd.pid); s0 = cpu(shim.pid); w0 = io(acpd.pid); t0 = time.time()
@@ -68,18 +69,24 @@ if os.environ.get("LOAD"):
         t0 = time.time(); n, _ = wait(send("session/load", {"sessionId": sid, "cwd": "/tmp", "mcpServers": []})); t = time.time() - t0
         print(f"load {r}: {n} lines in {t*1000:.1f} ms", flush=True)
         sh.stdin.close(); sh.wait(); shim = shim_old
-if os.environ.get("NEW"):
-    k = int(os.environ["NEW"])
+for mode in ("NEW", "ECHO"):
+    if not os.environ.get(mode):
+        continue
+    k = int(os.environ[mode])
+    method, params = {
+        "NEW": ("session/new", {"cwd": "/tmp", "mcpServers": [], "_meta": {"scripted": {"quiet": True}}}),
+        "ECHO": ("_scripted/echo", {"n": 1}),
+    }[mode]
     for phase in ("warm", "measured"):
         if PERF and phase == "measured":
             perf = subprocess.Popen(["perf", "record", "-F", os.environ.get("PERF_F", "1000"), "--call-graph", "dwarf,16384", "-o", PERF, "-p", str(shim.pid if os.environ.get("PERF_SHIM") else acpd.pid)], stderr=subprocess.DEVNULL)
             time.sleep(0.5)
         c0 = cpu(acpd.pid); s0 = cpu(shim.pid); m0 = rss(acpd.pid); ts = []
         for _ in range(k):
-            t0 = time.perf_counter(); wait(send("session/new", {"cwd": "/tmp", "mcpServers": [], "_meta": {"scripted": {"quiet": True}}})); ts.append(time.perf_counter() - t0)
+            t0 = time.perf_counter(); wait(send(method, params)); ts.append(time.perf_counter() - t0)
         c = cpu(acpd.pid) - c0; sc = cpu(shim.pid) - s0; m = rss(acpd.pid) - m0; ts.sort()
         slow = sum(t > 0.002 for t in ts)
-        print(f"session/new {phase}: p50 {ts[k//2]*1e6:.0f} us, p90 {ts[k*9//10]*1e6:.0f} us, p99 {ts[k*99//100]*1e6:.0f} us, max {ts[-1]*1e6:.0f} us, {slow} over 2 ms; acpd cpu {c/k*1e6:.0f} us, shim {sc/k*1e6:.0f} us per session/new; acpd RSS +{m/k:.1f} KiB per live session", flush=True)
+        print(f"{method} {phase}: p50 {ts[k//2]*1e6:.0f} us, p90 {ts[k*9//10]*1e6:.0f} us, p99 {ts[k*99//100]*1e6:.0f} us, max {ts[-1]*1e6:.0f} us, {slow} over 2 ms; acpd cpu {c/k*1e6:.0f} us, shim {sc/k*1e6:.0f} us per call; acpd RSS +{m/k:.1f} KiB per call", flush=True)
         if perf and phase == "measured": perf.send_signal(2); perf.wait()
 if os.environ.get("METRICS"):
     import urllib.request
