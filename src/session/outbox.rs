@@ -83,6 +83,8 @@ pub(super) struct Outbox {
     hold_until: Option<Instant>,
     /// The highest update seq that has left `items`.
     flushed_upto: i64,
+    /// The last seq journaled before this actor started (a fork's copied history).
+    journaled_before: i64,
     /// Answers to detached clients run here, so shutdown waits for them.
     tasks: TaskTracker,
 }
@@ -95,6 +97,7 @@ impl Outbox {
             clients: Vec::new(),
             hold_until: None,
             flushed_upto: journaled,
+            journaled_before: journaled,
             tasks,
         }
     }
@@ -143,6 +146,13 @@ impl Outbox {
         if !d.is_zero() {
             self.hold_until = Some(Instant::now() + d);
         }
+    }
+
+    /// Where the creator of this session starts: after what was journaled before its actor
+    /// started. Nothing for a new session; a fork's copied history, which its creator has
+    /// (it is its parent's), is not sent to it again.
+    pub fn creator_from(&self) -> i64 {
+        self.journaled_before
     }
 
     /// Where an attach that asks for live updates only (implicit, resume) starts a
@@ -470,15 +480,8 @@ mod tests {
     #[tokio::test]
     async fn a_new_clients_answer_held_behind_a_full_queue_survives_its_catch_up() {
         // The test's runtime has one thread: the peer task runs only when the test awaits.
-        let (frames, incoming) = mpsc::channel(8);
-        let (outgoing, _out) = mpsc::channel(1);
-        let (peer, mut owner, _task) =
-            acpd_wire::spawn(Link { incoming, outgoing }, CancellationToken::new());
-        let request = r#"{"jsonrpc":"2.0","id":1,"method":"session/new"}"#;
-        frames.send(InFrame::Text(request.into())).await.unwrap();
-        let Some(Incoming::Request(req)) = owner.recv().await else {
-            panic!("no request")
-        };
+        let c = asked_session_new(1).await;
+        let (peer, req) = (c.peer.clone(), c.request);
         // The connection's queue is full (another session on it streamed): by count, since
         // answers are not counted in bytes.
         let chunk: Arc<str> = "x".into();
@@ -499,6 +502,33 @@ mod tests {
         );
     }
 
+    /// A connection (a peer on channels, its outgoing queue `out_capacity` frames) whose
+    /// client has sent `session/new`.
+    struct AskedNew {
+        peer: acpd_wire::PeerHandle,
+        request: acpd_wire::IncomingRequest,
+        out: mpsc::Receiver<acpd_wire::OutFrame>,
+        _kept: (mpsc::Sender<InFrame>, mpsc::Receiver<Incoming>),
+    }
+
+    async fn asked_session_new(out_capacity: usize) -> AskedNew {
+        let (frames, incoming) = mpsc::channel(8);
+        let (outgoing, out) = mpsc::channel(out_capacity);
+        let (peer, mut owner, _task) =
+            acpd_wire::spawn(Link { incoming, outgoing }, CancellationToken::new());
+        let request = r#"{"jsonrpc":"2.0","id":1,"method":"session/new"}"#;
+        frames.send(InFrame::Text(request.into())).await.unwrap();
+        let Some(Incoming::Request(request)) = owner.recv().await else {
+            panic!("no request")
+        };
+        AskedNew {
+            peer,
+            request,
+            out,
+            _kept: (frames, owner),
+        }
+    }
+
     fn client(peer: acpd_wire::PeerHandle) -> Client {
         Client {
             conn: "c1".into(),
@@ -513,15 +543,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_implicit_attach_of_an_attached_connection_skips_nothing_queued_for_it() {
-        let (frames, incoming) = mpsc::channel(8);
-        let (outgoing, mut out) = mpsc::channel(8);
-        let (peer, mut owner, _task) =
-            acpd_wire::spawn(Link { incoming, outgoing }, CancellationToken::new());
-        let request = r#"{"jsonrpc":"2.0","id":1,"method":"session/new"}"#;
-        frames.send(InFrame::Text(request.into())).await.unwrap();
-        let Some(Incoming::Request(req)) = owner.recv().await else {
-            panic!("no request")
-        };
+        let mut c = asked_session_new(8).await;
+        let (peer, req) = (c.peer.clone(), c.request);
         let mut outbox = Outbox::new(TaskTracker::new(), 0);
         outbox.attach(Attached {
             client: client(peer.clone()),
@@ -553,7 +576,7 @@ mod tests {
         outbox.flush(1).await;
         let mut sent = vec![];
         while sent.len() < 2 {
-            let frame = tokio::time::timeout(Duration::from_secs(5), out.recv()).await;
+            let frame = tokio::time::timeout(Duration::from_secs(5), c.out.recv()).await;
             sent.push(
                 frame
                     .expect("a frame")

@@ -24,6 +24,10 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long SQLite waits on another connection's write lock before reporting busy.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// WAL frames (pages, 4 KiB by default) past which the checkpoint task makes a SQLite file's
+/// WAL start over (`checkpoint.rs`).
+pub(crate) const WAL_RESTART_FRAMES: i64 = 4096;
+
 /// Enum dispatch over the two pools; both are cheap `Arc` handles.
 #[derive(Clone, Debug)]
 pub(crate) enum Pool {
@@ -177,7 +181,7 @@ impl Pool {
                 // task makes it start over (`checkpoint.rs`) is truncated to that: a burst
                 // leaves no WAL of its size on disk, and a steady stream rewrites blocks the
                 // file has rather than extending it again after every restart.
-                let limit = super::checkpoint::RESTART_FRAMES * 4096 * 4;
+                let limit = WAL_RESTART_FRAMES * 4096 * 4;
                 let opts = opts.pragma("journal_size_limit", limit.to_string());
                 // No ping before each acquire: a connection to a local file does not go stale
                 // the way a server's does, and the ping is one more round trip to sqlx's SQLite

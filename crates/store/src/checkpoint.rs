@@ -16,7 +16,7 @@
 //! The WAL then grows for the daemon's whole life (measured: 173 MB after 6 000
 //! `session/new`s, 143 MB after 600 000 updates), and every commit extends the file, which
 //! on ext4 waits on the journal behind the checkpoint's fsync (the p99 of `session/new`).
-//! So once the WAL holds `RESTART_FRAMES`, the tick after the PASSIVE one is a RESTART: it
+//! So once the WAL holds `WAL_RESTART_FRAMES` (`backend.rs`), the tick after the PASSIVE one is a RESTART: it
 //! holds new writers for the few frames left and waits (`RESTART_WAIT` at most, then it
 //! gives up like a PASSIVE one) for readers to leave the WAL, so the next commit rewinds it;
 //! `journal_size_limit` (`backend.rs`) truncates a file left past 4× that size.
@@ -28,14 +28,11 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use tokio::sync::watch;
 
 use super::StoreError;
-use super::backend::db;
+use super::backend::{WAL_RESTART_FRAMES, db};
 
 /// How often the WAL is checkpointed. A PASSIVE checkpoint with nothing to copy costs a few
 /// µs; what a busy daemon writes in this time is what the next one copies.
 const EVERY: Duration = Duration::from_millis(250);
-
-/// WAL frames (pages, 4 KiB by default) past which a checkpoint makes the WAL start over.
-pub(crate) const RESTART_FRAMES: i64 = 4096;
 
 /// How long a RESTART checkpoint may hold new writers while it waits for the writer in
 /// progress and for readers still in the WAL (the busy timeout of its connection).
@@ -72,7 +69,7 @@ impl Checkpoints {
                                 continue;
                             }
                         };
-                        if frames >= RESTART_FRAMES
+                        if frames >= WAL_RESTART_FRAMES
                             && let Err(e) = checkpoint(&mut conn, RESTART).await
                         {
                             tracing::warn!(error = %e, "WAL restart failed; the next one retries");

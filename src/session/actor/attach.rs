@@ -52,7 +52,9 @@ impl Session {
             mode => (mode, responder),
         };
         let (after, result, reply_after_replay, hold) = match mode {
-            AttachMode::New { result } => (0, Some(result), false, bootstrap),
+            AttachMode::New { result } => {
+                (self.outbox.creator_from(), Some(result), false, bootstrap)
+            }
             AttachMode::Implicit => (live_from, None, false, Duration::ZERO),
             AttachMode::Resume { params } => {
                 self.adopt_client_params(&client, &params);
