@@ -161,20 +161,13 @@ impl Outbox {
     /// or not yet durable) are its own: a `session/prompt` that overtook the connection's
     /// filing of its `session/new` (an implicit attach) must not make it skip them.
     pub fn live_from(&self, conn: &ConnId, current: i64) -> i64 {
-        self.clients
-            .iter()
-            .find(|c| &c.client.conn == conn)
-            .map_or(current, |c| c.sent_upto)
+        self.writer(conn).map_or(current, |c| c.sent_upto)
     }
 
     /// The seq an attach after `after` replays up to: the answer `{lastSeq}` of
     /// `_acpd/session/attach`, which never sends a connection a seq twice.
     pub fn replay_upto(&self, conn: &ConnId, after: i64) -> i64 {
-        let sent = self
-            .clients
-            .iter()
-            .find(|c| &c.client.conn == conn)
-            .map_or(0, |c| c.sent_upto);
+        let sent = self.writer(conn).map_or(0, |c| c.sent_upto);
         after.max(sent).max(self.flushed_upto)
     }
 
@@ -260,10 +253,11 @@ impl Outbox {
     }
 
     pub fn client(&self, conn: &ConnId) -> Option<&Client> {
-        self.clients
-            .iter()
-            .find(|c| &c.client.conn == conn)
-            .map(|c| &c.client)
+        self.writer(conn).map(|c| &c.client)
+    }
+
+    fn writer(&self, conn: &ConnId) -> Option<&Writer> {
+        self.clients.iter().find(|c| &c.client.conn == conn)
     }
 
     /// Drops the queued updates after `seq`: the journal stopped below them, so they will never

@@ -28,6 +28,10 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// WAL start over (`checkpoint.rs`).
 pub(crate) const WAL_RESTART_FRAMES: i64 = 4096;
 
+/// Bytes past which a SQLite file's WAL is truncated when it starts over
+/// (`journal_size_limit`): 4× the restart size at 4 KiB pages.
+const WAL_FILE_LIMIT: i64 = WAL_RESTART_FRAMES * 4096 * 4;
+
 /// Enum dispatch over the two pools; both are cheap `Arc` handles.
 #[derive(Clone, Debug)]
 pub(crate) enum Pool {
@@ -177,12 +181,10 @@ impl Pool {
                 // Checkpoints run on a task of their own (`checkpoint.rs`), never inside a
                 // commit that someone waits for.
                 let opts = opts.pragma("wal_autocheckpoint", "0");
-                // When the WAL starts over a file past 4× the size at which the checkpoint
-                // task makes it start over (`checkpoint.rs`) is truncated to that: a burst
-                // leaves no WAL of its size on disk, and a steady stream rewrites blocks the
-                // file has rather than extending it again after every restart.
-                let limit = WAL_RESTART_FRAMES * 4096 * 4;
-                let opts = opts.pragma("journal_size_limit", limit.to_string());
+                // When the WAL starts over a file past `WAL_FILE_LIMIT` is truncated to it: a
+                // burst leaves no WAL of its size on disk, and a steady stream rewrites blocks
+                // the file has rather than extending it again after every restart.
+                let opts = opts.pragma("journal_size_limit", WAL_FILE_LIMIT.to_string());
                 // No ping before each acquire: a connection to a local file does not go stale
                 // the way a server's does, and the ping is one more round trip to sqlx's SQLite
                 // thread in front of every group commit.

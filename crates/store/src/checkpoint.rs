@@ -16,10 +16,11 @@
 //! The WAL then grows for the daemon's whole life (measured: 173 MB after 6 000
 //! `session/new`s, 143 MB after 600 000 updates), and every commit extends the file, which
 //! on ext4 waits on the journal behind the checkpoint's fsync (the p99 of `session/new`).
-//! So once the WAL holds `WAL_RESTART_FRAMES` (`backend.rs`), the tick after the PASSIVE one is a RESTART: it
-//! holds new writers for the few frames left and waits (`RESTART_WAIT` at most, then it
-//! gives up like a PASSIVE one) for readers to leave the WAL, so the next commit rewinds it;
-//! `journal_size_limit` (`backend.rs`) truncates a file left past 4× that size.
+//! So a PASSIVE checkpoint that leaves `WAL_RESTART_FRAMES` (`backend.rs`) in the WAL is
+//! followed at once by a RESTART: it holds new writers for the few frames left and waits
+//! (`RESTART_WAIT` at most, then it gives up like a PASSIVE one) for readers to leave the
+//! WAL, so the next commit rewinds it; `journal_size_limit` (`backend.rs`) truncates a file
+//! left past `WAL_FILE_LIMIT`.
 
 use std::time::Duration;
 
