@@ -14,7 +14,8 @@ const STDERR_TARGET: &str = "acpd::agent_stderr";
 use acpd_store::StoreError;
 use acpd_wire::{PeerError, ResponseError, code};
 
-/// A client's role does not allow the command (shared sessions: an observer steering).
+/// A client's role does not allow the command (shared sessions: an observer steering, a
+/// grantee deleting, forking or sharing what it does not own).
 pub const FORBIDDEN: i64 = -32010;
 /// A prompt while a turn runs, refused (`busy_prompts = "refuse"`).
 pub const BUSY: i64 = -32011;
@@ -45,6 +46,10 @@ pub enum AcpError {
     /// A command only a controller may send, from a client attached as an observer.
     #[error("{0} is not allowed for an observer of this session")]
     Observer(String),
+    /// A command only the session's owner may send (delete, fork, share), from a principal
+    /// that was only granted a role on it.
+    #[error("{0} is for the session's owner only")]
+    NotOwner(String),
     /// A prompt while a turn runs, under `busy_prompts = "refuse"`.
     #[error("a turn is running in this session")]
     Busy,
@@ -133,6 +138,14 @@ impl From<AcpError> for ResponseError {
                 ),
             )
             .with_data(json!({ "acpd": { "role": "observer" } })),
+            AcpError::NotOwner(method) => ResponseError::new(
+                FORBIDDEN,
+                format!(
+                    "{method} is for the session's owner only: this principal was granted a role \
+                     on the session, which lets it attach and (as a controller) steer, not own it"
+                ),
+            )
+            .with_data(json!({ "acpd": { "owner": false } })),
             AcpError::Busy => ResponseError::new(
                 BUSY,
                 "a turn is running in this session (busy_prompts = \"refuse\"); send the prompt \

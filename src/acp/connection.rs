@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 mod agent_call;
+mod grant;
 use agent_call::AgentCalls;
 
 use super::rate::{RATE_LIMITED, RateLimit};
@@ -395,6 +396,10 @@ impl Connection {
     /// Sends a session-scoped command in arrival order: at once when this connection is
     /// attached, queued behind the others while the session is being opened.
     async fn send_session(&mut self, sid: String, cmd: SessionCommand, init: &Arc<Value>) {
+        // A grant is not ownership (`grant.rs`).
+        let Some(cmd) = self.grantee_attached(&sid, cmd).await else {
+            return;
+        };
         // Re-opening a session this connection was attached to: it saw it already.
         let mut reopening = false;
         let cmd = match self.sessions.get_mut(&sid) {
@@ -503,8 +508,32 @@ impl Connection {
                 }
             }
         }
+        // A queue with no attach (a `session/delete` first) attached nothing: its next
+        // command opens the session again, attaching first. (No queue: `session/new`
+        // attached its creator.)
+        let attaches = queue.is_empty()
+            || queue
+                .iter()
+                .any(|c| matches!(c, SessionCommand::Attach { .. }));
+        let grantee = self.is_grantee(&sid);
         let mut queue = queue.into_iter();
-        for cmd in queue.by_ref() {
+        while let Some(cmd) = queue.next() {
+            let cmd = match grantee {
+                true => match self.as_grantee(&sid, &handle, cmd).await {
+                    Ok(cmd) => cmd,
+                    Err(grant::Kept::Refused) => continue,
+                    Err(grant::Kept::Detached) => {
+                        // Closed for this connection: what follows opens it again.
+                        if let Some(init) = self.init.clone() {
+                            for cmd in queue {
+                                self.send_session(sid.clone(), cmd, &init).await;
+                            }
+                        }
+                        return;
+                    }
+                },
+                false => cmd,
+            };
             if let Err(cmd) = handle.send(cmd).await {
                 reject(cmd, AcpError::SessionGone).await;
                 for cmd in queue {
@@ -513,7 +542,9 @@ impl Connection {
                 return;
             }
         }
-        self.sessions.insert(sid, Slot::Attached(handle));
+        if attaches {
+            self.sessions.insert(sid, Slot::Attached(handle));
+        }
     }
 
     /// Tells a client whose notifications outran the rate limit why it is closed, then

@@ -1,6 +1,7 @@
-//! Shared sessions, the decisions: what a client's role lets it do, what happens to a prompt
-//! while a turn runs, and which attached clients an agent request goes to. Pure: no I/O, no
-//! channels; the session actor asks and does what it is told.
+//! Shared sessions, the decisions: what a client's role lets it do, what a grant (not
+//! ownership) lets another principal do, what happens to a prompt while a turn runs, and
+//! which attached clients an agent request goes to. Pure: no I/O, no channels; the session
+//! actor and the connection ask and do what they are told.
 
 use serde_json::Value;
 
@@ -41,6 +42,28 @@ impl Role {
     /// set_mode, set_config_option, close, delete, fork, extension requests).
     pub fn may_steer(self) -> bool {
         self == Role::Controller
+    }
+}
+
+/// What a session-scoped request becomes when its sender's principal does not own the session
+/// but holds a grant on it (any role; the role is checked by the session as for anyone).
+#[derive(Debug, PartialEq, Eq)]
+pub enum GranteeStep {
+    /// Sent to the session like the owner's.
+    Send,
+    /// Only the owner may (-32010): deleting the session, forking it (the fork would be the
+    /// owner's), changing its grants.
+    OwnerOnly,
+    /// `session/close`: ends this client's attachment only; the session, its running turn
+    /// and its other clients go on.
+    DetachOnly,
+}
+
+pub fn grantee_step(method: &str) -> GranteeStep {
+    match method {
+        "session/delete" | "session/fork" | "_acpd/session/share" => GranteeStep::OwnerOnly,
+        "session/close" => GranteeStep::DetachOnly,
+        _ => GranteeStep::Send,
     }
 }
 
@@ -123,6 +146,24 @@ mod tests {
         assert_eq!(Role::Observer.capped(Role::Controller), Role::Observer);
         assert_eq!(Role::parse("observer"), Some(Role::Observer));
         assert_eq!(Role::parse("owner"), None);
+    }
+
+    #[test]
+    fn a_grant_is_not_ownership() {
+        for m in ["session/delete", "session/fork", "_acpd/session/share"] {
+            assert_eq!(grantee_step(m), GranteeStep::OwnerOnly, "{m}");
+        }
+        assert_eq!(grantee_step("session/close"), GranteeStep::DetachOnly);
+        for m in [
+            "session/prompt",
+            "session/cancel",
+            "session/set_mode",
+            "session/set_config_option",
+            "session/load",
+            "_x/ext",
+        ] {
+            assert_eq!(grantee_step(m), GranteeStep::Send, "{m}");
+        }
     }
 
     #[test]

@@ -61,18 +61,25 @@ impl SessionHub {
 }
 
 /// Grants or revokes in the store, audited: on a session `owner` owns (`None`: any session,
-/// the administrator's `acpd share`). Returns the answer and, for a revocation, the session
+/// the administrator's `acpd share`; a grantee of it is refused -32010). Returns the answer and, for a revocation, the session
 /// and grantee to cut off.
 pub async fn share_in_store(
     store: &Store,
     owner: Option<&str>,
     req: ShareRequest<'_>,
 ) -> Result<(Value, Option<(String, String)>), AcpError> {
-    let row = store
-        .session(req.session_id)
-        .await?
-        .filter(|r| owner.is_none_or(|o| r.principal_id == o))
-        .ok_or_else(|| AcpError::SessionNotFound(req.session_id.to_owned()))?;
+    let not_found = || AcpError::SessionNotFound(req.session_id.to_owned());
+    let row = store.session(req.session_id).await?.ok_or_else(not_found)?;
+    if let Some(o) = owner
+        && row.principal_id != o
+    {
+        // A grantee knows the session exists, but a grant is not ownership; to anyone else
+        // it stays exactly like a missing one.
+        return Err(match store.live_grant(&row.id, o).await? {
+            Some(_) => AcpError::NotOwner("_acpd/session/share".into()),
+            None => not_found(),
+        });
+    }
     let owner = row.principal_id.as_str();
     let Some(grantee) = store.principal_by_name(req.with).await? else {
         return Err(AcpError::InvalidParams(format!(

@@ -25,6 +25,7 @@ mod editor_mcp;
 mod editor_paths;
 mod fork;
 mod fs_roots;
+mod grants;
 mod handshake;
 mod hostile;
 mod journal_form;
