@@ -1,6 +1,6 @@
-//! acp-shim's stdin: lines it cannot relay (overlong, not UTF-8, not JSON) are answered by the
-//! shim itself with a JSON-RPC error, the request's id when it can be found, and the shim goes
-//! on. Real shim, real daemon (`shim_support`).
+//! acp-shim's stdin: lines it cannot relay (overlong, not UTF-8, not JSON, JSON that is not an
+//! object) are answered by the shim itself with a JSON-RPC error, the request's id when it can
+//! be found, and the shim goes on. Real shim, real daemon (`shim_support`).
 
 use anyhow::Result;
 use serde_json::{Value, json};
@@ -74,6 +74,56 @@ async fn checks(shim: &mut Shim, sid: &str) -> Result<()> {
         .filter_map(|m| m["params"]["update"]["content"]["text"].as_str())
         .collect();
     assert_eq!(texts, ["still relaying"], "{msgs:?}");
+    shim.close_stdin();
+    assert_eq!(shim.wait_exit().await?, 0, "{}", shim.stderr());
+    Ok(())
+}
+
+/// JSON that is not a JSON-RPC object (a scalar, `null`, a batch) is answered -32600 with
+/// `id: null` by the shim and never framed: framed, acpd closed the link and the shim exited.
+#[tokio::test]
+async fn json_lines_that_are_not_objects_are_answered_locally_on_the_same_link() -> Result<()> {
+    let d = Daemon::start(false).await?;
+    let mut shim = Shim::spawn(&d.url(), &[], d.dir.path())?;
+    let sid = shim.open_session().await?;
+    let lines = [
+        "null",
+        "42",
+        r#""x""#,
+        "true",
+        " [] ",
+        "[1]",
+        r#"[{"jsonrpc":"2.0","id":70,"method":"session/list","params":{}}]"#,
+    ];
+    for line in lines {
+        shim.send_line(line).await?;
+        let m = shim.next_answer().await?;
+        assert_eq!(error_of(&m), (json!(null), json!(-32600)), "{line}: {m}");
+        let msg = m["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("acp-shim"),
+            "{line}: not the shim's answer: {m}"
+        );
+    }
+    // Objects that are not JSON-RPC are the daemon's to answer, on the same link.
+    for (line, id) in [
+        ("{}", json!(null)),
+        (r#"{"jsonrpc":"2.0","id":71,"method":7}"#, json!(71)),
+    ] {
+        shim.send_line(line).await?;
+        let m = shim.next_answer().await?;
+        assert_eq!(error_of(&m), (id, json!(-32600)), "{line}: {m}");
+    }
+    let id = shim
+        .request("session/prompt", prompt(&sid, "echo still linked"))
+        .await?;
+    let (done, _) = shim.until_response(id).await?;
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    let log = shim.stderr();
+    assert!(
+        !log.contains("reconnect"),
+        "the shim's link was lost: {log}"
+    );
     shim.close_stdin();
     assert_eq!(shim.wait_exit().await?, 0, "{}", shim.stderr());
     Ok(())

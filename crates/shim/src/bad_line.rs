@@ -1,6 +1,7 @@
-//! Answers for editor lines the shim cannot relay (overlong, not UTF-8, not JSON): a JSON-RPC
-//! error written to the editor in the daemon's place, with the request's id when a cheap scan
-//! of the line's start finds one, else `null`. The shim lives on; nothing is framed.
+//! Answers for editor lines the shim cannot relay (overlong, not UTF-8, not JSON, JSON that is
+//! not an object): a JSON-RPC error written to the editor in the daemon's place, with the
+//! request's id when a cheap scan of the line's start finds one, else `null`. The shim lives
+//! on; nothing is framed.
 
 use std::fmt;
 
@@ -42,6 +43,19 @@ pub fn over_daemon_limit(line: &Line, daemon_max: usize) -> Option<String> {
 pub fn parse_error(line: &str, e: &serde_json::Error) -> String {
     let id = find_id(line.as_bytes());
     error(id.as_deref(), -32700, &format!("Parse error: {e}"))
+}
+
+/// The -32600 answer (`id: null`) for a line that is JSON but not a JSON-RPC object: a scalar,
+/// `null`, or an array (a batch, which ACP over acpd does not support; one answer for the
+/// whole). `text` is known to be one JSON value, so its first byte tells. `None` for an
+/// object, which is relayed (acpd answers an object that is not JSON-RPC on the link).
+pub fn not_an_object(text: &str) -> Option<String> {
+    let message = match text.trim_start().as_bytes().first() {
+        Some(b'{') => return None,
+        Some(b'[') => "batches are not supported; acp-shim did not send it",
+        _ => "a JSON-RPC message is a JSON object; acp-shim did not send it",
+    };
+    Some(error(None, -32600, message))
 }
 
 fn error(raw_id: Option<&str>, code: i64, message: &str) -> String {
@@ -172,5 +186,24 @@ mod tests {
             (serde_json::Value::Null, (-32700).into())
         );
         assert_eq!(answer(&Line::Text("{}".into()), 10), None);
+    }
+
+    #[test]
+    fn json_that_is_not_an_object_is_answered_with_id_null() {
+        for line in [
+            "null",
+            "42",
+            r#""x""#,
+            "true",
+            "[]",
+            " [1]",
+            r#"[{"id":3}]"#,
+        ] {
+            let a = not_an_object(line).unwrap_or_else(|| panic!("{line} relayed"));
+            let v: serde_json::Value = serde_json::from_str(&a).unwrap();
+            assert_eq!(v["id"], serde_json::Value::Null, "{line}");
+            assert_eq!(v["error"]["code"], -32600, "{line}");
+        }
+        assert!(not_an_object(r#" {"id":1}"#).is_none());
     }
 }

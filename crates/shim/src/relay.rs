@@ -251,6 +251,14 @@ impl Relay {
                 .push_back(bad_line::parse_error(&line, &e).into());
             return;
         }
+        // JSON, but no message (a scalar, a batch): framed, acpd would close the link.
+        if let Some(answer) = bad_line::not_an_object(&line) {
+            tracing::warn!(
+                "an editor line is JSON but not a JSON-RPC object; answered with an error"
+            );
+            self.to_stdout.push_back(answer.into());
+            return;
+        }
         let line = self.paths.editor_to_daemon(&line).unwrap_or(line);
         let line = self.mcp.editor_to_daemon(&line).unwrap_or(line);
         let Some(line) = self.tracker.note_editor(line) else {
