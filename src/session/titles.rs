@@ -2,11 +2,16 @@
 //! (claude-agent-acp, opencode) name their sessions only there, never in a
 //! `session_info_update`; so when the agent advertises `sessionCapabilities.list`, acpd asks it
 //! (a few pages, bounded in time) and merges by the agent's session id: the agent's title
-//! where acpd's journal has none, the later of the two `updatedAt`s. `SessionHub::list` is
-//! here too: the page from the store with those merged in.
+//! where acpd's journal has none, the later of the two `updatedAt`s. Some lists are of one
+//! project (qwen-code: the request's `cwd`, else the agent process's own directory), so for a
+//! list with no `cwd` the sessions the agent's answer left out are asked for again by their
+//! `cwd` (`cwds_to_ask`), within the same time budget. `SessionHub::list` is here too: the
+//! page from the store with those merged in.
 
 use std::collections::HashMap;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde_json::{Value, json};
 
@@ -35,10 +40,20 @@ impl SessionHub {
             limit: self.shared.settings.list_page_size,
         };
         let page = self.shared.store.list_sessions(&q).await?;
-        let theirs = match &agent {
-            Some((a, _)) if agent_lists(a) => from_agent(a, q.cwd.as_deref()).await,
-            _ => HashMap::new(),
-        };
+        let mut theirs = HashMap::new();
+        if let Some((a, name)) = &agent
+            && agent_lists(a)
+        {
+            let deadline = Instant::now() + BUDGET;
+            from_agent(a, q.cwd.as_deref(), deadline, &mut theirs).await;
+            if q.cwd.is_none() {
+                let mine = page.sessions.iter().filter(|s| s.agent == *name);
+                let rows = mine.filter_map(|s| Some((s.agent_session_id.as_deref()?, &*s.cwd)));
+                for cwd in cwds_to_ask(rows, &theirs) {
+                    from_agent(a, Some(&cwd), deadline, &mut theirs).await;
+                }
+            }
+        }
         let sessions: Vec<Value> = page
             .sessions
             .iter()
@@ -80,8 +95,10 @@ fn rfc3339(ms: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// At most this many pages of the agent's list are read per `session/list`.
+/// At most this many pages of the agent's list are read per list asked of it.
 const MAX_PAGES: usize = 10;
+/// At most this many directories are asked again per `session/list` (one page of acpd's).
+const MAX_CWDS: usize = 8;
 /// And for at most this long in all (a slow agent leaves the list as acpd has it).
 const BUDGET: Duration = Duration::from_secs(2);
 
@@ -100,12 +117,31 @@ pub(super) fn agent_lists(agent: &AgentHandle) -> bool {
         .is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
 }
 
-/// The agent's own list, by its session id (empty when it fails or is slow).
-pub(super) async fn from_agent(
+/// The directories to ask the agent's list for again: those of the sessions (agent session
+/// id, cwd) its answer without a `cwd` left out, each once, in page order, at most
+/// `MAX_CWDS`.
+fn cwds_to_ask<'a>(
+    rows: impl Iterator<Item = (&'a str, &'a str)>,
+    theirs: &HashMap<String, AgentInfo>,
+) -> Vec<String> {
+    let mut cwds: Vec<String> = Vec::new();
+    for (asid, cwd) in rows {
+        if !theirs.contains_key(asid) && !cwds.iter().any(|c| c == cwd) {
+            cwds.push(cwd.to_owned());
+        }
+    }
+    cwds.truncate(MAX_CWDS);
+    cwds
+}
+
+/// Adds the agent's own list (for `cwd`, when given) to `out`, by its session id; stops at
+/// `deadline` (nothing added when it fails or is slow).
+async fn from_agent(
     agent: &AgentHandle,
     cwd: Option<&str>,
-) -> HashMap<String, AgentInfo> {
-    let mut out = HashMap::new();
+    deadline: Instant,
+    out: &mut HashMap<String, AgentInfo>,
+) {
     let pages = async {
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_PAGES {
@@ -119,7 +155,7 @@ pub(super) async fn from_agent(
             let Ok(page) = agent.request("session/list", params).await else {
                 return;
             };
-            collect(&page, &mut out);
+            collect(&page, out);
             cursor = page
                 .get("nextCursor")
                 .and_then(Value::as_str)
@@ -129,10 +165,12 @@ pub(super) async fn from_agent(
             }
         }
     };
-    if tokio::time::timeout(BUDGET, pages).await.is_err() {
-        tracing::debug!("the agent's session/list took too long; titles from the journal only");
+    if tokio::time::timeout_at(deadline, pages).await.is_err() {
+        tracing::debug!(
+            ?cwd,
+            "the agent's session/list took too long; titles from the journal only"
+        );
     }
-    out
 }
 
 /// Adds one page of the agent's `session/list` answer to `out`.
@@ -197,6 +235,29 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!(out["a"].title.as_deref(), Some("Fix it"));
         assert_eq!(out["b"], AgentInfo::default());
+    }
+
+    #[test]
+    fn the_cwds_of_sessions_the_agent_left_out_are_asked_once_each() {
+        let mut theirs = HashMap::new();
+        theirs.insert("known".to_owned(), AgentInfo::default());
+        let rows = [
+            ("a", "/w/one"),
+            ("known", "/w/two"),
+            ("b", "/w/three"),
+            ("c", "/w/one"),
+        ];
+        assert_eq!(
+            cwds_to_ask(rows.into_iter(), &theirs),
+            ["/w/one", "/w/three"]
+        );
+        // The agent listed them all: nothing more to ask.
+        assert!(cwds_to_ask([("known", "/w/two")].into_iter(), &theirs).is_empty());
+        let many: Vec<(String, String)> = (0..20)
+            .map(|i| (format!("s{i}"), format!("/w/{i}")))
+            .collect();
+        let many = many.iter().map(|(a, c)| (a.as_str(), c.as_str()));
+        assert_eq!(cwds_to_ask(many, &theirs).len(), MAX_CWDS);
     }
 
     #[test]

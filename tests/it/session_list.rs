@@ -141,6 +141,51 @@ async fn titles_come_from_the_agents_own_list() {
     assert!(is_rfc3339(find(&sid)["updatedAt"].as_str().unwrap()));
 }
 
+/// qwen-code names sessions only in its own `session/list`, and that list is of one project:
+/// the request's `cwd`, or the agent process's own directory when none is given. acpd's list
+/// without a `cwd` still carries the titles of sessions made in other directories.
+#[tokio::test]
+async fn titles_come_from_an_agent_whose_list_is_per_cwd() {
+    let daemon = daemon_with_profile("qwenlike", "--list-by-cwd").await;
+    let here = daemon.work_dir();
+    let there = daemon.dir().join("elsewhere");
+    std::fs::create_dir_all(&there).unwrap();
+    let (mut client, _) = client_of(&daemon, "qwenlike").await;
+    let a = client.open_session(&here).await;
+    let b = client.open_session(&there).await;
+    let untitled = client.new_session(&here).await;
+    for (sid, title) in [(&a, "Port the lexer"), (&b, "Fix the build")] {
+        let (updates, result) = client.prompt(sid, &format!("title {title}; echo ok")).await;
+        result.unwrap();
+        assert!(
+            updates
+                .iter()
+                .all(|u| u["update"]["sessionUpdate"] != "session_info_update"),
+            "this agent sends no title update: {updates:?}"
+        );
+    }
+    for cwd in [None, Some(here.as_path())] {
+        let page = client.list(cwd, None).await.expect("session/list");
+        let sessions = page["sessions"].as_array().unwrap();
+        let title = |id: &str| {
+            sessions
+                .iter()
+                .find(|s| s["sessionId"] == id)
+                .map(|s| s["title"].clone())
+        };
+        assert_eq!(
+            title(&a),
+            Some(json!("Port the lexer")),
+            "cwd {cwd:?}: {page}"
+        );
+        assert_eq!(title(&untitled), Some(Value::Null), "cwd {cwd:?}: {page}");
+        match cwd {
+            None => assert_eq!(title(&b), Some(json!("Fix the build")), "{page}"),
+            Some(_) => assert_eq!(title(&b), None, "another cwd's: {page}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn close_cancels_the_turn_and_keeps_the_session() {
     let daemon = Daemon::start().await;

@@ -11,6 +11,7 @@
 //!
 //! Flags: `--no-load` (no `loadSession`), `--no-resume` (no `sessionCapabilities.resume`),
 //! `--fork` (`session/fork`), `--list` (`session/list`, with titles only there),
+//! `--list-by-cwd` (as `--list`, but like qwen-code's: one cwd's sessions, its own without one),
 //! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes).
 //! A `session/new` with `_meta.scripted.quiet: true` is answered without the
 //! `available_commands_update` that otherwise comes before the answer.
@@ -32,7 +33,8 @@ use state::{Agent, Flags, MODES, VERBOSITY};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: acpd-scripted-agent [--no-load] [--no-resume] [--fork] [--list] [--pid-dir DIR]"
+        "usage: acpd-scripted-agent [--no-load] [--no-resume] [--fork] [--list] [--list-by-cwd] \
+         [--pid-dir DIR]"
     );
     std::process::exit(64);
 }
@@ -47,6 +49,10 @@ async fn main() {
             "--no-resume" => flags.no_resume = true,
             "--fork" => flags.fork = true,
             "--list" => flags.list = true,
+            "--list-by-cwd" => {
+                flags.list = true;
+                flags.list_by_cwd = true;
+            }
             "--pid-dir" => {
                 let dir = args.next().unwrap_or_else(|| usage());
                 let path = std::path::Path::new(&dir).join(std::process::id().to_string());
@@ -262,6 +268,20 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             let mut result = agent.with_session(&sid, |s| s.setup_result())?;
             result["sessionId"] = json!(sid);
             Ok(result)
+        }
+        "session/list" if agent.flags.list_by_cwd => {
+            // qwen-code's list is of one project: the request's cwd, else its own directory.
+            let cwd = match params["cwd"].as_str() {
+                Some(c) => c.to_owned(),
+                None => std::env::current_dir()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
+            };
+            let mut list = agent.list_sessions();
+            if let Some(items) = list["sessions"].as_array_mut() {
+                items.retain(|s| s["cwd"] == cwd.as_str());
+            }
+            Ok(list)
         }
         "session/list" if agent.flags.list => Ok(agent.list_sessions()),
         "_scripted/echo" => Ok(params),

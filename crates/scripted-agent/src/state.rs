@@ -24,6 +24,10 @@ pub struct Flags {
     /// `sessionCapabilities.list`: `session/list` lists its sessions, with the titles set by
     /// `title` commands (in its own list only, as claude-agent-acp and opencode do).
     pub list: bool,
+    /// `--list-by-cwd` (with `list`): like qwen-code, `session/list` lists one project's
+    /// sessions only: those made in `params.cwd`, or in its own working directory when the
+    /// request names none.
+    pub list_by_cwd: bool,
     /// No line on stderr per request (`ACPD_SCRIPTED_AGENT_QUIET`): the benchmark's agent,
     /// whose stderr acpd would log line by line while the other paths drop it.
     pub quiet: bool,
