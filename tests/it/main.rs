@@ -18,6 +18,7 @@ mod builtin_provider;
 mod builtin_support;
 mod builtin_tools;
 mod cancel;
+mod child_env;
 mod client_requests;
 mod config;
 mod durability;

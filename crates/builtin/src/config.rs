@@ -161,6 +161,8 @@ pub struct BuiltinConfig {
     pub(crate) shell_sandbox: bool,
     pub(crate) shell_sandbox_read: Vec<std::path::PathBuf>,
     pub(crate) shell_sandbox_write: Vec<std::path::PathBuf>,
+    /// Variables a host shell command gets besides the inherited allowlist (`child_env`).
+    pub(crate) shell_env: BTreeMap<String, String>,
     pub(crate) output_limit: usize,
     pub(crate) permissions_off: bool,
     pub(crate) tool_policy: BTreeMap<String, ToolPolicy>,
@@ -201,6 +203,8 @@ struct FileBuiltin {
     shell_sandbox_read: Vec<std::path::PathBuf>,
     #[serde(default)]
     shell_sandbox_write: Vec<std::path::PathBuf>,
+    #[serde(default)]
+    shell_env: BTreeMap<String, String>,
     output_limit_bytes: Option<usize>,
     #[serde(default)]
     permissions: FilePermissions,
@@ -343,11 +347,14 @@ impl BuiltinConfig {
                 p.display()
             )));
         }
+        let host_shell = file.host_shell.unwrap_or(true);
+        let shell_denied = tool_policy.get("shell") == Some(&ToolPolicy::Deny);
         let mcp_policy = crate::McpPolicy::new(
             file.mcp_stdio.as_deref().unwrap_or("ask"),
             file.mcp_stdio_allow.unwrap_or_default(),
         )
-        .map_err(BuiltinConfigError::Invalid)?;
+        .map_err(BuiltinConfigError::Invalid)?
+        .under_shell(host_shell && !shell_denied);
         Ok(BuiltinConfig {
             state_dir: data_dir.join("builtin"),
             models,
@@ -360,11 +367,12 @@ impl BuiltinConfig {
             client_fs: file.client_fs.unwrap_or(true),
             client_terminal: file.client_terminal.unwrap_or(true),
             host_fs: file.host_fs.unwrap_or(true),
-            host_shell: file.host_shell.unwrap_or(true),
+            host_shell,
             shell_timeout: secs(file.shell_timeout_secs, 300),
             shell_sandbox: file.shell_sandbox.unwrap_or(true),
             shell_sandbox_read: file.shell_sandbox_read,
             shell_sandbox_write: file.shell_sandbox_write,
+            shell_env: file.shell_env,
             output_limit: file.output_limit_bytes.unwrap_or(64 * 1024).max(1024),
             permissions_off,
             tool_policy,

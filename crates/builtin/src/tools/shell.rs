@@ -180,6 +180,7 @@ fn summarize(
 
 async fn host(env: &ToolEnv<'_>, command: &str, timeout: Duration) -> Result<Outcome, ToolError> {
     let mut cmd = tokio::process::Command::new("sh");
+    crate::child_env::clean(cmd.as_std_mut()).envs(&env.config.shell_env);
     cmd.arg("-c")
         .arg(command)
         .current_dir(env.roots.cwd())
