@@ -21,6 +21,7 @@ mod cancel;
 mod child_env;
 mod client_requests;
 mod config;
+mod data_dir;
 mod durability;
 mod editor_mcp;
 mod editor_paths;

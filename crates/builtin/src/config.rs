@@ -137,6 +137,8 @@ pub struct ExtraValue {
 pub struct BuiltinConfig {
     /// Where session transcripts live: `<data_dir>/builtin`.
     pub(crate) state_dir: PathBuf,
+    /// acpd's data directory: off limits to every tool (`tools::paths`).
+    pub(crate) data_dir: PathBuf,
     pub(crate) models: Vec<ModelSpec>,
     pub(crate) default_model: Option<String>,
     /// Model requests per prompt before the turn stops with `max_turn_requests`.
@@ -357,6 +359,7 @@ impl BuiltinConfig {
         .under_shell(host_shell && !shell_denied);
         Ok(BuiltinConfig {
             state_dir: data_dir.join("builtin"),
+            data_dir: data_dir.to_owned(),
             models,
             default_model,
             max_turn_requests: file.max_turn_requests.unwrap_or(50).max(1),
