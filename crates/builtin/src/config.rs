@@ -349,6 +349,18 @@ impl BuiltinConfig {
                 p.display()
             )));
         }
+        // The sandbox's extras cannot open acpd's data directory to the shell.
+        if let Some(p) = file
+            .shell_sandbox_read
+            .iter()
+            .chain(&file.shell_sandbox_write)
+            .find(|p| p.starts_with(data_dir) || data_dir.starts_with(p))
+        {
+            return Err(BuiltinConfigError::Invalid(format!(
+                "shell_sandbox path {} would reach acpd's data directory",
+                p.display()
+            )));
+        }
         let host_shell = file.host_shell.unwrap_or(true);
         let shell_denied = tool_policy.get("shell") == Some(&ToolPolicy::Deny);
         let mcp_policy = crate::McpPolicy::new(
@@ -462,5 +474,37 @@ fn known_context_window(provider: ProviderKind, model: &str) -> Option<u64> {
         ProviderKind::Openai if model.starts_with("gpt-4.1") => Some(1_047_576),
         ProviderKind::Openai if model.starts_with("gpt-4o") => Some(128_000),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<BuiltinConfig, BuiltinConfigError> {
+        BuiltinConfig::parse(&text.parse().unwrap(), Path::new("/var/lib/acpd"))
+    }
+
+    #[test]
+    fn the_sandbox_extras_cannot_reach_the_data_directory() {
+        for bad in ["/var/lib", "/var/lib/acpd/builtin"] {
+            let r = parse(&format!("shell_sandbox_read = [{bad:?}]"));
+            assert!(matches!(r, Err(BuiltinConfigError::Invalid(_))), "{bad}");
+        }
+        assert!(parse("shell_sandbox_write = [\"/srv/cache\"]").is_ok());
+    }
+
+    #[test]
+    fn without_a_host_shell_mcp_ask_is_deny() {
+        use crate::mcp_policy::McpStdio;
+        let mode = |t: &str| parse(t).unwrap().mcp_policy.mode;
+        assert_eq!(mode(""), McpStdio::Ask);
+        assert_eq!(mode("host_shell = false"), McpStdio::Deny);
+        assert_eq!(mode("permissions.tools.shell = \"deny\""), McpStdio::Deny);
+        assert_eq!(mode("permissions.tools.shell = \"allow\""), McpStdio::Ask);
+        assert_eq!(
+            mode("host_shell = false\nmcp_stdio = \"allow\""),
+            McpStdio::Allow
+        );
     }
 }
