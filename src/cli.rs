@@ -220,6 +220,14 @@ fn raise_nofile() {
     );
 }
 
+/// acpd's environment (provider keys, the store URL) out of its children's reach through
+/// `/proc/<acpd>/environ`; their own environment is `child_env`'s allowlist.
+fn seal_own_environ() {
+    if let Err(e) = acpd_builtin::child_env::seal_own_environ() {
+        tracing::warn!("cannot make acpd non-dumpable, its children can read its environment: {e}");
+    }
+}
+
 fn fail(msg: String) -> ExitCode {
     eprintln!("acpd: {msg}");
     ExitCode::FAILURE
@@ -233,6 +241,7 @@ async fn run(command: Command) -> ExitCode {
                 Err(code) => return code,
             };
             raise_nofile();
+            seal_own_environ();
             let listener = match TcpListener::bind(config.listen).await {
                 Ok(l) => l,
                 Err(e) => return fail(format!("cannot listen on {}: {e}", config.listen)),
@@ -256,6 +265,7 @@ async fn run(command: Command) -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            seal_own_environ();
             match run_stdio(config).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),

@@ -27,6 +27,7 @@ use acpd_store::metrics::{
 };
 pub const AGENT_PROCESSES: &str = "acpd_agent_processes";
 pub const AGENT_STARTS_TOTAL: &str = "acpd_agent_starts_total";
+pub const AGENT_STDERR_DROPPED_BYTES_TOTAL: &str = "acpd_agent_stderr_dropped_bytes_total";
 pub const AGENT_EXITS_TOTAL: &str = "acpd_agent_exits_total";
 pub const AGENT_START_FAILURES_TOTAL: &str = "acpd_agent_start_failures_total";
 pub const AGENT_CRASH_LOOPS_TOTAL: &str = "acpd_agent_backoffs_total";
@@ -119,6 +120,10 @@ fn describe() {
         "Agent processes started (restarts included)"
     );
     describe_counter!(AGENT_EXITS_TOTAL, "Agent processes that ended");
+    describe_counter!(
+        AGENT_STDERR_DROPPED_BYTES_TOTAL,
+        "Bytes of over-long agent stderr lines discarded instead of logged"
+    );
     describe_counter!(
         AGENT_START_FAILURES_TOTAL,
         "Agent starts that failed (spawn or initialize)"

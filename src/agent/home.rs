@@ -1,6 +1,8 @@
 //! A profile's own HOME (`home = "…"`): the directory, created private, and the environment
 //! that points the agent at it — `HOME` and the XDG base directories beneath it — so two
-//! profiles of one agent never share credentials or state by accident.
+//! profiles of one agent never share credentials or state by accident. `apply` is the whole
+//! environment of a profile's processes (agent, supervisor, login): the `child_env`
+//! allowlist, then HOME, `pass_env` and the profile's `env`, nothing else of acpd's.
 
 use std::path::Path;
 
@@ -13,6 +15,19 @@ pub fn prepare(home: &Path) -> std::io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(home)
+}
+
+/// Sets the environment of a process of `profile` (hosted agent under its supervisor,
+/// `acpd agent login`): acpd's own variables are cleared down to the allowlist
+/// (`acpd_builtin::child_env`), so its secrets never reach the agent.
+pub fn apply<'a>(
+    cmd: &'a mut std::process::Command,
+    profile: &AgentProfile,
+) -> &'a mut std::process::Command {
+    acpd_builtin::child_env::clean(cmd)
+        .envs(env(profile))
+        .envs(acpd_builtin::child_env::passed(&profile.pass_env))
+        .envs(profile.env.iter().map(|(k, v)| (k, v)))
 }
 
 /// The environment a profile's `home` gives the agent: `HOME` and the XDG base directories
@@ -46,6 +61,7 @@ mod tests {
             program: "x".into(),
             args: vec![],
             env: vec![("XDG_CACHE_HOME".into(), "/cache".into())],
+            pass_env: vec![],
             cwd: None,
             home: None,
             login: vec![],

@@ -1,7 +1,8 @@
 //! Hosted agents: an ACP agent program run as a child process, spoken to over its stdio.
 //!
 //! The process runs under its supervisor (`acpd _supervise`, `supervisor.rs`), which owns its
-//! whole process tree and dies with acpd; its stderr goes to acpd's log. One router task owns the map from the agent's session ids to
+//! whole process tree and dies with acpd; its stderr goes to acpd's log, each line capped
+//! (`hosted/stderr.rs`). One router task owns the map from the agent's session ids to
 //! session actors and forwards what the agent sends.
 //! The router (`hosted/router.rs`) never waits on one session.
 
@@ -11,13 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 mod router;
+mod stderr;
 
 use super::{AgentError, AgentEvent, AgentHandle, home, supervisor};
 use crate::config::AgentProfile;
@@ -78,12 +79,7 @@ pub(super) async fn start(
             _ => unreachable!("all three pipes were requested"),
         };
     let name = profile.name.clone();
-    tasks.spawn(async move {
-        let mut lines = BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            tracing::info!(target: "acpd::agent_stderr", agent = %name, "{line}");
-        }
-    });
+    tasks.spawn(stderr::forward(stderr, name));
     let io_cancel = CancellationToken::new();
     let (link, pump) = acpd_wire::lines::pump(stdout, stdin, MAX_AGENT_LINE, io_cancel.clone());
     tasks.spawn(pump);
@@ -291,11 +287,11 @@ fn spawn_process(profile: &AgentProfile, records: &Path) -> std::io::Result<Chil
         args: profile.args.iter().map(Into::into).collect(),
     };
     let mut cmd = Command::new("/proc/self/exe");
+    // The supervisor passes its environment on to the agent unchanged.
+    home::apply(cmd.as_std_mut(), profile);
     cmd.arg0("acpd")
         .arg(supervisor::SUBCOMMAND)
         .args(opts.to_args())
-        .envs(home::env(profile))
-        .envs(profile.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

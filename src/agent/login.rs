@@ -159,9 +159,8 @@ pub fn from_auth_methods(profile: &AgentProfile, init: &Value) -> Result<LoginCo
 /// that can run terminal logins would.
 async fn ask_initialize(profile: &AgentProfile) -> Result<Value, LoginError> {
     let mut cmd = tokio::process::Command::new(&profile.program);
+    super::home::apply(cmd.as_std_mut(), profile);
     cmd.args(&profile.args)
-        .envs(super::home::env(profile))
-        .envs(profile.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -225,9 +224,8 @@ pub async fn run(profile: &AgentProfile) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut cmd = std::process::Command::new(&login.program);
-    cmd.args(&login.args)
-        .envs(super::home::env(profile))
-        .envs(profile.env.iter().map(|(k, v)| (k, v)))
+    super::home::apply(&mut cmd, profile)
+        .args(&login.args)
         .envs(login.env.iter().map(|(k, v)| (k, v)));
     if let Some(cwd) = &profile.cwd {
         cmd.current_dir(cwd);
@@ -268,6 +266,7 @@ mod tests {
             program: "agent".into(),
             args: vec!["--acp".into()],
             env: vec![],
+            pass_env: vec![],
             cwd: None,
             home: None,
             login: vec![],

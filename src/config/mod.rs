@@ -62,6 +62,9 @@ pub struct AgentProfile {
     pub program: String,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// acpd's own variables the agent gets by name (`pass_env`), e.g. its provider key;
+    /// nothing else of acpd's environment but the `child_env` allowlist reaches it.
+    pub pass_env: Vec<String>,
     pub cwd: Option<PathBuf>,
     /// The agent's own HOME directory (absolute; created 0700 at start), so that profiles
     /// do not share credentials by accident.
@@ -469,6 +472,7 @@ fn agents(
             program,
             args: words,
             env: a.env.into_iter().collect(),
+            pass_env: a.pass_env,
             cwd: a.cwd,
             home: a.home.map(|h| data_dir.join(h)),
             login: a.login,
@@ -496,6 +500,7 @@ fn agents(
                 program,
                 args: words,
                 env: vec![],
+                pass_env: vec![],
                 cwd: None,
                 home: None,
                 login: vec![],

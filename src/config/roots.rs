@@ -2,8 +2,9 @@
 //! and `additionalDirectories`. `[roots]` maps a principal's name to its directories,
 //! `default_roots` is for everyone else; empty means anywhere. Whatever the roots, acpd's
 //! data directory (every user's transcripts and the token file) is never reachable: a root
-//! that contains it, or lies inside it, is a configuration error, and without roots a
-//! directory that contains it, or lies inside it, is refused.
+//! that contains it, or lies inside it, is a configuration error, and a session directory
+//! that contains it (`$HOME` around `~/.local/share/acpd` too), or lies inside it, is
+//! refused, roots or not. The built-in agent's tools refuse it on their own as well.
 //!
 //! Lexical and pure: the caller resolves symlinks first (`resolve`), so a link into the data
 //! directory is judged by where it leads.
@@ -141,15 +142,10 @@ impl FsRoots {
         let roots = self.of(principal);
         for dir in dirs {
             let n = normalize(dir).ok_or_else(|| OutsideRoots::NotAbsolute(dir.to_owned()))?;
-            // Inside the data directory: never. Around it (`$HOME` holds `~/.local/share/acpd`):
-            // only when no roots are configured — configured roots cannot contain it (`new`),
-            // so a multi-user daemon with roots keeps every session away from it.
-            let reaches = if roots.is_empty() {
-                n.starts_with(&self.data_dir)
-            } else {
-                overlaps(&n, &self.data_dir)
-            };
-            if reaches {
+            // Inside it or around it: a session around it could name `data/token` as a
+            // relative path (the file tools refuse it too; the session's cwd is what its
+            // agent, hosted or not, is told to work in).
+            if overlaps(&n, &self.data_dir) {
                 return Err(OutsideRoots::DataDir(dir.to_owned()));
             }
             if !roots.is_empty() && !roots.iter().any(|r| n.starts_with(r)) {
@@ -196,9 +192,10 @@ mod tests {
     fn the_data_directory_is_never_reachable() {
         let open = FsRoots::new(BTreeMap::new(), vec![], &p("/var/lib/acpd")).unwrap();
         assert_eq!(open.check("x", [p("/home/x").as_path()]), Ok(()));
-        // With no roots, a directory around the data directory (a home directory) is allowed.
-        assert_eq!(open.check("x", [p("/var/lib").as_path()]), Ok(()));
+        // Around it (a home directory holding it) is refused too, roots or not.
         for bad in [
+            "/var/lib",
+            "/",
             "/var/lib/acpd",
             "/var/lib/acpd/builtin",
             "/tmp/../var/lib/acpd/x",

@@ -140,6 +140,10 @@ pub struct FileAgent {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// acpd's own variables passed to the agent by name (its environment is otherwise only
+    /// the `child_env` allowlist).
+    #[serde(default)]
+    pub pass_env: Vec<String>,
     pub cwd: Option<PathBuf>,
     /// The agent's own HOME (relative: to the data directory).
     pub home: Option<PathBuf>,

@@ -1,6 +1,7 @@
 //! The hostile-input corpus: malformed UTF-8, deep nesting, huge numbers, 100 MB frames
 //! (and 1009 for frames past what is read at all), `afterSeq` past the journal, MCP server
-//! shapes, unknown methods, wrong param types for every session method and ids of every JSON type,
+//! shapes, session directories around acpd's data directory, unknown methods, wrong param
+//! types for every session method and ids of every JSON type,
 //! sent at one connection. Each input gets the right JSON-RPC error (or nothing, for what is
 //! not a request), and after each one the same connection still answers `session/list` and
 //! another client's session still runs a prompt turn.
@@ -193,6 +194,12 @@ fn corpus(sid: &str, cwd: &str) -> Vec<Case> {
         bad("session/new", json!({ "cwd": 5, "mcpServers": [] })),
         bad("session/new", json!({ "cwd": cwd, "mcpServers": "none" })),
         bad("session/new", json!({ "cwd": [cwd], "mcpServers": [] })),
+        // Around acpd's data directory (the work dir's parent holds `data/`), or `/`.
+        bad(
+            "session/new",
+            json!({ "cwd": format!("{cwd}/.."), "mcpServers": [] }),
+        ),
+        bad("session/new", json!({ "cwd": "/", "mcpServers": [] })),
         bad("session/list", json!({ "cwd": 5 })),
         bad("session/list", json!({ "cursor": 5 })),
         bad("session/list", json!({ "cursor": "not a cursor" })),

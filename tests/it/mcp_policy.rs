@@ -33,8 +33,8 @@ fn marker(acpd: &Acpd, name: &str) -> PathBuf {
 #[tokio::test]
 async fn a_stdio_mcp_server_without_consent_does_not_start() {
     let model = ModelServer::start().await;
-    // The default policy, and tool permissions that would not matter for MCP anyway.
-    let acpd = Acpd::start(&builtin_config(model.addr, "host_shell = false")).await;
+    // The default policy.
+    let acpd = Acpd::start(&builtin_config(model.addr, "")).await;
     let mut ed = acpd.editor(no_caps()).await;
     ed.answer_permissions(&["reject_once"]);
     let m = marker(&acpd, "ran");
@@ -121,4 +121,39 @@ async fn mcp_stdio_deny_starts_only_the_allowlist_and_never_asks() {
         !names.iter().any(|n| n.starts_with("mcp__evil")),
         "{names:?}"
     );
+}
+
+/// The client is the party `shell = "deny"` / `host_shell = false` restricts: its "allow"
+/// must not start a command through `mcpServers` either.
+#[tokio::test]
+async fn without_a_shell_a_stdio_mcp_server_does_not_start_even_when_the_client_allows() {
+    for shell in ["permissions.tools.shell = \"deny\"", "host_shell = false"] {
+        let model = ModelServer::start().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let allowed = stdio_server(dir.path());
+        let config = format!(
+            "mcp_stdio_allow = [{:?}]\n{}",
+            allowed.display().to_string(),
+            builtin_config(model.addr, shell)
+        );
+        let acpd = Acpd::start(&config).await;
+        let mut ed = acpd.editor(no_caps()).await;
+        ed.answer_permissions(&["allow_always", "allow_always"]);
+        let m = marker(&acpd, "ran");
+        let servers = json!({ "mcpServers": [
+            marked_server("evil", acpd.dir(), &m),
+            { "name": "ok", "command": allowed, "args": [], "env": [] },
+        ] });
+        let (sid, _) = ed.new_session(&acpd.work(), servers).await;
+        model.push_stream(vec![text("done")]);
+        ed.prompt(&sid, "hello").await.expect("prompt");
+        assert!(!m.exists(), "{shell}: a stdio MCP server ran");
+        assert!(permission_asks(&ed.requests()).is_empty(), "{shell}");
+        // The operator's allowlist still starts.
+        let names = model.wait_requests(1).await[0].tool_names();
+        assert!(
+            names.contains(&"mcp__ok__note".to_owned()),
+            "{shell}: {names:?}"
+        );
+    }
 }

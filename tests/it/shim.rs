@@ -96,7 +96,7 @@ async fn plain_rfd_client_still_works() -> Result<()> {
     )
     .await?;
     assert_eq!(init["result"]["protocolVersion"], 1);
-    let (new, _) = call(2, "session/new", json!({"cwd": "/tmp", "mcpServers": []})).await?;
+    let (new, _) = call(2, "session/new", json!({"cwd": "/usr", "mcpServers": []})).await?;
     let sid = new["result"]["sessionId"]
         .as_str()
         .context("sessionId")?
@@ -301,7 +301,7 @@ async fn daemon_restart_mid_turn_is_recovered() -> Result<()> {
         .context("after-restart chunk")?;
     assert!(after.0 > before_seq);
     // And its history replays in order.
-    let load = json!({"sessionId": sid, "cwd": "/tmp", "mcpServers": []});
+    let load = json!({"sessionId": sid, "cwd": "/usr", "mcpServers": []});
     let id = shim.request("session/load", load).await?;
     let (done, msgs) = shim.until_response(id).await?;
     assert!(done.get("result").is_some(), "{done}");
@@ -400,7 +400,7 @@ async fn resume_is_refused_for_unknown_links_and_other_principals() -> Result<()
     assert_eq!(plain, 400, "a resume needs the subprotocol");
     // The shim's link was not disturbed by any of that.
     let id = shim
-        .request("session/new", json!({"cwd": "/tmp", "mcpServers": []}))
+        .request("session/new", json!({"cwd": "/usr", "mcpServers": []}))
         .await?;
     assert!(shim.until_response(id).await?.0.get("result").is_some());
     Ok(())

@@ -174,7 +174,7 @@ async fn a_line_over_the_daemons_limit_is_answered_not_resent_forever() -> Resul
 async fn printf_into_the_shim_prints_the_answers_then_exits_0() -> Result<()> {
     let d = Daemon::start(false).await?;
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1, "clientCapabilities": {}}});
-    let new = json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": "/tmp", "mcpServers": []}});
+    let new = json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": "/usr", "mcpServers": []}});
     let script = format!(
         "printf '%s\\n%s\\n' '{init}' '{new}' | '{}' '{}'",
         crate::support::shim_bin(),

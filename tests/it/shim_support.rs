@@ -290,7 +290,7 @@ impl Shim {
             bail!("initialize failed: {r}");
         }
         let id = self
-            .request("session/new", json!({"cwd": "/tmp", "mcpServers": []}))
+            .request("session/new", json!({"cwd": "/usr", "mcpServers": []}))
             .await?;
         let (r, _) = self.until_response(id).await?;
         r["result"]["sessionId"]

@@ -17,7 +17,7 @@ fn browser_post(port: u16, marker: &Path) -> Vec<u8> {
     let init = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": { "protocolVersion": 1, "clientCapabilities": {} } });
     let new = json!({ "jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {
-        "cwd": "/tmp",
+        "cwd": "/usr",
         "mcpServers": [{ "name": "x", "command": "sh",
             "args": ["-c", format!("touch {}", marker.display())], "env": [] }],
     } });
@@ -74,7 +74,8 @@ async fn browser_post_to_the_tcp_port_runs_nothing() {
     // agent being the same) would have run the command by now had the POST got through.
     let mut client = Client::connect_tcp(tcp).await.expect("connect");
     client.initialize().await;
-    let cwd = daemon.data_dir().join("..");
+    let cwd = daemon.data_dir().join("../work");
+    std::fs::create_dir_all(&cwd).expect("work dir");
     let sid = client.new_session(&cwd).await;
     assert!(!sid.is_empty());
     assert!(!marker.exists(), "the POST body ran a command");

@@ -68,7 +68,7 @@ async fn open_session(ws: &mut Ws) -> Result<String> {
         ws,
         2,
         "session/new",
-        json!({"cwd": "/tmp", "mcpServers": []}),
+        json!({"cwd": "/usr", "mcpServers": []}),
     )
     .await?;
     new["sessionId"]

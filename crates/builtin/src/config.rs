@@ -137,6 +137,8 @@ pub struct ExtraValue {
 pub struct BuiltinConfig {
     /// Where session transcripts live: `<data_dir>/builtin`.
     pub(crate) state_dir: PathBuf,
+    /// acpd's data directory: off limits to every tool (`tools::paths`).
+    pub(crate) data_dir: PathBuf,
     pub(crate) models: Vec<ModelSpec>,
     pub(crate) default_model: Option<String>,
     /// Model requests per prompt before the turn stops with `max_turn_requests`.
@@ -161,6 +163,8 @@ pub struct BuiltinConfig {
     pub(crate) shell_sandbox: bool,
     pub(crate) shell_sandbox_read: Vec<std::path::PathBuf>,
     pub(crate) shell_sandbox_write: Vec<std::path::PathBuf>,
+    /// Variables a host shell command gets besides the inherited allowlist (`child_env`).
+    pub(crate) shell_env: BTreeMap<String, String>,
     pub(crate) output_limit: usize,
     pub(crate) permissions_off: bool,
     pub(crate) tool_policy: BTreeMap<String, ToolPolicy>,
@@ -201,6 +205,8 @@ struct FileBuiltin {
     shell_sandbox_read: Vec<std::path::PathBuf>,
     #[serde(default)]
     shell_sandbox_write: Vec<std::path::PathBuf>,
+    #[serde(default)]
+    shell_env: BTreeMap<String, String>,
     output_limit_bytes: Option<usize>,
     #[serde(default)]
     permissions: FilePermissions,
@@ -343,13 +349,29 @@ impl BuiltinConfig {
                 p.display()
             )));
         }
+        // The sandbox's extras cannot open acpd's data directory to the shell.
+        if let Some(p) = file
+            .shell_sandbox_read
+            .iter()
+            .chain(&file.shell_sandbox_write)
+            .find(|p| p.starts_with(data_dir) || data_dir.starts_with(p))
+        {
+            return Err(BuiltinConfigError::Invalid(format!(
+                "shell_sandbox path {} would reach acpd's data directory",
+                p.display()
+            )));
+        }
+        let host_shell = file.host_shell.unwrap_or(true);
+        let shell_denied = tool_policy.get("shell") == Some(&ToolPolicy::Deny);
         let mcp_policy = crate::McpPolicy::new(
             file.mcp_stdio.as_deref().unwrap_or("ask"),
             file.mcp_stdio_allow.unwrap_or_default(),
         )
-        .map_err(BuiltinConfigError::Invalid)?;
+        .map_err(BuiltinConfigError::Invalid)?
+        .under_shell(host_shell && !shell_denied);
         Ok(BuiltinConfig {
             state_dir: data_dir.join("builtin"),
+            data_dir: data_dir.to_owned(),
             models,
             default_model,
             max_turn_requests: file.max_turn_requests.unwrap_or(50).max(1),
@@ -360,11 +382,12 @@ impl BuiltinConfig {
             client_fs: file.client_fs.unwrap_or(true),
             client_terminal: file.client_terminal.unwrap_or(true),
             host_fs: file.host_fs.unwrap_or(true),
-            host_shell: file.host_shell.unwrap_or(true),
+            host_shell,
             shell_timeout: secs(file.shell_timeout_secs, 300),
             shell_sandbox: file.shell_sandbox.unwrap_or(true),
             shell_sandbox_read: file.shell_sandbox_read,
             shell_sandbox_write: file.shell_sandbox_write,
+            shell_env: file.shell_env,
             output_limit: file.output_limit_bytes.unwrap_or(64 * 1024).max(1024),
             permissions_off,
             tool_policy,
@@ -451,5 +474,37 @@ fn known_context_window(provider: ProviderKind, model: &str) -> Option<u64> {
         ProviderKind::Openai if model.starts_with("gpt-4.1") => Some(1_047_576),
         ProviderKind::Openai if model.starts_with("gpt-4o") => Some(128_000),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<BuiltinConfig, BuiltinConfigError> {
+        BuiltinConfig::parse(&text.parse().unwrap(), Path::new("/var/lib/acpd"))
+    }
+
+    #[test]
+    fn the_sandbox_extras_cannot_reach_the_data_directory() {
+        for bad in ["/var/lib", "/var/lib/acpd/builtin"] {
+            let r = parse(&format!("shell_sandbox_read = [{bad:?}]"));
+            assert!(matches!(r, Err(BuiltinConfigError::Invalid(_))), "{bad}");
+        }
+        assert!(parse("shell_sandbox_write = [\"/srv/cache\"]").is_ok());
+    }
+
+    #[test]
+    fn without_a_host_shell_mcp_ask_is_deny() {
+        use crate::mcp_policy::McpStdio;
+        let mode = |t: &str| parse(t).unwrap().mcp_policy.mode;
+        assert_eq!(mode(""), McpStdio::Ask);
+        assert_eq!(mode("host_shell = false"), McpStdio::Deny);
+        assert_eq!(mode("permissions.tools.shell = \"deny\""), McpStdio::Deny);
+        assert_eq!(mode("permissions.tools.shell = \"allow\""), McpStdio::Ask);
+        assert_eq!(
+            mode("host_shell = false\nmcp_stdio = \"allow\""),
+            McpStdio::Allow
+        );
     }
 }

@@ -160,7 +160,11 @@ mod tests {
 
     #[test]
     fn replay_shows_thinking_and_final_tool_state() {
-        let roots = Roots::new(std::path::Path::new("/w"), &[]);
+        let roots = Roots::new(
+            std::path::Path::new("/w"),
+            &[],
+            std::path::Path::new("/acpd-data"),
+        );
         let messages = vec![
             Message::user(vec![Block::Text { text: "hi".into() }]),
             Message {

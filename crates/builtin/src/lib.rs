@@ -6,6 +6,7 @@
 //! read back from its state file on first use, so `session/resume` after a daemon restart
 //! continues with the full transcript.
 
+pub mod child_env;
 mod client;
 mod config;
 mod content;

@@ -66,6 +66,17 @@ impl McpPolicy {
         Ok(McpPolicy { mode, allow })
     }
 
+    /// The policy where the host shell is `allowed` or not (`shell = "deny"`, `host_shell =
+    /// false`): a stdio server is a command like any other, so without a shell "ask" — the
+    /// client, the very party the operator restricted, deciding — becomes "deny" and only
+    /// `mcp_stdio_allow` starts. An explicit "allow" is the operator's own word and stays.
+    pub fn under_shell(mut self, allowed: bool) -> McpPolicy {
+        if !allowed && self.mode == McpStdio::Ask {
+            self.mode = McpStdio::Deny;
+        }
+        self
+    }
+
     /// Writes the policy into a `[builtin]` table (read back by `BuiltinConfig::parse`).
     pub fn insert_into(&self, table: &mut toml::Table) {
         let mode = match self.mode {
@@ -87,7 +98,8 @@ impl McpPolicy {
         let program = server.get("command").and_then(Value::as_str).unwrap_or("");
         if self.mode == McpStdio::Allow
             || self.allow.iter().any(|a| a == program || *a == line)
-            || consented.contains(&line)
+            // A consent given under "ask" does not outlive a switch to "deny".
+            || (self.mode == McpStdio::Ask && consented.contains(&line))
         {
             return McpDecision::Start;
         }
@@ -210,6 +222,24 @@ mod tests {
         assert_eq!(policy("deny", &[]).decide(&http, &none), McpDecision::Start);
         assert!(McpPolicy::new("maybe", vec![]).is_err());
         assert!(McpPolicy::new("ask", vec![" ".into()]).is_err());
+    }
+
+    #[test]
+    fn without_a_shell_ask_becomes_deny_and_only_the_allowlist_starts() {
+        let none = BTreeSet::new();
+        let s = stdio("sh", &["-c", "true"]);
+        let p = policy("ask", &["node"]).under_shell(false);
+        assert_eq!(p.mode, McpStdio::Deny);
+        assert!(matches!(p.decide(&s, &none), McpDecision::Refuse(_)));
+        assert_eq!(p.decide(&stdio("node", &[]), &none), McpDecision::Start);
+        // Consent from the client no longer counts.
+        let consented = BTreeSet::from(["sh -c true".to_owned()]);
+        assert!(matches!(p.decide(&s, &consented), McpDecision::Refuse(_)));
+        assert_eq!(policy("ask", &[]).under_shell(true).mode, McpStdio::Ask);
+        assert_eq!(
+            policy("allow", &[]).under_shell(false).mode,
+            McpStdio::Allow
+        );
     }
 
     #[test]

@@ -84,7 +84,7 @@ pub struct Session {
 impl Session {
     pub fn new(id: Arc<str>, shared: Arc<Shared>, mut saved: SavedSession) -> Session {
         options::reconcile(&shared.config, &mut saved.settings);
-        let roots = Roots::new(&saved.cwd, &saved.additional_dirs);
+        let roots = Roots::new(&saved.cwd, &saved.additional_dirs, &shared.config.data_dir);
         let client = ClientLink::new(shared.peer.clone(), id.clone());
         let (settings, _) = watch::channel(saved.settings.clone());
         Session {
@@ -258,7 +258,11 @@ impl Session {
             changed = true;
         }
         if changed {
-            self.roots = Roots::new(&saved.cwd, &saved.additional_dirs);
+            self.roots = Roots::new(
+                &saved.cwd,
+                &saved.additional_dirs,
+                &self.shared.config.data_dir,
+            );
             self.save().await;
         }
     }

@@ -115,6 +115,11 @@ impl Acpd {
         self.dir.path()
     }
 
+    /// The daemon's process id.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().and_then(|c| c.id()).expect("acpd runs") as i32
+    }
+
     async fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)

@@ -167,6 +167,7 @@ async fn connect_one(
                 .and_then(Value::as_str)
                 .ok_or_else(|| ConnectError::Config("a stdio server needs a command".into()))?;
             let mut cmd = tokio::process::Command::new(command);
+            crate::child_env::clean(cmd.as_std_mut());
             cmd.args(
                 s.get("args")
                     .and_then(Value::as_array)

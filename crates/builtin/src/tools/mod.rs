@@ -28,6 +28,8 @@ pub enum ToolError {
     BadInput(String),
     #[error("{} is outside the session's directories", .0.display())]
     Outside(PathBuf),
+    #[error("{} is in acpd's data directory, which no tool may use", .0.display())]
+    DataDir(PathBuf),
     #[error("{0}: {1}")]
     Io(String, std::io::Error),
     #[error("{0} is switched off in this acpd's configuration")]

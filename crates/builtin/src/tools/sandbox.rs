@@ -1,7 +1,9 @@
 //! Landlock confinement of the host shell: the command (and everything it starts) may read
 //! and write beneath the session's roots, read and execute the system directories, and
 //! nothing else, so a permitted `cat ~/.ssh/id_ed25519` or a read of acpd's data directory
-//! fails in the kernel. Where Landlock is missing it runs unconfined, with one warning.
+//! fails in the kernel. Of `/proc` it may read only a few system-wide files: the
+//! directories of processes (acpd's `/proc/<pid>/environ` among them) stay closed. Where
+//! Landlock is missing it runs unconfined, with one warning.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -13,8 +15,19 @@ use landlock::{
 
 /// What a shell command may reach besides the session's roots: the programs and libraries
 /// it runs, read-only; `/dev` for `/dev/null` and terminals.
-const SYSTEM_READ: [&str; 9] = [
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc",
+const SYSTEM_READ: [&str; 8] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt",
+];
+/// System-wide `/proc` files tools read (CPU count, memory, load, kernel settings). Not
+/// `/proc` itself nor `/proc/self`: a rule is made in acpd, where `/proc/self` is acpd.
+const PROC_READ: [&str; 7] = [
+    "/proc/cpuinfo",
+    "/proc/meminfo",
+    "/proc/loadavg",
+    "/proc/uptime",
+    "/proc/version",
+    "/proc/stat",
+    "/proc/sys",
 ];
 const SYSTEM_WRITE: [&str; 1] = ["/dev"];
 
@@ -60,6 +73,7 @@ pub fn ruleset(c: &Confinement) -> Result<Option<RulesetCreated>, landlock::Rule
     }
     let read = SYSTEM_READ
         .iter()
+        .chain(&PROC_READ)
         .map(PathBuf::from)
         .chain(c.read.iter().cloned());
     let write = SYSTEM_WRITE

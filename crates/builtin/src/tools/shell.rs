@@ -179,7 +179,11 @@ fn summarize(
 }
 
 async fn host(env: &ToolEnv<'_>, command: &str, timeout: Duration) -> Result<Outcome, ToolError> {
+    if env.roots.reach_data_dir() {
+        return Err(ToolError::DataDir(env.roots.cwd().to_owned()));
+    }
     let mut cmd = tokio::process::Command::new("sh");
+    crate::child_env::clean(cmd.as_std_mut()).envs(&env.config.shell_env);
     cmd.arg("-c")
         .arg(command)
         .current_dir(env.roots.cwd())

@@ -25,7 +25,7 @@ fn fixture() -> Fixture {
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::write(outside.join("secret.txt"), "secret").unwrap();
     std::fs::write(root.join("inside.txt"), "inside").unwrap();
-    let roots = Roots::new(&root, &[]);
+    let roots = Roots::new(&root, &[], &dir.path().join("acpd-data"));
     Fixture {
         _dir: dir,
         root,
@@ -43,6 +43,33 @@ fn escapes(r: std::io::Result<impl std::fmt::Debug>) -> bool {
         Err(e) => is_escape(&e),
         Ok(v) => panic!("expected EXDEV, got {v:?}"),
     }
+}
+
+#[test]
+fn acpds_data_directory_is_never_opened_whatever_the_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("token"), "t").unwrap();
+    // The parent of the data directory as the cwd: nothing of it is opened on the host.
+    let around = Roots::new(dir.path(), &[], &data);
+    assert!(around.reach_data_dir());
+    assert!(matches!(
+        around.for_host("data/token"),
+        Err(ToolError::DataDir(_))
+    ));
+    assert!(matches!(around.for_host("x"), Err(ToolError::Outside(_))));
+    // A sibling root is fine, but an absolute path into the data directory is not.
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let beside = Roots::new(&work, &[], &data);
+    assert!(!beside.reach_data_dir());
+    assert!(beside.for_host("a.txt").is_ok());
+    let token = data.join("token");
+    assert!(matches!(
+        beside.for_host(token.to_str().unwrap()),
+        Err(ToolError::DataDir(_))
+    ));
 }
 
 #[test]
