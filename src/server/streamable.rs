@@ -238,17 +238,14 @@ pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
             );
         }
     };
-    // The RFD's 404 for a session the caller does not have (another principal's, another
-    // profile's, or none): answered before any stream exists for it.
-    if let Some(sid) = &session
-        && st
-            .hub
-            .open(sid, &identity.principal, Some(&handle.profile))
-            .await
-            .is_err()
-    {
-        return plain(StatusCode::NOT_FOUND, "unknown Acp-Session-Id\n");
-    }
+    // No ownership check here: a session stream carries only what this connection itself is
+    // sent about the session (the answers to its own requests naming it, and the updates
+    // of a session it attached, which the session layer authorises: owner or grantee). So a
+    // stream for an unknown or not-the-caller's session is opened like any other, empty,
+    // and the request that follows is answered on it (`session/load` -32002,
+    // `session/delete` `{}`). A 404 here would close the official SDK client's whole
+    // transport (it reads 401/403/404/410 on a stream as "the connection is gone"); the
+    // stream cannot tell whether the session exists either, so it is no oracle.
     let scoped = session.is_some();
     let open = match handle.attach(session, last).await {
         Ok(open) => open,

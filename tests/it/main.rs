@@ -59,6 +59,7 @@ mod streamable_http_flow;
 mod streamable_http_h2;
 mod streamable_http_requests;
 mod streamable_http_resume;
+mod streamable_http_sessions;
 mod tcp_gate;
 mod tidy;
 mod transport_flow;
