@@ -32,6 +32,7 @@ mod journal_rejection;
 mod journal_retention;
 mod layering;
 mod limits;
+mod listener_starvation;
 mod load_resume;
 mod mcp_hosted;
 mod mcp_policy;
