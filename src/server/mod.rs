@@ -302,7 +302,12 @@ pub async fn serve(
             ));
         }
     }
-    let app = app.with_state(state);
+    let app = app
+        .layer(axum::middleware::from_fn_with_state(
+            core.config.limits.max_message_bytes,
+            declared_body_limit,
+        ))
+        .with_state(state);
     if let Some(files) = core.config.tls.clone() {
         let tls = tls::TlsListener::new(listener, files)?;
         tracing::info!(addr = %tls.local_addr()?, "acpd listening: wss://{}/acp", tls.local_addr()?);
@@ -320,6 +325,31 @@ pub async fn serve(
     tracing::info!("listeners stopped; shutting down sessions");
     core.shutdown().await;
     Ok(())
+}
+
+/// A request whose declared body (`Content-Length`) is past `max_message_bytes` is `413` at
+/// once, before a byte of it is read (hyper then closes the connection rather than drain
+/// it): no route waits for a body it would refuse anyway.
+async fn declared_body_limit(
+    State(max): State<usize>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        let refusal = "request body too big for acpd's max_message_bytes\n";
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            [(header::CONNECTION, "close")],
+            refusal,
+        )
+            .into_response();
+    }
+    next.run(req).await
 }
 
 #[derive(Deserialize)]
