@@ -253,8 +253,8 @@ pub async fn stream(
     // `session/delete` `{}`). A 404 here would close the official SDK client's whole
     // transport (it reads 401/403/404/410 on a stream as "the connection is gone"); the
     // stream cannot tell whether the session exists either, so it is no oracle.
-    // Authenticated and about to stay open: a place of the principal's own, and the
-    // connection leaves the pending pool (as a WebSocket does at its 101).
+    // Authenticated and about to stay open: a place of the principal's own (the connection
+    // leaves the pending pool once the stream is open, below).
     let Some(permit) = st.gate.open_stream(&identity.principal) else {
         metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
         tracing::warn!(target: "acpd::audit", principal = %identity.principal, "SSE stream refused: max_streams_per_principal");
@@ -263,9 +263,6 @@ pub async fn stream(
             "too many open SSE streams for this principal (max_streams_per_principal)\n",
         );
     };
-    if let Some(pass) = &pass {
-        pass.authenticated();
-    }
     let scoped = session.is_some();
     let open = match handle.attach(session, last).await {
         Ok(open) => open,
@@ -300,8 +297,12 @@ pub async fn stream(
     {
         return plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n");
     }
-    // The permit and the pass live as long as the response body: the stream counts against
+    // Open: the connection leaves the pending pool (as a WebSocket does at its 101), and the
+    // permit and the pass live as long as the response body: the stream counts against
     // its principal, and its connection against the descriptor budget, until it ends.
+    if let Some(pass) = &pass {
+        pass.authenticated();
+    }
     let held = (permit, pass);
     let events = futures_util::stream::unfold((open.events, held), |(mut rx, held)| async move {
         let (id, text) = rx.recv().await?;
