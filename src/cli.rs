@@ -78,7 +78,7 @@ enum Command {
     /// Print a single-use sign-in link for the web console (the code is in the link's
     /// fragment, so it never reaches a server log; it expires after --ttl).
     WebLogin {
-        /// The principal (token name) the browser signs in as.
+        /// The principal (token name) the browser signs in as; it must exist (`token create`).
         #[arg(long, default_value = LOCAL_PRINCIPAL)]
         principal: String,
         /// How long the link stays valid: seconds, or with a unit (`90s`, `10m`, `1h`).
@@ -520,8 +520,21 @@ async fn web_login(
         Ok(s) => s,
         Err(code) => return code,
     };
-    let code = match store.ensure_principal(principal).await {
-        Ok(p) => {
+    // Only a principal that exists (a token was made for it; the local one is the daemon's
+    // own): a typo must not make a principal whose sign-ins no token revocation reaches.
+    let found = if principal == LOCAL_PRINCIPAL {
+        store.ensure_principal(principal).await.map(Some)
+    } else {
+        store.principal_by_name(principal).await
+    };
+    let code = match found {
+        Ok(None) => {
+            eprintln!(
+                "acpd: no principal named {principal:?}; create it first with `acpd token create --name {principal}`"
+            );
+            ExitCode::from(EXIT_USAGE)
+        }
+        Ok(Some(p)) => {
             let secret = server::auth_secret();
             let expires = chrono::Utc::now().timestamp_millis() + ttl.as_millis() as i64;
             match store

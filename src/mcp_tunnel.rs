@@ -53,6 +53,9 @@ pub struct McpTunnels {
     stop: CancellationToken,
     /// A std Mutex: held only to read or change a few entries, never across an await.
     state: Arc<Mutex<Tables>>,
+    /// The daemon's accept gate: the tunnel's connections are pending (capped, displaced,
+    /// header timeout) like any other listener's; a capability URL is no authentication.
+    gate: crate::server::gate::Gate,
 }
 
 #[derive(Default)]
@@ -86,12 +89,17 @@ fn tunnelled(servers: &Value) -> impl Iterator<Item = (String, String)> + '_ {
 
 impl McpTunnels {
     /// The tunnels of a daemon whose tasks are `tasks`; the listener is served until `stop`.
-    pub fn new(tasks: &TaskTracker, stop: CancellationToken) -> Self {
+    pub fn new(
+        tasks: &TaskTracker,
+        stop: CancellationToken,
+        gate: crate::server::gate::Gate,
+    ) -> Self {
         McpTunnels {
             base: Arc::default(),
             tasks: tasks.clone(),
             stop,
             state: Arc::default(),
+            gate,
         }
     }
 
@@ -103,15 +111,21 @@ impl McpTunnels {
             let app = axum::Router::new()
                 .route("/mcp/{secret}", post(on_post).get(not_allowed))
                 .with_state(self.clone());
-            let stop = self.stop.clone();
+            // The daemon's own accept loop (not `axum::serve`): the gate, and a header read
+            // timeout, so idle sockets cannot hold the tunnel's descriptors.
+            let serve = crate::server::serve_plain(
+                listener,
+                app,
+                self.gate.clone(),
+                self.tasks.clone(),
+                self.stop.clone(),
+            );
             self.tasks.spawn(async move {
-                let serve =
-                    axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
                 if let Err(e) = serve.await {
                     tracing::warn!(error = %e, "the MCP tunnel listener failed");
                 }
             });
-            tracing::info!(%addr, "MCP tunnel listening");
+            tracing::info!("MCP tunnel listening: http://{addr}/mcp/");
             Ok::<_, std::io::Error>(Arc::from(format!("http://{addr}/mcp/")))
         };
         self.base.get_or_try_init(|| bind).await.cloned()
@@ -269,7 +283,16 @@ mod tests {
 
     #[tokio::test]
     async fn agents_get_one_loopback_url_per_server_and_session() {
-        let t = McpTunnels::new(&TaskTracker::new(), CancellationToken::new());
+        let gate = crate::server::gate::Gate::with(
+            Duration::from_secs(1),
+            crate::server::gate::admission::Limits {
+                max_pending: 0,
+                max_pending_per_source: 0,
+                max_open: 0,
+                max_streams_per_principal: 0,
+            },
+        );
+        let t = McpTunnels::new(&TaskTracker::new(), CancellationToken::new(), gate);
         let servers = json!([
             {"type": "http", "name": "git", "url": "acpd-mcp:1-git", "headers": []},
             {"type": "http", "name": "web", "url": "https://x/mcp", "headers": []},

@@ -11,6 +11,8 @@ pub const CONNECTIONS_TOTAL: &str = "acpd_connections_total";
 pub const CONNECTIONS_DETACHED: &str = "acpd_connections_detached";
 pub const CONNECTIONS_REGISTERED: &str = "acpd_connections_registered";
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "acpd_connections_refused_total";
+pub const CONNECTIONS_EVICTED_TOTAL: &str = "acpd_connections_evicted_total";
+pub const CONNECTIONS_PENDING: &str = "acpd_connections_pending";
 pub const SESSIONS_LIVE: &str = "acpd_sessions_live";
 pub const SESSIONS_DETACHED: &str = "acpd_sessions_detached";
 pub const PROMPTS_TOTAL: &str = "acpd_prompts_total";
@@ -76,6 +78,14 @@ fn describe() {
         "Connections counted against the connection limits"
     );
     describe_counter!(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a limit");
+    describe_counter!(
+        CONNECTIONS_EVICTED_TOTAL,
+        "Pending (unauthenticated) connections closed to make room for a new one"
+    );
+    describe_gauge!(
+        CONNECTIONS_PENDING,
+        "Accepted connections not yet authenticated, all listeners"
+    );
     describe_gauge!(SESSIONS_LIVE, "Sessions with a live actor");
     describe_gauge!(SESSIONS_DETACHED, "Live sessions with no client attached");
     describe_counter!(

@@ -88,8 +88,13 @@ pub struct Limits {
     /// How long a connection may take to send its HTTP request headers (raw TCP: its first
     /// line) before it is closed.
     pub header_read_timeout: Duration,
-    /// Connections accepted but not yet upgraded (0: no limit); over it, closed at accept.
+    /// Connections accepted but not yet authenticated (0: no limit); over it, the busiest
+    /// source's oldest pending one is closed (`server::gate`).
     pub max_pending_connections: usize,
+    /// Pending connections of one source address (0: no limit).
+    pub max_pending_per_source: usize,
+    /// Open SSE streams of one principal (0: no limit).
+    pub max_streams_per_principal: usize,
 }
 
 /// `busy_prompts`: what a prompt that comes while a turn runs gets.
@@ -408,6 +413,8 @@ impl Config {
                 max_requests_per_second: s.max_requests_per_second,
                 header_read_timeout: Duration::from_millis(s.header_read_timeout_ms),
                 max_pending_connections: s.max_pending_connections,
+                max_pending_per_source: s.max_pending_per_source,
+                max_streams_per_principal: s.max_streams_per_principal,
             },
             sessions: SessionSettings {
                 pending_request_timeout: Duration::from_millis(s.pending_request_timeout_ms),

@@ -53,6 +53,8 @@ pub struct Settings {
     pub allowed_origins: Vec<String>,
     pub header_read_timeout_ms: u64,
     pub max_pending_connections: usize,
+    pub max_pending_per_source: usize,
+    pub max_streams_per_principal: usize,
     /// Default: `/metrics` on the main listener, behind a token.
     pub metrics_listen: Option<SocketAddr>,
     pub mcp_stdio: String,
@@ -111,6 +113,8 @@ impl Default for Settings {
             allowed_origins: Vec::new(),
             header_read_timeout_ms: 10_000,
             max_pending_connections: 4096,
+            max_pending_per_source: 1024,
+            max_streams_per_principal: 1024,
             metrics_listen: None,
             mcp_stdio: "ask".to_owned(),
             mcp_stdio_allow: Vec::new(),
@@ -288,11 +292,21 @@ pub struct Args {
     #[arg(long, env = "ACPD_HEADER_READ_TIMEOUT_MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub header_read_timeout_ms: Option<u64>,
-    /// Most connections not yet upgraded (reading headers, TLS handshake, TCP first line);
-    /// over it new ones are closed at accept (0: no limit).
+    /// Most connections not yet authenticated, on every listener (reading headers, TLS
+    /// handshake, TCP first line); over it a new one closes the oldest pending connection of
+    /// the busiest source (0: no limit).
     #[arg(long, env = "ACPD_MAX_PENDING_CONNECTIONS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_pending_connections: Option<usize>,
+    /// Most pending connections from one source address (an IPv6 /64); over it, a new one
+    /// from there closes that source's oldest pending one (0: no limit).
+    #[arg(long, env = "ACPD_MAX_PENDING_PER_SOURCE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_pending_per_source: Option<usize>,
+    /// Most open Streamable HTTP SSE streams of one principal; over it, 429 (0: no limit).
+    #[arg(long, env = "ACPD_MAX_STREAMS_PER_PRINCIPAL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_streams_per_principal: Option<usize>,
     /// Serve `/metrics` on this address, without a token, instead of on --listen.
     #[arg(long, env = "ACPD_METRICS_LISTEN")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -500,6 +514,8 @@ mod tests {
             allowed_origins: vec!["https://o".into()],
             header_read_timeout_ms: Some(14),
             max_pending_connections: Some(15),
+            max_pending_per_source: Some(21),
+            max_streams_per_principal: Some(22),
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 4], 3))),
             mcp_stdio: Some("deny".into()),
             busy_prompts: Some("refuse".into()),
@@ -516,7 +532,7 @@ mod tests {
         let merged = Settings::default().overridden_by(&args).unwrap();
         let merged = toml::Table::try_from(&merged).unwrap();
         // All but `config` and `--agent`, which are not keys of their own.
-        assert_eq!(given.len(), 40);
+        assert_eq!(given.len(), 42);
         for (k, v) in given {
             assert_eq!(merged.get(&k), Some(&v), "{k}");
         }

@@ -6,7 +6,6 @@
 //! established WebSockets (which left the pending set at their 101) go on.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -14,9 +13,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+pub use super::gate::{Gate, Pass};
 
 /// Pause after a failed `accept` (e.g. out of file descriptors) instead of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -32,34 +32,6 @@ pub enum Protocol {
     /// Streamable HTTP (POST, SSE, DELETE) only: WebSockets over HTTP/2 (RFC 8441) are not
     /// offered, WebSocket clients negotiate `http/1.1`.
     Http2,
-}
-
-/// The accept-time limits, shared by the plain and the TLS listener.
-#[derive(Clone)]
-pub struct Gate {
-    pub header_read_timeout: Duration,
-    /// `None`: no cap.
-    pending: Option<Arc<Semaphore>>,
-}
-
-/// A pending slot: held from accept until the connection is upgraded or ends.
-pub struct Slot(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
-
-impl Gate {
-    pub fn new(header_read_timeout: Duration, max_pending: usize) -> Gate {
-        Gate {
-            header_read_timeout,
-            pending: (max_pending > 0).then(|| Arc::new(Semaphore::new(max_pending))),
-        }
-    }
-
-    /// A slot for a new connection, or `None` when all are taken (close it).
-    pub fn admit(&self) -> Option<Slot> {
-        match &self.pending {
-            None => Some(Slot(None)),
-            Some(s) => s.clone().try_acquire_owned().ok().map(|p| Slot(Some(p))),
-        }
-    }
 }
 
 /// The next accepted socket, with TCP_NODELAY on; `None` once `shutdown` fires. Every
@@ -90,6 +62,22 @@ pub async fn accept(
     }
 }
 
+/// Listen backlog of every listener (the kernel caps it at `net.core.somaxconn`).
+const LISTEN_BACKLOG: libc::c_int = 4096;
+
+/// Raises `listener`'s accept backlog from tokio's 1024. Under a flood of sockets that
+/// reconnect as the gate displaces them, a full backlog drops a real client's handshake and
+/// its SYN is retried only a second later; a deeper one keeps it queued instead. The
+/// listeners come bound (by `cli`, the tests), and `listen(2)` on a listening socket just
+/// sets the new backlog.
+pub fn deepen_backlog(listener: &TcpListener) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain syscall on a descriptor `listener` owns for this call.
+    if unsafe { libc::listen(listener.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot deepen the listen backlog");
+    }
+}
+
 /// Serves `app` over plain TCP until `shutdown` fires.
 pub async fn serve_plain(
     listener: TcpListener,
@@ -98,16 +86,13 @@ pub async fn serve_plain(
     tasks: TaskTracker,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    while let Some((stream, peer)) = accept(&listener, &shutdown).await {
-        let Some(slot) = gate.admit() else {
-            refused(peer);
-            continue;
-        };
+    deepen_backlog(&listener);
+    while let Some((stream, peer, pass)) = accept_gated(&listener, &gate, &shutdown).await {
         tasks.spawn(serve_connection(
             TokioIo::new(stream),
             Protocol::Http1,
             peer,
-            slot,
+            pass,
             app.clone(),
             gate.header_read_timeout,
             tasks.clone(),
@@ -117,21 +102,31 @@ pub async fn serve_plain(
     Ok(())
 }
 
-/// Logs (and counts) a connection closed at accept because the pending slots are taken.
-pub fn refused(peer: SocketAddr) {
-    metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
-    tracing::warn!(%peer, "too many connections not yet upgraded: closed at accept");
+/// The next accepted socket the gate admits (those it refuses are closed here); `None` once
+/// `shutdown` fires. Every listener accepts through this.
+pub async fn accept_gated(
+    listener: &TcpListener,
+    gate: &Gate,
+    shutdown: &CancellationToken,
+) -> Option<(TcpStream, SocketAddr, Pass)> {
+    loop {
+        let (stream, peer) = accept(listener, shutdown).await?;
+        if let Some(pass) = gate.admit(peer) {
+            return Some((stream, peer, pass));
+        }
+    }
 }
 
-/// HTTP/1 (with upgrades) or HTTP/2 on one connection; `slot` is released once hyper is done
-/// with it, which for a WebSocket is right after the 101 (an HTTP/2 connection, like a
-/// kept-alive HTTP/1.1 one, holds it for its life).
+/// HTTP/1 (with upgrades) or HTTP/2 on one connection. Each request carries a clone of
+/// `pass` (an extension): a handler that authenticates the connection for good (an SSE
+/// stream) takes it out of the pending pool, an upgraded WebSocket keeps it counted. A
+/// connection still pending when the gate displaces it is closed at once.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve_connection<I>(
     io: TokioIo<I>,
     protocol: Protocol,
     peer: SocketAddr,
-    slot: Slot,
+    pass: Pass,
     app: Router,
     header_read_timeout: Duration,
     tasks: TaskTracker,
@@ -162,6 +157,14 @@ pub async fn serve_connection<I>(
             builder
         }
     };
+    let extension = pass.clone();
+    let app = tower::util::MapRequest::new(
+        app,
+        move |mut req: hyper::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(extension.clone());
+            req
+        },
+    );
     let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(app));
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {
@@ -170,8 +173,12 @@ pub async fn serve_connection<I>(
             conn.as_mut().graceful_shutdown();
             conn.await
         }
+        _ = pass.evicted() => {
+            tracing::debug!(%peer, "pending connection displaced by newer ones: closed");
+            return;
+        }
     };
-    drop(slot);
+    drop(pass);
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
     }
@@ -188,23 +195,5 @@ where
 {
     fn execute(&self, fut: F) {
         self.0.spawn(fut);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_are_capped_and_come_back() {
-        let gate = Gate::new(Duration::from_secs(1), 2);
-        let a = gate.admit().expect("first");
-        let _b = gate.admit().expect("second");
-        assert!(gate.admit().is_none());
-        drop(a);
-        assert!(gate.admit().is_some());
-        let open = Gate::new(Duration::from_secs(1), 0);
-        let all: Vec<_> = (0..1000).map(|_| open.admit()).collect();
-        assert!(all.iter().all(Option::is_some));
     }
 }

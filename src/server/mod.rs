@@ -3,6 +3,7 @@
 
 mod auth;
 pub mod cert;
+pub mod gate;
 mod http;
 pub mod origin;
 mod peer;
@@ -33,6 +34,7 @@ use crate::transport;
 use acpd_store::{Store, StoreError, StoreOptions};
 
 pub use auth::{Auth, LOCAL_PRINCIPAL, hash as auth_hash, new_secret as auth_secret};
+pub use http::serve_plain;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -87,6 +89,8 @@ pub struct Core {
     pub drain: CancellationToken,
     /// Stops sessions and agents; fired once running turns are done or the grace is over.
     pub stop: CancellationToken,
+    /// The accept gate of every listener (the MCP tunnel's too).
+    pub gate: gate::Gate,
 }
 
 /// How long cancelled turns get to wind down (the agent answering `cancelled`).
@@ -122,7 +126,8 @@ impl Core {
             .as_ref()
             .map(|c| crate::cluster::Cluster::spawn(c, store.clone(), &tasks, stop.clone()));
         let pool = AgentPool::spawn(config.clone(), tasks.clone(), stop.clone());
-        let mcp = crate::mcp_tunnel::McpTunnels::new(&tasks, stop.clone());
+        let gate = gate::Gate::new(&config.limits);
+        let mcp = crate::mcp_tunnel::McpTunnels::new(&tasks, stop.clone(), gate.clone());
         let hub = SessionHub::spawn(
             store.clone(),
             pool,
@@ -139,6 +144,7 @@ impl Core {
             tasks,
             drain: CancellationToken::new(),
             stop,
+            gate,
         })
     }
 
@@ -220,6 +226,7 @@ pub async fn serve(
         shutdown: core.drain.clone(),
         registry: registry.clone(),
         conns: transport::http_stream::Connections::new(core.config.resume_grace),
+        gate: core.gate.clone(),
     };
     let web = core.config.web_console.then(|| {
         crate::web::WebState::new(
@@ -250,11 +257,16 @@ pub async fn serve(
             core.drain.clone(),
         ),
     };
+    let gate = core.gate.clone();
     if let Some(tcp) = tcp {
         let addr = tcp.local_addr()?;
         tracing::info!(%addr, "newline-delimited TCP listener: tcp://{addr}");
-        core.tasks
-            .spawn(tcp::accept(tcp, state.clone(), shutdown.clone()));
+        core.tasks.spawn(tcp::accept(
+            tcp,
+            state.clone(),
+            gate.clone(),
+            shutdown.clone(),
+        ));
     }
     let mut origins = origin::Origins::new(core.config.allowed_origins.clone());
     if web.is_some() {
@@ -274,10 +286,6 @@ pub async fn serve(
     if let Some(web) = web {
         app = app.merge(crate::web::router(web));
     }
-    let gate = http::Gate::new(
-        core.config.limits.header_read_timeout,
-        core.config.limits.max_pending_connections,
-    );
     match core.config.metrics_listen {
         None => app = app.route("/metrics", get(metrics_with_token)),
         // A listener of its own for /metrics: no token there, and nothing else on it.
@@ -294,7 +302,12 @@ pub async fn serve(
             ));
         }
     }
-    let app = app.with_state(state);
+    let app = app
+        .layer(axum::middleware::from_fn_with_state(
+            core.config.limits.max_message_bytes,
+            declared_body_limit,
+        ))
+        .with_state(state);
     if let Some(files) = core.config.tls.clone() {
         let tls = tls::TlsListener::new(listener, files)?;
         tracing::info!(addr = %tls.local_addr()?, "acpd listening: wss://{}/acp", tls.local_addr()?);
@@ -314,6 +327,31 @@ pub async fn serve(
     Ok(())
 }
 
+/// A request whose declared body (`Content-Length`) is past `max_message_bytes` is `413` at
+/// once, before a byte of it is read (hyper then closes the connection rather than drain
+/// it): no route waits for a body it would refuse anyway.
+async fn declared_body_limit(
+    State(max): State<usize>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        let refusal = "request body too big for acpd's max_message_bytes\n";
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            [(header::CONNECTION, "close")],
+            refusal,
+        )
+            .into_response();
+    }
+    next.run(req).await
+}
+
 #[derive(Deserialize)]
 struct AcpQuery {
     agent: Option<String>,
@@ -328,12 +366,14 @@ async fn acp_get(
     Query(q): Query<AcpQuery>,
     uri: Uri,
     headers: HeaderMap,
+    pass: Option<axum::Extension<http::Pass>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let pass = pass.map(|axum::Extension(p)| p);
     match ws {
-        Ok(ws) => acp_upgrade(st, q, &uri, headers, ws).await,
+        Ok(ws) => acp_upgrade(st, q, &uri, headers, ws, pass).await,
         Err(_) if streamable::wants_stream(&headers) => {
-            streamable::stream(st.http.clone(), headers).await
+            streamable::stream(st.http.clone(), headers, pass).await
         }
         Err(rejection) => rejection.into_response(),
     }
@@ -415,6 +455,7 @@ async fn acp_upgrade(
     uri: &Uri,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
+    pass: Option<http::Pass>,
 ) -> Response {
     let checked = match console_identity(&st, &headers, uri).await {
         Some(checked) => checked,
@@ -459,6 +500,7 @@ async fn acp_upgrade(
         let principal = ctx.principal.clone();
         let start = move |link| async move {
             let _registration = registration;
+            let _pass = pass;
             connection::run(link, ctx, kick).await
         };
         return st
@@ -475,6 +517,8 @@ async fn acp_upgrade(
         .on_upgrade(move |socket| {
             tasks.track_future(async move {
                 let _registration = registration;
+                // The socket's descriptor stays counted by the gate while it is open.
+                let _pass = pass;
                 let (link, pump) =
                     transport::ws::pump(socket, max, keepalive, shutdown.child_token());
                 let pump = tokio::spawn(pump);

@@ -25,6 +25,7 @@ fn same_secret(given: &str, ours: &str) -> bool {
 pub(super) async fn upgrade(
     State(st): State<AppState>,
     headers: HeaderMap,
+    pass: Option<axum::Extension<super::http::Pass>>,
     ws: WebSocketUpgrade,
 ) -> Response {
     let Some(cluster) = &st.config.cluster else {
@@ -56,6 +57,8 @@ pub(super) async fn upgrade(
     ws.max_message_size(max.saturating_mul(4))
         .on_upgrade(move |socket| {
             tasks.track_future(async move {
+                // The socket stays counted by the accept gate while the link is open.
+                let _pass = pass;
                 let (link, pump) =
                     transport::ws::pump(socket, max, keepalive, shutdown.child_token());
                 let pump = tokio::spawn(pump);

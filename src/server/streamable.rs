@@ -39,6 +39,9 @@ pub struct HttpState {
     pub shutdown: CancellationToken,
     pub registry: Registry,
     pub conns: Connections,
+    /// The accept gate: an open SSE stream leaves its pending pool and takes a place under
+    /// `max_streams_per_principal` instead.
+    pub gate: super::gate::Gate,
 }
 
 #[derive(Deserialize)]
@@ -161,10 +164,10 @@ async fn initialize(
         Err(refused) => return refused,
     };
     let principal = identity.principal.clone();
-    let ctx = super::connection_ctx(&conn_id, identity, profile.clone(), &st.config, &st.hub);
-    let (link, opened) =
-        st.conns
-            .open(conn_id.clone(), principal, profile, kick.clone(), &st.tasks);
+    let ctx = super::connection_ctx(&conn_id, identity, profile, &st.config, &st.hub);
+    let (link, opened) = st
+        .conns
+        .open(conn_id.clone(), principal, kick.clone(), &st.tasks);
     st.tasks.spawn(async move {
         let _registration = registration;
         connection::run(link, ctx, kick).await;
@@ -198,7 +201,11 @@ pub fn wants_stream(headers: &HeaderMap) -> bool {
 }
 
 /// `GET /acp` with `Accept: text/event-stream`: the connection's stream.
-pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
+pub async fn stream(
+    st: HttpState,
+    headers: HeaderMap,
+    pass: Option<super::gate::Pass>,
+) -> Response {
     let identity = match st.auth.check(&headers).await {
         Ok(p) => p,
         Err(resp) => return resp,
@@ -238,17 +245,24 @@ pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
             );
         }
     };
-    // The RFD's 404 for a session the caller does not have (another principal's, another
-    // profile's, or none): answered before any stream exists for it.
-    if let Some(sid) = &session
-        && st
-            .hub
-            .open(sid, &identity.principal, Some(&handle.profile))
-            .await
-            .is_err()
-    {
-        return plain(StatusCode::NOT_FOUND, "unknown Acp-Session-Id\n");
-    }
+    // No ownership check here: a session stream carries only what this connection itself is
+    // sent about the session (the answers to its own requests naming it, and the updates
+    // of a session it attached, which the session layer authorises: owner or grantee). So a
+    // stream for an unknown or not-the-caller's session is opened like any other, empty,
+    // and the request that follows is answered on it (`session/load` -32002,
+    // `session/delete` `{}`). A 404 here would close the official SDK client's whole
+    // transport (it reads 401/403/404/410 on a stream as "the connection is gone"); the
+    // stream cannot tell whether the session exists either, so it is no oracle.
+    // Authenticated and about to stay open: a place of the principal's own (the connection
+    // leaves the pending pool once the stream is open, below).
+    let Some(permit) = st.gate.open_stream(&identity.principal) else {
+        metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL).increment(1);
+        tracing::warn!(target: "acpd::audit", principal = %identity.principal, "SSE stream refused: max_streams_per_principal");
+        return plain(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many open SSE streams for this principal (max_streams_per_principal)\n",
+        );
+    };
     let scoped = session.is_some();
     let open = match handle.attach(session, last).await {
         Ok(open) => open,
@@ -283,10 +297,17 @@ pub async fn stream(st: HttpState, headers: HeaderMap) -> Response {
     {
         return plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n");
     }
-    let events = futures_util::stream::unfold(open.events, |mut rx| async move {
+    // Open: the connection leaves the pending pool (as a WebSocket does at its 101), and the
+    // permit and the pass live as long as the response body: the stream counts against
+    // its principal, and its connection against the descriptor budget, until it ends.
+    if let Some(pass) = &pass {
+        pass.authenticated();
+    }
+    let held = (permit, pass);
+    let events = futures_util::stream::unfold((open.events, held), |(mut rx, held)| async move {
         let (id, text) = rx.recv().await?;
         let event = Event::default().id(id).data(text);
-        Some((Ok::<_, Infallible>(event), rx))
+        Some((Ok::<_, Infallible>(event), (rx, held)))
     });
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(st.config.keepalive))

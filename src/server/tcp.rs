@@ -110,15 +110,23 @@ Content-Length: 55\r\nConnection: close\r\n\r\nthis port speaks newline-delimite
 
 /// Raw TCP accept loop. Each connection's gate runs in its own task, so a client that never
 /// sends its first line holds up nobody (and is closed after `header_read_timeout`).
-pub async fn accept(listener: TcpListener, st: AppState, shutdown: CancellationToken) {
-    while let Some((stream, peer)) = super::http::accept(&listener, &shutdown).await {
+pub async fn accept(
+    listener: TcpListener,
+    st: AppState,
+    gate: super::http::Gate,
+    shutdown: CancellationToken,
+) {
+    super::http::deepen_backlog(&listener);
+    while let Some((stream, peer, pass)) =
+        super::http::accept_gated(&listener, &gate, &shutdown).await
+    {
         tracing::debug!(%peer, "tcp connection");
         let st = st.clone();
         let cancel = st.shutdown.child_token();
         st.tasks.clone().spawn(async move {
             tokio::select! {
                 _ = cancel.cancelled() => {}
-                _ = serve_one(stream, peer, st, cancel.clone()) => {}
+                _ = serve_one(stream, peer, pass, st, cancel.clone()) => {}
             }
         });
     }
@@ -128,6 +136,7 @@ pub async fn accept(listener: TcpListener, st: AppState, shutdown: CancellationT
 async fn serve_one(
     stream: TcpStream,
     peer: std::net::SocketAddr,
+    pass: super::http::Pass,
     st: AppState,
     cancel: CancellationToken,
 ) {
@@ -139,7 +148,14 @@ async fn serve_one(
     let mut line = Vec::new();
     let mut bounded = (&mut reader).take(limit as u64 + 1);
     let read = bounded.read_until(b'\n', &mut line);
-    let first = match tokio::time::timeout(st.config.limits.header_read_timeout, read).await {
+    let read = tokio::time::timeout(st.config.limits.header_read_timeout, read);
+    let first = match tokio::select! {
+        r = read => r,
+        _ = pass.evicted() => {
+            tracing::debug!(%peer, "tcp: pending connection displaced by newer ones: closed");
+            return;
+        }
+    } {
         Ok(Ok(0)) => return,
         Ok(Ok(_)) if line.ends_with(b"\n") => {
             line.pop();
@@ -194,6 +210,9 @@ async fn serve_one(
             return;
         }
     }
+    // Authenticated (or no token needed): out of the pending pool, counted till it ends.
+    pass.authenticated();
+    let _pass = pass;
     let token_id = identity.token_id.clone();
     let conn_id = uuid::Uuid::new_v4().to_string();
     let profile = st.config.default_agent.clone();

@@ -25,7 +25,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::http::{Gate, Slot};
+use super::http::{Gate, Pass};
 use crate::config::TlsFiles;
 
 /// A client that has not finished its handshake by then is dropped, so half-open
@@ -132,18 +132,17 @@ impl TlsListener {
             current,
             hangup,
         } = self;
+        super::http::deepen_backlog(&listener);
         let configs = current.subscribe();
         tasks.spawn(reload_on_sighup(files, current, hangup, shutdown.clone()));
-        while let Some((stream, peer)) = super::http::accept(&listener, &shutdown).await {
-            let Some(slot) = gate.admit() else {
-                super::http::refused(peer);
-                continue;
-            };
+        while let Some((stream, peer, pass)) =
+            super::http::accept_gated(&listener, &gate, &shutdown).await
+        {
             let acceptor = TlsAcceptor::from(configs.borrow().clone());
             tasks.spawn(connection(
                 stream,
                 peer,
-                slot,
+                pass,
                 acceptor,
                 app.clone(),
                 gate.header_read_timeout,
@@ -184,7 +183,7 @@ async fn reload_on_sighup(
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
-    slot: Slot,
+    pass: Pass,
     acceptor: TlsAcceptor,
     app: Router,
     header_read_timeout: Duration,
@@ -194,6 +193,7 @@ async fn connection(
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
     let tls = tokio::select! {
         _ = shutdown.cancelled() => return,
+        _ = pass.evicted() => return,
         r = handshake => match r {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
@@ -214,7 +214,7 @@ async fn connection(
         TokioIo::new(tls),
         protocol,
         peer,
-        slot,
+        pass,
         app,
         header_read_timeout,
         tasks,

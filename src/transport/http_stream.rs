@@ -77,8 +77,6 @@ pub struct StreamOpen {
 pub struct Handle {
     /// Whose connection it is: requests of anyone else are answered as if it did not exist.
     pub principal: String,
-    /// The agent profile it was opened on: its sessions are that profile's.
-    pub profile: String,
     input: mpsc::Sender<InFrame>,
     cmd: mpsc::Sender<Cmd>,
     kick: CancellationToken,
@@ -163,7 +161,6 @@ impl Connections {
         &self,
         conn_id: String,
         principal: String,
-        profile: String,
         kick: CancellationToken,
         tasks: &TaskTracker,
     ) -> (Link, Opened) {
@@ -173,7 +170,6 @@ impl Connections {
         let (first_tx, first) = oneshot::channel();
         let handle = Handle {
             principal,
-            profile,
             input: in_tx,
             cmd: cmd_tx,
             kick: kick.clone(),

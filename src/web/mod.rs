@@ -8,6 +8,7 @@
 
 mod api;
 mod cookie;
+mod csp;
 mod render;
 
 use std::sync::Arc;
@@ -51,6 +52,8 @@ pub struct WebState {
     hub: SessionHub,
     /// `--no-auth`: every request is the local principal (id, name), no cookie needed.
     no_auth: Option<(String, String)>,
+    /// `POST /web/csp`'s rate and log summary (a std Mutex: one decision, no await).
+    csp: Arc<std::sync::Mutex<csp::CspReports>>,
 }
 
 impl WebState {
@@ -75,6 +78,7 @@ impl WebState {
             store,
             hub,
             no_auth,
+            csp: Arc::default(),
         }
     }
 
@@ -232,16 +236,27 @@ async fn asset(Path(name): Path<String>) -> Response {
 const CSP_REPORT_MAX: usize = 64 * 1024;
 
 /// `POST /web/csp`: a browser's violation report (`report-uri` or Reporting API shape).
-async fn csp_report(uri: Uri, body: axum::body::Body) -> Response {
-    let bytes = axum::body::to_bytes(body, CSP_REPORT_MAX)
-        .await
-        .unwrap_or_default();
+/// Anyone can post here (browsers send reports without credentials): rate-limited, and
+/// logged as a count (`csp.rs`), the first report of a line with its first 300 bytes.
+async fn csp_report(State(st): State<WebState>, body: axum::body::Body) -> Response {
+    let verdict = st
+        .csp
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .report(std::time::Instant::now());
+    if verdict == csp::Verdict::Refuse {
+        return StatusCode::TOO_MANY_REQUESTS.into_response();
+    }
     metrics::counter!(CSP_VIOLATIONS_TOTAL).increment(1);
-    // Anyone can post here (browsers send reports without credentials): keep the line short.
-    tracing::warn!(
-        path = %uri.path(),
-        report = %String::from_utf8_lossy(&bytes[..bytes.len().min(300)]),
-        "web console: Content-Security-Policy violation reported"
-    );
+    if let csp::Verdict::Log { count } = verdict {
+        let bytes = axum::body::to_bytes(body, CSP_REPORT_MAX)
+            .await
+            .unwrap_or_default();
+        tracing::warn!(
+            reports_since_last_line = count,
+            this_one = %String::from_utf8_lossy(&bytes[..bytes.len().min(300)]),
+            "web console: Content-Security-Policy violations reported (acpd_web_csp_violations_total)"
+        );
+    }
     StatusCode::NO_CONTENT.into_response()
 }

@@ -31,13 +31,31 @@ pub struct Block {
 }
 
 /// Markdown through the sanitizer: links kept (rel noopener), images and styles dropped.
+/// Only `http`, `https` and `mailto` links keep their target: a `file:` link opens the
+/// viewer's own files, and a protocol-relative one (`//host`, which a browser also reads in
+/// `\\host` and `/\host`) is another site dressed as a path of this one.
 static CLEAN: LazyLock<ammonia::Builder<'static>> = LazyLock::new(|| {
     let mut b = ammonia::Builder::default();
     b.rm_tags(["img"])
-        .url_schemes(["http", "https", "mailto", "file"].into())
+        .url_schemes(["http", "https", "mailto"].into())
+        .url_relative(ammonia::UrlRelative::Custom(Box::new(same_site_only)))
         .link_rel(Some("noopener noreferrer nofollow"));
     b
 });
+
+/// A relative URL kept as it is, unless a browser would read it as another host's.
+fn same_site_only(url: &str) -> Option<std::borrow::Cow<'_, str>> {
+    // Browsers drop tabs and newlines anywhere in a URL and leading spaces and controls.
+    let mut chars = url
+        .chars()
+        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
+        .skip_while(|c| c.is_ascii_whitespace() || c.is_ascii_control());
+    let slash = |c: Option<char>| matches!(c, Some('/' | '\\'));
+    if slash(chars.next()) && slash(chars.next()) {
+        return None;
+    }
+    Some(std::borrow::Cow::Borrowed(url))
+}
 
 pub fn markdown(text: &str) -> String {
     use pulldown_cmark::{Options, Parser, html};
@@ -420,6 +438,32 @@ mod tests {
         assert!(html.contains("<strong>hi</strong>"), "{html}");
         for bad in ["<script", "<img", "javascript:", "onclick", "style="] {
             assert!(!html.contains(bad), "{bad} in {html}");
+        }
+    }
+
+    #[test]
+    fn file_and_protocol_relative_links_lose_their_target() {
+        for link in [
+            "[a](file:///etc/passwd)",
+            "[a](FILE:///etc/passwd)",
+            "[a](//evil.test/x)",
+            "<a href=\"//evil.test\">a</a>",
+            "<a href=\" //evil.test\">a</a>",
+            "<a href=\"\\\\evil.test\">a</a>",
+            "<a href=\"/\\evil.test\">a</a>",
+            "<a href=\"/&#x09;/evil.test\">a</a>",
+        ] {
+            let html = markdown(link);
+            assert!(!html.contains("href"), "{link}: {html}");
+        }
+        for (link, href) in [
+            ("[a](https://ok.test/)", "https://ok.test/"),
+            ("[a](/s/1)", "/s/1"),
+            ("[a](#x)", "#x"),
+            ("[a](mailto:a@b.test)", "mailto:a@b.test"),
+        ] {
+            let html = markdown(link);
+            assert!(html.contains(&format!("href=\"{href}\"")), "{link}: {html}");
         }
     }
 

@@ -3,5 +3,6 @@
 
 mod browser;
 mod cookies;
+mod hardening;
 mod pages;
 mod support;

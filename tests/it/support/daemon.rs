@@ -35,6 +35,9 @@ pub struct DaemonOptions {
     pub advertise: bool,
     /// With `advertise`: `wss://ADDR` (the daemon serves TLS).
     pub advertise_wss: bool,
+    /// Start the daemon with this open-file limit (soft and hard), as a host that keeps
+    /// the usual 1024 would.
+    pub nofile: Option<u64>,
 }
 
 impl DaemonOptions {
@@ -301,6 +304,21 @@ impl Daemon {
         let _ = writeln!(&log, "===== acpd start #{} =====", self.starts);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_acpd"));
         cmd.args(self.args()).stderr(log).kill_on_drop(true);
+        if let Some(n) = self.opts.nofile {
+            // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
