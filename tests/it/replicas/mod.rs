@@ -2,10 +2,12 @@
 //! entry silently: on SQLite it refuses to start, on Postgres a journal append at a seq
 //! another daemon already wrote is an error, never a no-op. With it (`takeover.rs`), sessions
 //! are leased: one owner at a time, a dead owner taken over, a paused one fenced; with
-//! `--advertise-url` (`forwarding.rs`) a non-owner forwards a session to its owner, over TLS
+//! `--advertise-url` (`forwarding.rs`) a non-owner forwards a session to its owner (joined
+//! mid-turn, across a dropped link: `mid_turn.rs`), over TLS
 //! when the owner advertises `wss://` (`tls.rs`).
 
 mod forwarding;
+mod mid_turn;
 mod takeover;
 mod tls;
 
