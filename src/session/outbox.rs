@@ -27,6 +27,7 @@ use tokio_util::task::TaskTracker;
 mod writer;
 
 use super::{Client, ConnId};
+use acpd_store::JournalEntry;
 use acpd_wire::{Responder, ResponseError};
 use writer::{Cause, ClientOut, Writer, reply};
 
@@ -239,6 +240,7 @@ impl Outbox {
         };
         lag.held.push_back((upto, reply_out));
         lag.replay = Some((upto, a.hold));
+        lag.form = a.resend.then(Default::default);
     }
 
     /// Removes a client; returns it if it was attached.
@@ -402,7 +404,7 @@ impl Outbox {
         &mut self,
         conn: &ConnId,
         after: i64,
-        page: Vec<(i64, Arc<str>)>,
+        page: Vec<JournalEntry>,
         complete: bool,
     ) {
         let upto = self.flushed_upto;
@@ -415,29 +417,50 @@ impl Outbox {
             return;
         }
         let read_upto = lag.read_upto;
-        let mut full = false;
-        let mut past = false;
-        for (seq, text) in page {
-            // Entries not yet flushed live are sent live once the lag ends.
-            if seq > upto {
-                past = true;
-                break;
+        // Entries not yet flushed live are sent live once the lag ends.
+        let past = page.iter().any(|e| e.seq > upto);
+        let mut page = page;
+        page.retain(|e| e.seq <= upto);
+        // A load's replay is formed (`compaction::Replay`); other catch-up goes per seq.
+        let (page, formed_upto) = match lag.form.as_mut() {
+            Some(form) => {
+                let formed = form.page(after, page, past || complete);
+                (formed.entries, formed.upto)
             }
-            if seq <= c.sent_upto {
+            None => (page, after),
+        };
+        let mut full = false;
+        for e in page {
+            if e.seq <= c.sent_upto {
                 continue;
             }
-            if c.queue(ClientOut::Raw(text)).is_err() {
+            if c.queue(ClientOut::Raw(e.body)).is_err() {
                 full = true;
                 break;
             }
-            c.sent_upto = seq;
+            c.sent_upto = e.seq;
         }
         if !full {
+            c.sent_upto = c.sent_upto.max(formed_upto);
             // Nothing is left in the journal up to `upto` (or up to what it had at the read).
             if past {
                 c.sent_upto = c.sent_upto.max(upto);
             } else if complete {
                 c.sent_upto = c.sent_upto.max(read_upto);
+            }
+        }
+        // A load's replay has the whole history: the session's state follows it, once,
+        // right before the answer.
+        if let Some(lag) = c.lag.as_mut()
+            && let Some((at, _)) = lag.replay
+            && c.sent_upto >= at
+            && let Some(mut form) = lag.form.take()
+        {
+            let pos = lag.held.iter().position(|(u, _)| *u >= at);
+            let mut pos = pos.unwrap_or(lag.held.len());
+            for e in form.state() {
+                lag.held.insert(pos, (at, ClientOut::Raw(e.body)));
+                pos += 1;
             }
         }
         c.release_held();

@@ -42,6 +42,9 @@ pub(super) struct Lag {
     /// An attach replay: catch-up ignores the bootstrap hold until the answer, held behind
     /// the replay up to this seq, is out; then the hold starts.
     pub replay: Option<(i64, Duration)>,
+    /// A `session/load` replay is formed (messages merged, the state after the history)
+    /// until its answer is out; other catch-up is exact per seq.
+    pub form: Option<crate::session::compaction::Replay>,
     /// Counts this lag in `acpd_clients_catching_up` for as long as it lasts, however it ends.
     _counted: Counted,
 }
@@ -105,6 +108,7 @@ impl Writer {
                 read_upto: 0,
                 held: VecDeque::new(),
                 replay: None,
+                form: None,
             }
         })
     }
