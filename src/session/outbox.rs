@@ -14,7 +14,7 @@
 //! out lagging behind `after`, is fed journal pages by tasks as its queue drains, and the
 //! answer to its request is held behind the replay. A connection has one queue for as long as
 //! it lives, re-attaches included, so its frames never interleave; an attach never sends it a seq twice (a load replays
-//! the whole history again).
+//! the whole history again, formed by `compaction::Replay`: merged, the state after it).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -449,20 +449,7 @@ impl Outbox {
                 c.sent_upto = c.sent_upto.max(read_upto);
             }
         }
-        // A load's replay has the whole history: the session's state follows it, once,
-        // right before the answer.
-        if let Some(lag) = c.lag.as_mut()
-            && let Some((at, _)) = lag.replay
-            && c.sent_upto >= at
-            && let Some(mut form) = lag.form.take()
-        {
-            let pos = lag.held.iter().position(|(u, _)| *u >= at);
-            let mut pos = pos.unwrap_or(lag.held.len());
-            for e in form.state() {
-                lag.held.insert(pos, (at, ClientOut::Raw(e.body)));
-                pos += 1;
-            }
-        }
+        c.state_after_replay();
         c.release_held();
         let Some(lag) = c.lag.as_mut() else { return };
         let mut hold = None;

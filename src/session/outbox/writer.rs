@@ -122,6 +122,23 @@ impl Writer {
         }
     }
 
+    /// A load's replay has been sent the whole history: the session's state follows it,
+    /// once, right before the answer (held behind the replay).
+    pub fn state_after_replay(&mut self) {
+        let Some(lag) = self.lag.as_mut() else { return };
+        let Some((at, _)) = lag.replay.filter(|(at, _)| self.sent_upto >= *at) else {
+            return;
+        };
+        let Some(mut form) = lag.form.take() else {
+            return;
+        };
+        let from = lag.held.iter().position(|(u, _)| *u >= at);
+        let from = from.unwrap_or(lag.held.len());
+        for (pos, e) in (from..).zip(form.state()) {
+            lag.held.insert(pos, (at, ClientOut::Raw(e.body)));
+        }
+    }
+
     /// Queues the held messages whose updates the client has been sent.
     pub fn release_held(&mut self) {
         let Some(lag) = &mut self.lag else { return };
