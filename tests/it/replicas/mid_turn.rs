@@ -189,10 +189,12 @@ async fn clients_loading_mid_turn_through_non_owners_get_every_chunk_once_across
         [early, more].concat()
     };
     // B loads, C loads a moment later; once both follow live, the links to A drop.
+    let b_live = tokio::sync::Notify::new();
     let on_b_follows = async {
         let replay = load(&mut on_b, &sid, &cwd).await;
-        let what = "200 live chunks through b";
-        let live = on_b.collect_updates_until(what, |u| chunks(u) > 200).await;
+        let what = "100 live chunks through b";
+        let live = on_b.collect_updates_until(what, |u| chunks(u) > 100).await;
+        b_live.notify_one();
         follow(&mut on_b, [replay, live].concat()).await
     };
     let on_c_follows = async {
@@ -201,6 +203,7 @@ async fn clients_loading_mid_turn_through_non_owners_get_every_chunk_once_across
         let live = on_c
             .collect_updates_until("100 live chunks through c", |u| chunks(u) > 100)
             .await;
+        b_live.notified().await;
         assert!(!live.iter().any(is_last), "the links drop mid-turn");
         let relayed = relay.cut();
         assert!(relayed >= 2, "b and c forward through the relay: {relayed}");
