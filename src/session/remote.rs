@@ -393,7 +393,11 @@ impl Forwarder {
                 if n.method() == "session/update"
                     && let Some(seq) = about.seq
                 {
-                    self.position.forwarded(seq);
+                    let restated = about
+                        .update
+                        .and_then(|u| u.kind)
+                        .is_some_and(|k| crate::session::compaction::STATE.contains(&k.as_str()));
+                    self.position.forwarded(seq, restated);
                 }
             }
             Incoming::Response { tag, result, .. } => match self.inflight.remove(&tag) {
@@ -419,15 +423,23 @@ impl Forwarder {
     }
 }
 
-/// What the forwarder reads of a notification's params: `sessionId` and `_meta.acpd.seq`.
+/// What the forwarder reads of a notification's params: `sessionId`, `_meta.acpd.seq` and
+/// `update.sessionUpdate`.
 #[derive(Default, serde::Deserialize)]
 struct About {
     #[serde(rename = "sessionId")]
     session_id: Option<String>,
+    update: Option<UpdateKind>,
     #[serde(rename = "_meta")]
     meta: Option<Meta>,
     #[serde(skip)]
     seq: Option<i64>,
+}
+
+#[derive(serde::Deserialize)]
+struct UpdateKind {
+    #[serde(rename = "sessionUpdate")]
+    kind: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -440,7 +452,7 @@ struct AcpdMeta {
     seq: Option<i64>,
 }
 
-/// `params.sessionId` and `params._meta.acpd.seq`, read without building the params into a
+/// `params.sessionId`, `params._meta.acpd.seq` and the update's kind, read without building the params into a
 /// tree (whatever else they hold is skipped).
 fn about(params: &str) -> About {
     let mut a = serde_json::from_str::<About>(params).unwrap_or_default();
@@ -466,9 +478,14 @@ impl Position {
     }
 
     /// An update was forwarded to the client. The last one, not the highest: a load replays
-    /// from the start, and the client is where the replay is.
-    fn forwarded(&mut self, seq: i64) {
-        self.last_seq = Some(seq);
+    /// from the start, and the client is where the replay is. Except a `restated` one (a
+    /// state update a load replays after the history, under the lower seq it was journaled
+    /// at): it moves the position only forward.
+    fn forwarded(&mut self, seq: i64, restated: bool) {
+        self.last_seq = match self.last_seq {
+            Some(last) if restated => Some(last.max(seq)),
+            _ => Some(seq),
+        };
         self.redials = 0;
     }
 
@@ -506,6 +523,8 @@ mod tests {
         let p = r#"{"update":{"sessionUpdate":"agent_message_chunk","content":{"text":"x"}},"sessionId":"s-1","_meta":{"acpd":{"seq":7},"other":1}}"#;
         let a = about(p);
         assert_eq!((a.session_id.as_deref(), a.seq), (Some("s-1"), Some(7)));
+        let kind = a.update.and_then(|u| u.kind);
+        assert_eq!(kind.as_deref(), Some("agent_message_chunk"));
         let a = about(r#"{"other":1,"_meta":{"x":2}}"#);
         assert_eq!((a.session_id, a.seq), (None, None));
         assert_eq!(about("[1,2]").session_id, None);
@@ -521,9 +540,11 @@ mod tests {
             "a first dial attaches as the client asked"
         );
         // A load's replay starts over below a live update already forwarded.
-        p.forwarded(40);
-        p.forwarded(1);
-        p.forwarded(2);
+        p.forwarded(40, false);
+        p.forwarded(1, false);
+        p.forwarded(2, false);
+        // The load's state, after its history, under the seq it was journaled at.
+        p.forwarded(1, true);
         assert!(p.link_lost());
         assert_eq!(p.reattach(), Some(2));
         assert_eq!(p.reattach(), None, "once per dropped link");
@@ -549,7 +570,7 @@ mod tests {
         let mut p = Position::default();
         for _ in 0..REDIALS {
             assert!(p.link_lost());
-            p.forwarded(3);
+            p.forwarded(3, false);
         }
         assert!(p.link_lost());
     }
