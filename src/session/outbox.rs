@@ -240,7 +240,10 @@ impl Outbox {
         };
         lag.held.push_back((upto, reply_out));
         lag.replay = Some((upto, a.hold));
-        lag.form = a.resend.then(Default::default);
+        // A load forms its replay (an attach mid-load leaves the load's form in place).
+        if a.resend {
+            lag.form = Some(Default::default());
+        }
     }
 
     /// Removes a client; returns it if it was attached.
