@@ -1,8 +1,9 @@
 //! Joining a live turn through replicas that do not own the session: a client on each of
 //! three replicas, the later two loading mid-turn through a forwarder, each ends with every
 //! chunk of the turn exactly once and in order (the replay, then the live tail, no gap at
-//! the hand-over), also when the forwarding links drop mid-turn and are dialled again. The
-//! owner advertises itself through a TCP relay of the test's, which cuts the links.
+//! the hand-over), also when the forwarding links drop mid-turn and are dialled again (the
+//! owner advertises itself through a TCP relay of the test's, which cuts the links), and when
+//! the owner cuts a link whose client stalled (before the fix: the replay, then silence).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -218,5 +219,68 @@ async fn clients_loading_mid_turn_through_non_owners_get_every_chunk_once_across
         relay.relayed() >= 4,
         "b and c dialled a again after the cut: {}",
         relay.relayed()
+    );
+}
+
+/// The owner cuts off a forwarding link that takes nothing for its slow-client cutoff (the
+/// client behind it stopped reading): once the client reads again, the forwarder has dialled
+/// again and the client gets the rest of the turn, every chunk once.
+#[tokio::test]
+#[cfg_attr(
+    not(acpd_pg),
+    ignore = "set ACPD_TEST_DATABASE_URL to run the Postgres tests"
+)]
+async fn a_client_that_stalls_behind_a_non_owner_gets_the_rest_after_the_owner_cuts_its_link() {
+    const N: usize = 10_000;
+    const BIG: usize = 4096;
+    let s = secret();
+    let a = replica("a", 2000, &s.path)
+        .postgres()
+        .advertise()
+        .arg("--slow-client-cutoff-ms", 500);
+    let a = Daemon::start_with(a).await;
+    let b = Daemon::start_beside(&a, replica("b", 2000, &s.path).advertise()).await;
+    let cwd = a.work_dir();
+    let mut on_a = a.client().await.with_timeout(WAIT);
+    let sid = on_a.open_session(&cwd).await;
+    on_a.send_prompt(
+        &sid,
+        &format!("echo <start>\nsleep 300\nstream {N} {BIG}\necho {LAST}"),
+    )
+    .await;
+    on_a.updates_until_text("<start>").await;
+    // The turn goes on without its prompter.
+    drop(on_a);
+
+    let mut on_b = b.client().await.with_timeout(WAIT);
+    let replay = load(&mut on_b, &sid, &cwd).await;
+    let live = on_b
+        .collect_updates_until("some of the stream", |u| chunks(u) > 10)
+        .await;
+    // B's client stops reading while tens of MiB stream: everything between it and the
+    // owner fills, and the owner cuts the link as too slow.
+    let log = a.log_path();
+    let cut = "client cannot keep up";
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains(cut)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a never cut the link"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let updates = follow(&mut on_b, [replay, live].concat()).await;
+    let mut expected = String::from("<start>");
+    for i in 0..N {
+        let head = format!("{i}:");
+        expected.push_str(&format!("{head:x<BIG$}"));
+    }
+    expected.push_str(LAST);
+    assert!(
+        turn_text(&updates) == expected,
+        "every chunk once, in order"
     );
 }
