@@ -4,6 +4,11 @@
 //! one by one after a reconnect is slow and the journal grows fast. `compact` folds each run
 //! of same-message text chunks into a single notification carrying the whole text. The result
 //! is meant for `Store::replace_journal_range` over the same seq range.
+//!
+//! `Replay` forms a `session/load` replay the same way, page by page, so it reads like the
+//! agent's own load: one entry per message, and the session's state (`STATE`: available
+//! commands, mode, config options) once, the latest of each, after the history rather than
+//! where the agent first sent it.
 
 use serde_json::Value;
 
@@ -15,6 +20,74 @@ const MERGEABLE: [&str; 3] = [
     "agent_message_chunk",
     "agent_thought_chunk",
 ];
+
+/// `sessionUpdate` kinds that state the session's current state, in the order a load replays
+/// them after the history.
+pub const STATE: [&str; 3] = [
+    "available_commands_update",
+    "current_mode_update",
+    "config_option_update",
+];
+
+/// Forms one `session/load` replay from the journal pages read for it (pure): text chunks
+/// merged per message, state updates held back to be replayed once, after the history.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// The latest entry of each `STATE` kind read so far, in `STATE` order.
+    state: [Option<JournalEntry>; 3],
+}
+
+/// What to send of one page.
+#[derive(Debug, PartialEq)]
+pub struct Formed {
+    pub entries: Vec<JournalEntry>,
+    /// The client has everything up to this seq once `entries` are sent (state entries and
+    /// merged chunks included); a message that may go on in the next page is left to it.
+    pub upto: i64,
+}
+
+impl Replay {
+    /// A page of entries after `after`, in seq order. `last`: no page follows in this
+    /// replay's read (the journal's end, or the live edge), so its trailing message is sent
+    /// as far as it goes; otherwise it is left to the next page, which then has it whole
+    /// (unless it fills a page by itself).
+    pub fn page(&mut self, after: i64, page: Vec<JournalEntry>, last: bool) -> Formed {
+        let mut upto = page.last().map_or(after, |e| e.seq.max(after));
+        let mut rest = Vec::with_capacity(page.len());
+        for e in page {
+            match STATE.iter().position(|k| *k == &*e.kind) {
+                Some(i) => self.state[i] = Some(e),
+                None => rest.push(e),
+            }
+        }
+        if !last
+            && let Some(start) = trailing_run(&rest)
+            && start > 0
+        {
+            upto = rest[start].seq - 1;
+            rest.truncate(start);
+        }
+        Formed {
+            entries: compact(&rest),
+            upto,
+        }
+    }
+
+    /// The session's state as the replay found it, once (later calls: nothing).
+    pub fn state(&mut self) -> Vec<JournalEntry> {
+        self.state.iter_mut().filter_map(Option::take).collect()
+    }
+}
+
+/// Where the run of mergeable chunks that ends `entries` starts, if it ends in one.
+fn trailing_run(entries: &[JournalEntry]) -> Option<usize> {
+    let key = TextChunk::parse(entries.last()?)?.key;
+    let mut start = entries.len() - 1;
+    while start > 0 && TextChunk::parse(&entries[start - 1]).is_some_and(|c| c.key == key) {
+        start -= 1;
+    }
+    Some(start)
+}
 
 /// Merges runs of consecutive `session/update` text chunks of the same kind, session and
 /// `messageId` (or both without one) into one entry with the concatenated text.
@@ -154,7 +227,7 @@ fn merged_body(body: &str, text: String, seq: i64) -> Option<String> {
 mod tests {
     use serde_json::{Value, json};
 
-    use super::compact;
+    use super::{Formed, Replay, compact};
     use acpd_store::JournalEntry;
 
     fn entry(seq: i64, body: Value) -> JournalEntry {
@@ -257,6 +330,117 @@ mod tests {
         e.body = format!("{}  ", e.body).into();
         assert_eq!(compact(std::slice::from_ref(&e)), vec![e]);
         assert!(compact(&[]).is_empty());
+    }
+
+    fn state(seq: i64, kind: &str) -> JournalEntry {
+        entry(
+            seq,
+            json!({"jsonrpc": "2.0", "method": "session/update",
+                   "params": {"sessionId": "s1", "update": {"sessionUpdate": kind, "n": seq}}}),
+        )
+    }
+
+    fn texts(entries: &[JournalEntry]) -> Vec<String> {
+        entries
+            .iter()
+            .map(|e| {
+                let b = body(e);
+                match b["params"]["update"]["content"]["text"].as_str() {
+                    Some(t) => t.to_owned(),
+                    None => b["params"]["update"]["sessionUpdate"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned(),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_replay_merges_messages_and_states_the_latest_state_once_at_the_end() {
+        let mut r = Replay::default();
+        let formed = r.page(
+            0,
+            vec![
+                state(1, "available_commands_update"),
+                chunk(2, "user_message_chunk", "hi", None),
+                chunk(3, "agent_message_chunk", "a", None),
+                state(4, "current_mode_update"),
+                chunk(5, "agent_message_chunk", "b", None),
+                state(6, "available_commands_update"),
+                tool_call(7),
+            ],
+            true,
+        );
+        // The state entries between chunks no longer split the message.
+        assert_eq!(texts(&formed.entries), ["hi", "ab", "tool_call"]);
+        assert_eq!(formed.upto, 7);
+        let st = r.state();
+        assert_eq!(
+            st.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            [6, 4],
+            "the latest of each, commands then mode"
+        );
+        assert!(r.state().is_empty(), "once");
+    }
+
+    #[test]
+    fn a_message_that_may_go_on_waits_for_the_next_page() {
+        let mut r = Replay::default();
+        let first = r.page(
+            10,
+            vec![
+                chunk(11, "user_message_chunk", "q", None),
+                chunk(12, "agent_message_chunk", "a", None),
+                chunk(13, "agent_message_chunk", "b", None),
+            ],
+            false,
+        );
+        assert_eq!(texts(&first.entries), ["q"]);
+        assert_eq!(first.upto, 11, "read again from the message's start");
+        let next = r.page(
+            first.upto,
+            vec![
+                chunk(12, "agent_message_chunk", "a", None),
+                chunk(13, "agent_message_chunk", "b", None),
+                chunk(14, "agent_message_chunk", "c", None),
+            ],
+            true,
+        );
+        assert_eq!(texts(&next.entries), ["abc"]);
+        assert_eq!((next.entries[0].seq, next.upto), (14, 14));
+    }
+
+    #[test]
+    fn a_page_that_is_one_message_goes_as_it_is_and_an_empty_page_keeps_the_position() {
+        let mut r = Replay::default();
+        let page = vec![
+            chunk(1, "agent_message_chunk", "a", None),
+            chunk(2, "agent_message_chunk", "b", None),
+        ];
+        let formed = r.page(0, page, false);
+        assert_eq!(
+            (texts(&formed.entries), formed.upto),
+            (vec!["ab".to_owned()], 2)
+        );
+        let only_state = r.page(2, vec![state(3, "config_option_update")], false);
+        assert_eq!((only_state.entries.len(), only_state.upto), (0, 3));
+        assert_eq!(
+            r.page(3, vec![], true),
+            Formed {
+                entries: vec![],
+                upto: 3
+            }
+        );
+        assert_eq!(r.state().len(), 1);
+    }
+
+    fn tool_call(seq: i64) -> JournalEntry {
+        entry(
+            seq,
+            json!({"jsonrpc": "2.0", "method": "session/update",
+                   "params": {"sessionId": "s1", "update": {"sessionUpdate": "tool_call", "toolCallId": "t"}}}),
+        )
     }
 
     #[test]

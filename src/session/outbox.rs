@@ -14,7 +14,7 @@
 //! out lagging behind `after`, is fed journal pages by tasks as its queue drains, and the
 //! answer to its request is held behind the replay. A connection has one queue for as long as
 //! it lives, re-attaches included, so its frames never interleave; an attach never sends it a seq twice (a load replays
-//! the whole history again).
+//! the whole history again, formed by `compaction::Replay`: merged, the state after it).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -27,6 +27,7 @@ use tokio_util::task::TaskTracker;
 mod writer;
 
 use super::{Client, ConnId};
+use acpd_store::JournalEntry;
 use acpd_wire::{Responder, ResponseError};
 use writer::{Cause, ClientOut, Writer, reply};
 
@@ -239,6 +240,10 @@ impl Outbox {
         };
         lag.held.push_back((upto, reply_out));
         lag.replay = Some((upto, a.hold));
+        // A load forms its replay (an attach mid-load leaves the load's form in place).
+        if a.resend {
+            lag.form = Some(Default::default());
+        }
     }
 
     /// Removes a client; returns it if it was attached.
@@ -402,7 +407,7 @@ impl Outbox {
         &mut self,
         conn: &ConnId,
         after: i64,
-        page: Vec<(i64, Arc<str>)>,
+        page: Vec<JournalEntry>,
         complete: bool,
     ) {
         let upto = self.flushed_upto;
@@ -415,24 +420,31 @@ impl Outbox {
             return;
         }
         let read_upto = lag.read_upto;
-        let mut full = false;
-        let mut past = false;
-        for (seq, text) in page {
-            // Entries not yet flushed live are sent live once the lag ends.
-            if seq > upto {
-                past = true;
-                break;
+        // Entries not yet flushed live are sent live once the lag ends.
+        let past = page.iter().any(|e| e.seq > upto);
+        let mut page = page;
+        page.retain(|e| e.seq <= upto);
+        // A load's replay is formed (`compaction::Replay`); other catch-up goes per seq.
+        let (page, formed_upto) = match lag.form.as_mut() {
+            Some(form) => {
+                let formed = form.page(after, page, past || complete);
+                (formed.entries, formed.upto)
             }
-            if seq <= c.sent_upto {
+            None => (page, after),
+        };
+        let mut full = false;
+        for e in page {
+            if e.seq <= c.sent_upto {
                 continue;
             }
-            if c.queue(ClientOut::Raw(text)).is_err() {
+            if c.queue(ClientOut::Raw(e.body)).is_err() {
                 full = true;
                 break;
             }
-            c.sent_upto = seq;
+            c.sent_upto = e.seq;
         }
         if !full {
+            c.sent_upto = c.sent_upto.max(formed_upto);
             // Nothing is left in the journal up to `upto` (or up to what it had at the read).
             if past {
                 c.sent_upto = c.sent_upto.max(upto);
@@ -440,6 +452,7 @@ impl Outbox {
                 c.sent_upto = c.sent_upto.max(read_upto);
             }
         }
+        c.state_after_replay();
         c.release_held();
         let Some(lag) = c.lag.as_mut() else { return };
         let mut hold = None;

@@ -8,8 +8,15 @@
 //! exactly-once per connection, cancel); the forwarder only translates commands back into the
 //! JSON-RPC they came as. Answers come in band (`PeerHandle::request_in_band`), so a turn's
 //! answer never overtakes its updates. One forwarder per connection and session: it ends when
-//! the connection detaches, when the link drops (its next command opens the session again,
-//! wherever it lives then) or at shutdown.
+//! the connection detaches, when its owner cannot be reached or at shutdown.
+//!
+//! When the link drops (the owner cut it off as too slow, a network blip) the client stays
+//! attached: the forwarder dials again and re-attaches with `_acpd/session/attach` after the
+//! last seq it forwarded (`Position`), so the owner replays from its journal exactly what the
+//! client has not had, then goes on live: no update is lost or sent twice across the
+//! hand-over. Requests that were in flight on the dropped link are answered with an error
+//! (their answers went to the old link); a redial that forwards nothing before the link drops
+//! again counts against `REDIALS`, after which the forwarder ends.
 //!
 //! The forwarder waits on its own client's queue when it relays (backpressure reaches the
 //! owner, which lags this link onto its journal like any slow client); it serves nobody else.
@@ -30,6 +37,10 @@ use acpd_wire::{Incoming, PeerError, PeerHandle, Responder, ResponseError};
 const WAITING_MAX: usize = 1024;
 /// The in-band route of the forwarder's requests to the owner.
 const ROUTE: &str = "forward";
+/// Dials in a row after a dropped link with no update forwarded in between.
+const REDIALS: u32 = 3;
+/// The tag of a re-attach request: its answer goes to nobody (tags of requests start at 1).
+const REATTACH_TAG: u64 = 0;
 
 /// The replica that owns a forwarded session, as its lease said.
 pub(super) struct Owner {
@@ -67,6 +78,7 @@ pub(super) fn spawn(
         waiting: VecDeque::new(),
         inflight: HashMap::new(),
         next_tag: 1,
+        position: Position::default(),
         tasks: JoinSet::new(),
         done: false,
     };
@@ -102,6 +114,8 @@ struct Forwarder {
     /// Requests sent to the owner, by tag, with who waits for the answer.
     inflight: HashMap<u64, Responder>,
     next_tag: u64,
+    /// Where the client is in the owner's journal, for a re-attach after the link drops.
+    position: Position,
     tasks: JoinSet<TaskDone>,
     done: bool,
 }
@@ -118,10 +132,7 @@ impl Forwarder {
                 },
                 msg = next_incoming(&mut self.link) => match msg {
                     Some(msg) => self.on_incoming(msg).await,
-                    None => {
-                        tracing::info!(session = %self.id, "peer link closed; the forwarder ends");
-                        break;
-                    }
+                    None => self.link_lost().await,
                 },
                 Some(Ok(done)) = self.tasks.join_next() => self.on_task(done).await,
             }
@@ -139,10 +150,13 @@ impl Forwarder {
     }
 
     async fn on_command(&mut self, cmd: SessionCommand) {
-        if let SessionCommand::Attach { client, .. } = &cmd
-            && self.client.is_none()
-        {
-            self.client = Some(client.clone());
+        if let SessionCommand::Attach { client, mode, .. } = &cmd {
+            if self.client.is_none() {
+                self.client = Some(client.clone());
+            }
+            if let AttachMode::After { after_seq, .. } = mode {
+                self.position.attached_after(*after_seq);
+            }
         }
         match &self.link {
             Link::Up { .. } => self.forward(cmd).await,
@@ -206,6 +220,9 @@ impl Forwarder {
             TaskDone::Dialled(Ok((peer, incoming))) => {
                 tracing::debug!(session = %self.id, url = %self.url, "forwarding the session to its owner");
                 self.link = Link::Up { peer, incoming };
+                if let Some(after) = self.position.reattach() {
+                    self.reattach(after).await;
+                }
                 while let Some(cmd) = self.waiting.pop_front() {
                     self.forward(cmd).await;
                 }
@@ -234,14 +251,20 @@ impl Forwarder {
         let sid = json!({ "sessionId": &*self.id });
         match cmd {
             SessionCommand::Attach {
-                mode, responder, ..
+                client,
+                mode,
+                responder,
             } => {
                 let request = match mode {
                     AttachMode::Load { params } => Some(("session/load", params)),
                     AttachMode::Resume { params } => Some(("session/resume", params)),
                     AttachMode::After { after_seq, .. } => Some((
                         "_acpd/session/attach",
-                        json!({ "sessionId": &*self.id, "afterSeq": after_seq }),
+                        json!({
+                            "sessionId": &*self.id,
+                            "afterSeq": after_seq,
+                            "role": client.role.as_str(),
+                        }),
                     )),
                     // The owner attaches this link implicitly with its first command.
                     AttachMode::Implicit | AttachMode::New { .. } => None,
@@ -298,19 +321,53 @@ impl Forwarder {
             Ok(_) => {
                 self.inflight.insert(tag, responder);
             }
-            Err(_) => {
-                responder.respond(Err(AcpError::SessionGone.into())).await;
-                self.done = true;
-            }
+            // The link is dropping: its end (`link_lost`) dials again.
+            Err(_) => responder.respond(Err(AcpError::SessionGone.into())).await,
         }
     }
 
     async fn notify(&mut self, method: &str, params: Value) {
-        if let Link::Up { peer, .. } = &self.link
-            && peer.notify(method, Some(params)).await.is_err()
-        {
-            self.done = true;
+        if let Link::Up { peer, .. } = &self.link {
+            // A failure means the link is dropping; its end dials again.
+            let _ = peer.notify(method, Some(params)).await;
         }
+    }
+
+    /// The link to the owner dropped: what was asked on it is answered with an error, and
+    /// the link is dialled again, to re-attach after what the client has.
+    async fn link_lost(&mut self) {
+        let gone = ResponseError::from(AcpError::SessionGone);
+        for (_, r) in self.inflight.drain() {
+            r.respond(Err(gone.clone())).await;
+        }
+        if let Link::Up { peer, .. } = &self.link {
+            peer.close();
+        }
+        self.link = Link::Down;
+        if !self.position.link_lost() {
+            tracing::warn!(session = %self.id, url = %self.url, "the link to the session's owner keeps dropping; the forwarder ends");
+            self.done = true;
+            return;
+        }
+        tracing::info!(session = %self.id, url = %self.url, after = ?self.position.last_seq, "the link to the session's owner dropped; dialling again");
+        self.dial();
+    }
+
+    /// Attaches the new link after `after`, the last seq the client was forwarded: the owner
+    /// replays the rest from its journal, then goes on live. Its answer goes to nobody.
+    async fn reattach(&mut self, after: i64) {
+        let Link::Up { peer, .. } = &self.link else {
+            return;
+        };
+        let role = self
+            .client
+            .as_ref()
+            .map_or("controller", |c| c.role.as_str());
+        let params = json!({ "sessionId": &*self.id, "afterSeq": after, "role": role });
+        // A failure means the link is dropping again; its end says so.
+        let _ = peer
+            .request_in_band("_acpd/session/attach", Some(params), ROUTE, REATTACH_TAG)
+            .await;
     }
 
     /// What the owner sent: updates go to the client as they are, answers to whoever asked,
@@ -324,7 +381,8 @@ impl Forwarder {
                 let params = n.params().unwrap_or("null");
                 // The owner's connection may carry other sessions too (a fork made through
                 // it): those reach the client through their own forwarder, never twice.
-                if session_of(params).is_some_and(|sid| *sid != *self.id) {
+                let about = about(params);
+                if about.session_id.is_some_and(|sid| *sid != *self.id) {
                     return;
                 }
                 let method = serde_json::to_string(n.method()).unwrap_or_default();
@@ -332,12 +390,24 @@ impl Forwarder {
                 if client.peer.send_raw(text).await.is_err() {
                     self.done = true;
                 }
-            }
-            Incoming::Response { tag, result, .. } => {
-                if let Some(r) = self.inflight.remove(&tag) {
-                    r.respond(result).await;
+                if n.method() == "session/update"
+                    && let Some(seq) = about.seq
+                {
+                    let restated = about
+                        .update
+                        .and_then(|u| u.kind)
+                        .is_some_and(|k| crate::session::compaction::STATE.contains(&k.as_str()));
+                    self.position.forwarded(seq, restated);
                 }
             }
+            Incoming::Response { tag, result, .. } => match self.inflight.remove(&tag) {
+                Some(r) => r.respond(result).await,
+                None => {
+                    if let Err(e) = result {
+                        tracing::warn!(session = %self.id, error = %e, "the owner refused the re-attach of a forwarded client");
+                    }
+                }
+            },
             Incoming::Request(req) => {
                 self.tasks.spawn(async move {
                     let answer = client.peer.request(&req.method, req.params).await;
@@ -353,14 +423,87 @@ impl Forwarder {
     }
 }
 
-/// `params.sessionId`, read without building the params into a tree.
-fn session_of(params: &str) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Params {
-        #[serde(rename = "sessionId")]
-        session_id: Option<String>,
+/// What the forwarder reads of a notification's params: `sessionId`, `_meta.acpd.seq` and
+/// `update.sessionUpdate`.
+#[derive(Default, serde::Deserialize)]
+struct About {
+    #[serde(rename = "sessionId")]
+    session_id: Option<String>,
+    update: Option<UpdateKind>,
+    #[serde(rename = "_meta")]
+    meta: Option<Meta>,
+    #[serde(skip)]
+    seq: Option<i64>,
+}
+
+#[derive(serde::Deserialize)]
+struct UpdateKind {
+    #[serde(rename = "sessionUpdate")]
+    kind: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct Meta {
+    acpd: Option<AcpdMeta>,
+}
+
+#[derive(serde::Deserialize)]
+struct AcpdMeta {
+    seq: Option<i64>,
+}
+
+/// `params.sessionId`, `params._meta.acpd.seq` and the update's kind, read without building the params into a
+/// tree (whatever else they hold is skipped).
+fn about(params: &str) -> About {
+    let mut a = serde_json::from_str::<About>(params).unwrap_or_default();
+    a.seq = a.meta.take().and_then(|m| m.acpd).and_then(|m| m.seq);
+    a
+}
+
+/// Where a forwarded client is in the owner's journal (pure): the seq of the last update it
+/// was forwarded, and how many dials in a row forwarded nothing.
+#[derive(Debug, Default)]
+struct Position {
+    last_seq: Option<i64>,
+    /// Dials since the last forwarded update.
+    redials: u32,
+    /// The link dropped: the next one re-attaches.
+    lost: bool,
+}
+
+impl Position {
+    /// The client attached after `seq` (`_acpd/session/attach`): it has everything up to it.
+    fn attached_after(&mut self, seq: i64) {
+        self.last_seq = Some(seq);
     }
-    serde_json::from_str::<Params>(params).ok()?.session_id
+
+    /// An update was forwarded to the client. The last one, not the highest: a load replays
+    /// from the start, and the client is where the replay is. Except a `restated` one (a
+    /// state update a load replays after the history, under the lower seq it was journaled
+    /// at): it moves the position only forward.
+    fn forwarded(&mut self, seq: i64, restated: bool) {
+        self.last_seq = match self.last_seq {
+            Some(last) if restated => Some(last.max(seq)),
+            _ => Some(seq),
+        };
+        self.redials = 0;
+    }
+
+    /// The link dropped: whether to dial again.
+    fn link_lost(&mut self) -> bool {
+        self.lost = true;
+        self.redials += 1;
+        self.redials <= REDIALS
+    }
+
+    /// A link is up: after which seq to re-attach it, if it replaces one that dropped. A
+    /// client forwarded no update yet has no position: its next command attaches it again
+    /// (implicitly, or as it asks).
+    fn reattach(&mut self) -> Option<i64> {
+        std::mem::take(&mut self.lost)
+            .then_some(self.last_seq)
+            .flatten()
+    }
 }
 
 /// The next message from the owner; never resolves while the link is not up.
@@ -373,14 +516,62 @@ async fn next_incoming(link: &mut Link) -> Option<Incoming> {
 
 #[cfg(test)]
 mod tests {
-    use super::session_of;
+    use super::{Position, REDIALS, about};
 
     #[test]
-    fn session_of_reads_only_the_session_id() {
-        let p = r#"{"update":{"sessionUpdate":"agent_message_chunk","content":{"text":"x"}},"sessionId":"s-1"}"#;
-        assert_eq!(session_of(p).as_deref(), Some("s-1"));
-        assert_eq!(session_of(r#"{"other":1}"#), None);
-        assert_eq!(session_of("[1,2]"), None);
-        assert_eq!(session_of("null"), None);
+    fn about_reads_only_the_session_id_and_seq() {
+        let p = r#"{"update":{"sessionUpdate":"agent_message_chunk","content":{"text":"x"}},"sessionId":"s-1","_meta":{"acpd":{"seq":7},"other":1}}"#;
+        let a = about(p);
+        assert_eq!((a.session_id.as_deref(), a.seq), (Some("s-1"), Some(7)));
+        let kind = a.update.and_then(|u| u.kind);
+        assert_eq!(kind.as_deref(), Some("agent_message_chunk"));
+        let a = about(r#"{"other":1,"_meta":{"x":2}}"#);
+        assert_eq!((a.session_id, a.seq), (None, None));
+        assert_eq!(about("[1,2]").session_id, None);
+        assert_eq!(about("null").seq, None);
+    }
+
+    #[test]
+    fn a_dropped_link_reattaches_after_the_last_forwarded_update() {
+        let mut p = Position::default();
+        assert_eq!(
+            p.reattach(),
+            None,
+            "a first dial attaches as the client asked"
+        );
+        // A load's replay starts over below a live update already forwarded.
+        p.forwarded(40, false);
+        p.forwarded(1, false);
+        p.forwarded(2, false);
+        // The load's state, after its history, under the seq it was journaled at.
+        p.forwarded(1, true);
+        assert!(p.link_lost());
+        assert_eq!(p.reattach(), Some(2));
+        assert_eq!(p.reattach(), None, "once per dropped link");
+    }
+
+    #[test]
+    fn an_attach_after_a_seq_is_a_position_and_nothing_forwarded_is_none() {
+        let mut p = Position::default();
+        assert!(p.link_lost());
+        assert_eq!(p.reattach(), None);
+        p.attached_after(12);
+        assert!(p.link_lost());
+        assert_eq!(p.reattach(), Some(12));
+    }
+
+    #[test]
+    fn redials_that_forward_nothing_run_out_and_an_update_refills_them() {
+        let mut p = Position::default();
+        for _ in 0..REDIALS {
+            assert!(p.link_lost());
+        }
+        assert!(!p.link_lost());
+        let mut p = Position::default();
+        for _ in 0..REDIALS {
+            assert!(p.link_lost());
+            p.forwarded(3, false);
+        }
+        assert!(p.link_lost());
     }
 }

@@ -40,8 +40,9 @@ async fn socket_closed_mid_turn_loses_nothing() {
     drop(first);
 
     let mut second = daemon.client().await.with_timeout(Duration::from_secs(30));
-    let (mut updates, result) = second.load(&sid, &daemon.work_dir()).await;
-    result.expect("session/load while the turn runs");
+    // Every seq, one by one (a load would merge the turn's chunks into one message).
+    let (mut updates, result) = second.attach_after(&sid, 0).await;
+    result.expect("attach from the start while the turn runs");
     // The turn may still be running: the rest arrives live after the load response.
     let last = format!("{}:", N - 1);
     if !updates
@@ -70,9 +71,9 @@ async fn socket_closed_mid_turn_loses_nothing() {
     assert_consecutive(&turn);
     assert_full_stream(&turn, N);
 
-    // Once the turn is over, a fresh load shows the very same journal.
+    // Once the turn is over, a fresh attach from the start shows the very same journal.
     let mut third = daemon.client().await.with_timeout(Duration::from_secs(30));
-    let (again, result) = third.load(&sid, &daemon.work_dir()).await;
+    let (again, result) = third.attach_after(&sid, 0).await;
     result.unwrap();
     assert_eq!(again.iter().map(seq).collect::<Vec<_>>(), seqs);
 }
@@ -98,12 +99,14 @@ async fn unanswered_request_is_reissued_to_the_next_client() {
     let (mut updates, result) = second.load(&sid, &daemon.work_dir()).await;
     result.expect("session/load");
     // The answer races the replay: what the agent said after it may come within the replay
-    // (journaled by the time the replay's page is read) or live after the load's answer.
-    if !agent_texts(&updates).contains(&"after permission".to_string()) {
+    // (journaled by the time the replay's page is read, merged into one message with what
+    // the agent said before it) or live after the load's answer.
+    let words = |us: &[Value]| agent_texts(us).concat();
+    if !words(&updates).contains("after permission") {
         updates.extend(second.updates_until_text("after permission").await);
     }
     assert!(
-        agent_texts(&updates).contains(&"permission: selected allow-always".to_string()),
+        words(&updates).contains("permission: selected allow-always"),
         "{updates:?}"
     );
     let asked: Vec<&Value> = second
@@ -194,6 +197,8 @@ async fn sessions_survive_a_daemon_kill() {
         .iter()
         .filter(|u| kind(u) != "user_message_chunk")
         .collect();
+    // The history, then the session's state (its commands), as the agent's own load.
+    let seen = crate::support::as_replayed(&seen);
     assert_eq!(agent_side.len(), seen.len(), "{replayed:?}");
     for (r, s) in agent_side.iter().zip(&seen) {
         assert_eq!((seq(r), &r["update"]), (seq(s), &s["update"]));

@@ -55,7 +55,10 @@ async fn a_fork_is_an_acpd_session_with_the_parents_history() {
     r.expect("load the fork");
     assert_eq!(agent_texts(&replayed), ["one"]);
     assert!(replayed.iter().all(|u| u["sessionId"] == fork_id.as_str()));
-    assert_consecutive(&replayed);
+    // The history in seq order, then the session's state (its commands) once.
+    let (history, state) = replayed.split_at(replayed.len() - 1);
+    assert_consecutive(history);
+    assert_eq!(kind(&state[0]), "available_commands_update");
     assert!(replayed.iter().any(|u| kind(u) == "user_message_chunk"));
 
     // It runs on the agent's fork; the parent is untouched.

@@ -1,13 +1,23 @@
 //! Journal format 3 as a user meets it: a streamed update is stored without its session id
-//! and seq, a load gives back exactly what was sent live, and a journal written before the
-//! upgrade (whole bodies, format 2) loads as it was.
+//! and seq, an attach from the start (`_acpd/session/attach`, exact per seq) gives back
+//! exactly what was sent live, and a journal written before the upgrade (whole bodies,
+//! format 2) reads as it was.
 
 use std::time::Duration;
 
 use sqlx::{Connection, SqliteConnection};
 
 use crate::support::agent_chunks as chunks;
-use crate::support::{Daemon, DaemonOptions};
+use crate::support::{Client, Daemon, DaemonOptions};
+
+/// Every update of `sid` from the journal, one per seq (a `session/load` merges messages).
+async fn replay_all(client: &mut Client, sid: &str) -> Vec<serde_json::Value> {
+    let params = serde_json::json!({ "sessionId": sid, "afterSeq": 0 });
+    let id = client.send_request("_acpd/session/attach", params).await;
+    let (all, result) = client.collect_updates_until_response(&id).await;
+    result.expect("attach from the start");
+    all
+}
 
 /// `(seq, n_entries, body)` of every journal row of `sid`, oldest first.
 async fn rows(db: &mut SqliteConnection, sid: &str) -> Vec<(i64, i64, String)> {
@@ -84,15 +94,17 @@ async fn updates_are_stored_without_session_id_and_seq_and_load_back_exactly_eve
 
     daemon.restart().await;
     let mut client = daemon.client().await.with_timeout(Duration::from_secs(30));
-    let (loaded, result) = client.load(&sid, &daemon.work_dir()).await;
-    result.expect("session/load of whole rows");
-    assert_eq!(chunks(&loaded), live, "the load replays what was sent live");
+    let loaded = replay_all(&mut client, &sid).await;
+    assert_eq!(
+        chunks(&loaded),
+        live,
+        "the journal gives back what was sent live"
+    );
     // New updates after the old rows are stored short again and load in order.
     let (more, result) = client.prompt(&sid, "stream 3 8").await;
     result.expect("a turn after the load");
     let mut again = daemon.client().await.with_timeout(Duration::from_secs(30));
-    let (all, result) = again.load(&sid, &daemon.work_dir()).await;
-    result.expect("load");
+    let all = replay_all(&mut again, &sid).await;
     let mut expected = live.clone();
     expected.extend(chunks(&more));
     assert_eq!(chunks(&all), expected);

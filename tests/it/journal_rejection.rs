@@ -111,7 +111,7 @@ async fn rejected_update(opts: DaemonOptions) {
 
     // What the client saw is exactly what the journal replays.
     let mut c = daemon.client().await;
-    let (replay, loaded) = c.load(&s1, &daemon.work_dir()).await;
+    let (replay, loaded) = c.attach_after(&s1, 0).await;
     loaded.expect("the session reopens from its journal");
     assert_eq!(seqs(&replay).last(), Some(&last_sent));
     let replayed: Vec<i64> = replay

@@ -1,6 +1,7 @@
-//! Coming back to a session: `session/load` replays the journal before answering,
-//! `session/resume` does not, `_acpd/session/attach` replays what came after a seq. The same
-//! for an agent that supports neither load nor resume (acpd emulates them).
+//! Coming back to a session: `session/load` replays the journal before answering, as the
+//! agent's own load would (one entry per message, then the session's state once),
+//! `session/resume` does not, `_acpd/session/attach` replays every seq that came after a seq.
+//! The same for an agent that supports neither load nor resume (acpd emulates them).
 
 use serde_json::{Value, json};
 
@@ -19,10 +20,48 @@ async fn session_with_history(client: &mut Client, daemon: &Daemon) -> (String, 
     (sid, seen)
 }
 
-/// Asserts `replayed` is `seen` (same updates, same seqs) plus the user prompts `prompts`.
+/// The `sessionUpdate` kinds that state the session's state: a load replays them after the
+/// history, the latest of each once, in this order.
+const STATE: [&str; 3] = [
+    "available_commands_update",
+    "current_mode_update",
+    "config_option_update",
+];
+
+fn is_state(u: &Value) -> bool {
+    STATE.contains(&kind(u))
+}
+
+/// A load's replay: the history, then the state updates that end it (each kind once, in
+/// `STATE` order, none of them in the history).
+fn split_state(replayed: &[Value]) -> (&[Value], &[Value]) {
+    let n = replayed.iter().rev().take_while(|u| is_state(u)).count();
+    let (history, state) = replayed.split_at(replayed.len() - n);
+    assert!(
+        !history.iter().any(is_state),
+        "the state comes after the history, not in it: {replayed:?}"
+    );
+    let kinds: Vec<&str> = state.iter().map(kind).collect();
+    let mut expected: Vec<&str> = STATE.to_vec();
+    expected.retain(|k| kinds.contains(k));
+    assert_eq!(kinds, expected, "each state kind once, in order");
+    (history, state)
+}
+
+/// The latest update of each `STATE` kind among `seen`, in `STATE` order.
+fn latest_state(seen: &[Value]) -> Vec<&Value> {
+    STATE
+        .iter()
+        .filter_map(|k| seen.iter().rev().find(|u| kind(u) == *k))
+        .collect()
+}
+
+/// Asserts `replayed` is `seen` (same updates, same seqs) plus the user prompts `prompts`, as
+/// a load replays it: the history in seq order, then the latest state updates once.
 fn assert_replay(replayed: &[Value], seen: &[Value], prompts: &[&str]) {
-    assert_increasing(replayed);
-    let (users, agent): (Vec<&Value>, Vec<&Value>) = replayed
+    let (history, state) = split_state(replayed);
+    assert_increasing(history);
+    let (users, agent): (Vec<&Value>, Vec<&Value>) = history
         .iter()
         .partition(|u| kind(u) == "user_message_chunk");
     let user_texts: Vec<&str> = users
@@ -30,12 +69,16 @@ fn assert_replay(replayed: &[Value], seen: &[Value], prompts: &[&str]) {
         .map(|u| u["update"]["content"]["text"].as_str().unwrap_or(""))
         .collect();
     assert_eq!(user_texts, prompts, "user prompts are journaled");
+    let seen_history: Vec<&Value> = seen.iter().filter(|u| !is_state(u)).collect();
     assert_eq!(
         agent.len(),
-        seen.len(),
+        seen_history.len(),
         "replay: {replayed:?}\nseen live: {seen:?}"
     );
-    for (r, s) in agent.iter().zip(seen) {
+    let seen_state = latest_state(seen);
+    assert_eq!(state.len(), seen_state.len(), "{state:?}");
+    let pairs = agent.iter().copied().zip(seen_history);
+    for (r, s) in pairs.chain(state.iter().zip(seen_state)) {
         assert_eq!(seq(r), seq(s), "same seq on replay");
         assert_eq!(r["update"], s["update"], "replayed exactly as first sent");
     }
@@ -180,4 +223,98 @@ async fn load_on_the_connection_that_prompted_replays_its_prompts_too() {
         &seen,
         &["echo one; tool", "thought two\necho three"],
     );
+}
+
+/// Updates a client would see as runs merged per message: consecutive text chunks of one kind
+/// (and message id) count once, as journal compaction forms them.
+fn messages(updates: &[&Value]) -> usize {
+    let mergeable = |u: &Value| {
+        matches!(
+            kind(u),
+            "agent_message_chunk" | "agent_thought_chunk" | "user_message_chunk"
+        ) && u["update"]["content"]["type"] == "text"
+    };
+    let same = |a: &Value, b: &Value| {
+        mergeable(a)
+            && mergeable(b)
+            && kind(a) == kind(b)
+            && a["update"]["messageId"] == b["update"]["messageId"]
+    };
+    let mut n = 0;
+    for (i, u) in updates.iter().enumerate() {
+        if i == 0 || !same(updates[i - 1], u) {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[tokio::test]
+async fn load_replays_the_compacted_history_then_the_state_once_and_attach_every_seq() {
+    let daemon = Daemon::start().await;
+    let mut first = daemon.client().await;
+    let cwd = daemon.work_dir();
+    let sid = first.open_session(&cwd).await;
+    let prompts = [
+        "stream 200 8\ntool\necho done",
+        "thought hm\necho a\necho b",
+    ];
+    let mut seen = vec![];
+    let (turn, result) = first.prompt(&sid, prompts[0]).await;
+    assert_eq!(result.expect("first turn")["stopReason"], "end_turn");
+    seen.extend(turn);
+    let mode = json!({ "sessionId": sid, "modeId": "plan" });
+    first
+        .request("session/set_mode", mode)
+        .await
+        .expect("set mode");
+    let (turn, result) = first.prompt(&sid, prompts[1]).await;
+    assert_eq!(result.expect("second turn")["stopReason"], "end_turn");
+    seen.extend(turn);
+
+    let mut second = daemon.client().await;
+    let (replayed, result) = second.load(&sid, &cwd).await;
+    result.expect("session/load");
+    let (history, state) = split_state(&replayed);
+    assert_increasing(history);
+    // The journal compacted: the prompts and the creator's updates, merged per message.
+    let live: Vec<&Value> = seen.iter().filter(|u| !is_state(u)).collect();
+    let compacted = messages(&live) + prompts.len();
+    assert!(
+        history.len() <= compacted,
+        "{} replayed, the compacted history is {compacted}: {history:?}",
+        history.len()
+    );
+    assert!(history.len() < 20, "200 chunks are one message");
+    let text = |us: &[&Value]| -> String {
+        us.iter()
+            .filter(|u| kind(u) == "agent_message_chunk")
+            .filter_map(|u| u["update"]["content"]["text"].as_str())
+            .collect()
+    };
+    assert_eq!(
+        text(&history.iter().collect::<Vec<_>>()),
+        text(&live),
+        "the same words"
+    );
+    // The state once, after it: the commands, and the mode as set.
+    let kinds: Vec<&str> = state.iter().map(kind).collect();
+    assert_eq!(kinds, ["available_commands_update", "current_mode_update"]);
+    assert_eq!(state[1]["update"]["currentModeId"], "plan");
+
+    // `_acpd/session/attach` catches up exactly: every seq, one by one.
+    let mut third = daemon.client().await;
+    let id = third
+        .send_request(
+            "_acpd/session/attach",
+            json!({ "sessionId": sid, "afterSeq": 0 }),
+        )
+        .await;
+    let (all, result) = third.collect_updates_until_response(&id).await;
+    let last = result.expect("attach")["lastSeq"]
+        .as_i64()
+        .expect("lastSeq");
+    let seqs: Vec<i64> = all.iter().map(seq).collect();
+    assert_eq!(seqs, (1..=last).collect::<Vec<_>>(), "every seq once");
+    assert_eq!(agent_texts(&all).len(), 200 + 3, "every chunk on its own");
 }

@@ -242,8 +242,9 @@ async fn sigterm_mid_turn_tells_the_client_finishes_the_turn_and_exits_0() {
     // The turn ran to its end during the drain, and the journal has all of it.
     daemon.restart().await;
     let mut client = daemon.client().await;
-    let (updates, result) = client.load(&sid, &daemon.work_dir()).await;
-    result.expect("load after the drain");
+    // Every seq, one by one (a load would merge the turn's chunks into one message).
+    let (updates, result) = client.attach_after(&sid, 0).await;
+    result.expect("attach after the drain");
     let texts: Vec<String> = updates
         .iter()
         .filter(|u| u["update"]["sessionUpdate"] == "agent_message_chunk")

@@ -46,8 +46,9 @@ async fn postgres_connections_killed_mid_stream_lose_nothing() {
 
     // Everything the client saw is in the journal.
     let mut other = daemon.client().await.with_timeout(Duration::from_secs(60));
-    let (replay, result) = other.load(&sid, &daemon.work_dir()).await;
-    result.expect("load after the kills");
+    // Every seq, one by one (a load would merge the turn's chunks into one message).
+    let (replay, result) = other.attach_after(&sid, 0).await;
+    result.expect("attach after the kills");
     let replayed: Vec<i64> = replay
         .iter()
         .filter(|u| u["update"]["sessionUpdate"] == "agent_message_chunk")

@@ -156,10 +156,11 @@ async fn a_session_stream_resumes_from_the_journal_after_a_daemon_kill() {
     drop(first);
     let addr = daemon.addr;
 
-    // What the journal holds, as a session/load on a WebSocket shows it.
+    // What the journal holds, every seq (`_acpd/session/attach` from the start on a
+    // WebSocket; a load would merge the chunks into one message).
     let mut ws = daemon.client().await.with_timeout(Duration::from_secs(30));
-    let (history, result) = ws.load(&sid, &daemon.work_dir()).await;
-    result.expect("session/load after the restart");
+    let (history, result) = ws.attach_after(&sid, 0).await;
+    result.expect("attach after the restart");
     let journal: Vec<i64> = history
         .iter()
         .filter(|u| kind(u) == "agent_message_chunk")

@@ -283,7 +283,6 @@ impl Session {
         let page = page
             .into_iter()
             .filter(|e| !(own && e.seq >= from && &*e.kind == "user_message_chunk"))
-            .map(|e| (e.seq, e.body))
             .collect();
         self.outbox.caught_up(&conn, after, page, complete);
         // The next page at once while this one is being written (the queue has room for it),

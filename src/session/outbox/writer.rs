@@ -42,6 +42,9 @@ pub(super) struct Lag {
     /// An attach replay: catch-up ignores the bootstrap hold until the answer, held behind
     /// the replay up to this seq, is out; then the hold starts.
     pub replay: Option<(i64, Duration)>,
+    /// A `session/load` replay is formed (messages merged, the state after the history)
+    /// until its answer is out; other catch-up is exact per seq.
+    pub form: Option<crate::session::compaction::Replay>,
     /// Counts this lag in `acpd_clients_catching_up` for as long as it lasts, however it ends.
     _counted: Counted,
 }
@@ -105,6 +108,7 @@ impl Writer {
                 read_upto: 0,
                 held: VecDeque::new(),
                 replay: None,
+                form: None,
             }
         })
     }
@@ -115,6 +119,23 @@ impl Writer {
             lag.held.push_back((upto, out));
         } else if let Err(out) = self.queue(out) {
             self.start_lag(Cause::Behind).held.push_back((upto, out));
+        }
+    }
+
+    /// A load's replay has been sent the whole history: the session's state follows it,
+    /// once, right before the answer (held behind the replay).
+    pub fn state_after_replay(&mut self) {
+        let Some(lag) = self.lag.as_mut() else { return };
+        let Some((at, _)) = lag.replay.filter(|(at, _)| self.sent_upto >= *at) else {
+            return;
+        };
+        let Some(mut form) = lag.form.take() else {
+            return;
+        };
+        let from = lag.held.iter().position(|(u, _)| *u >= at);
+        let from = from.unwrap_or(lag.held.len());
+        for (pos, e) in (from..).zip(form.state()) {
+            lag.held.insert(pos, (at, ClientOut::Raw(e.body)));
         }
     }
 

@@ -37,12 +37,22 @@ async fn a_client_on_a_non_owner_gets_every_update_of_the_owners_turn_exactly_on
         .collect();
     assert_eq!(mine, theirs);
 
-    // A load through a third replica replays A's journal.
+    // A load through a third replica replays A's journal, one entry per message; an attach
+    // from the start gives every seq.
     let mut on_c = c.client().await;
     let (replay, loaded) = on_c.load(&sid, &cwd).await;
     loaded.expect("load through c");
-    assert_consecutive(&replay);
-    assert_eq!(agent_texts(&replay), agent_texts(&updates));
+    let history = super::history(&replay);
+    assert_eq!(super::words(&history), super::words(&updates));
+    assert_eq!(
+        agent_texts(&history).len(),
+        1,
+        "the turn's chunks are one message"
+    );
+    let mut reader = c.client().await;
+    let all = super::attach_all(&mut reader, &sid).await;
+    assert_consecutive(&all);
+    assert_eq!(agent_texts(&all), agent_texts(&updates));
 }
 
 #[tokio::test]

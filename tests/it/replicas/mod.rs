@@ -2,17 +2,20 @@
 //! entry silently: on SQLite it refuses to start, on Postgres a journal append at a seq
 //! another daemon already wrote is an error, never a no-op. With it (`takeover.rs`), sessions
 //! are leased: one owner at a time, a dead owner taken over, a paused one fenced; with
-//! `--advertise-url` (`forwarding.rs`) a non-owner forwards a session to its owner, over TLS
+//! `--advertise-url` (`forwarding.rs`) a non-owner forwards a session to its owner (joined
+//! mid-turn, across a dropped link: `mid_turn.rs`), over TLS
 //! when the owner advertises `wss://` (`tls.rs`).
 
 mod forwarding;
+mod mid_turn;
 mod takeover;
 mod tls;
 
 use serde_json::Value;
 
 use crate::support::{
-    Client, Daemon, DaemonOptions, agent_texts, assert_consecutive, chunk_text, kind,
+    Client, Daemon, DaemonOptions, agent_texts, assert_consecutive, assert_increasing, chunk_text,
+    kind,
 };
 
 #[tokio::test]
@@ -146,4 +149,41 @@ async fn prompt_through(client: &mut Client, sid: &str, n: usize) -> Vec<Value> 
     );
     assert_consecutive(&updates);
     updates
+}
+
+/// A `session/load` replay's history: what precedes the session's state updates that end it
+/// (commands, mode, config options, each once), in seq order.
+fn history(replay: &[Value]) -> Vec<Value> {
+    const STATE: [&str; 3] = [
+        "available_commands_update",
+        "current_mode_update",
+        "config_option_update",
+    ];
+    let n = replay
+        .iter()
+        .rev()
+        .take_while(|u| STATE.contains(&kind(u)))
+        .count();
+    let history = &replay[..replay.len() - n];
+    assert!(
+        !history.iter().any(|u| STATE.contains(&kind(u))),
+        "the state comes after the history"
+    );
+    assert_increasing(history);
+    history.to_vec()
+}
+
+/// The agent's words in `updates`, in order (a load merges each message's chunks into one).
+fn words(updates: &[Value]) -> String {
+    agent_texts(updates).concat()
+}
+
+/// Every update of `sid` in the journal, one per seq: `_acpd/session/attach` from the start
+/// (a load merges messages).
+async fn attach_all(client: &mut Client, sid: &str) -> Vec<Value> {
+    let params = serde_json::json!({ "sessionId": sid, "afterSeq": 0 });
+    let id = client.send_request("_acpd/session/attach", params).await;
+    let (all, result) = client.collect_updates_until_response(&id).await;
+    result.expect("attach from the start");
+    all
 }

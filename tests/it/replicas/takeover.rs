@@ -112,7 +112,9 @@ async fn an_owner_killed_mid_turn_is_taken_over_after_its_lease_with_the_journal
     // C takes it over once A's lease has expired (until then A is unreachable: -32012): the
     // journal is whole, seqs 1..n.
     let mut on_c = c.client().await;
-    let (replay, _) = load_when_free(&mut on_c, &sid, &cwd, Duration::from_secs(15)).await;
+    load_when_free(&mut on_c, &sid, &cwd, Duration::from_secs(15)).await;
+    let mut reader = c.client().await;
+    let replay = super::attach_all(&mut reader, &sid).await;
     assert_consecutive(&replay);
     assert_eq!(seqs(&replay).first(), Some(&1));
     let texts = agent_texts(&replay);
@@ -132,8 +134,7 @@ async fn an_owner_killed_mid_turn_is_taken_over_after_its_lease_with_the_journal
 
     // Re-attaching anywhere shows the same journal: B now forwards to C.
     let mut again = b.client().await;
-    let (whole, reloaded) = again.load(&sid, &cwd).await;
-    reloaded.expect("reload through b");
+    let whole = super::attach_all(&mut again, &sid).await;
     assert_consecutive(&whole);
     let mut expected = texts.clone();
     expected.push("after".into());
@@ -162,7 +163,7 @@ async fn a_paused_owner_resumed_after_a_takeover_is_fenced_and_lets_go() {
     unsafe { libc::kill(a.pid(), libc::SIGSTOP) };
     let mut on_b = b.client().await;
     let took = load_when_free(&mut on_b, &sid, &cwd, Duration::from_secs(15)).await;
-    let taken: Vec<String> = agent_texts(&took.0);
+    let taken = super::words(&super::history(&took.0));
     unsafe { libc::kill(a.pid(), libc::SIGCONT) };
 
     // A comes back, finds its lease gone or its appends fenced, and lets the session go:
@@ -175,12 +176,9 @@ async fn a_paused_owner_resumed_after_a_takeover_is_fenced_and_lets_go() {
     let (_, after) = on_b.prompt(&sid, "echo after-b").await;
     assert_eq!(after.expect("turn on b")["stopReason"], "end_turn");
     let mut reader = b.client().await;
-    let (replay, reloaded) = reader.load(&sid, &cwd).await;
-    reloaded.expect("reload on b");
+    let replay = super::attach_all(&mut reader, &sid).await;
     assert_consecutive(&replay);
-    let mut expected = taken.clone();
-    expected.push("after-b".into());
-    assert_eq!(agent_texts(&replay), expected);
+    assert_eq!(super::words(&replay), format!("{taken}after-b"));
     let log = std::fs::read_to_string(a.log_path()).unwrap_or_default();
     assert!(
         log.contains("letting the session go") || log.contains("letting it go"),

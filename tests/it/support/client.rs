@@ -460,6 +460,18 @@ impl Client {
         self.send_request("session/prompt", params).await
     }
 
+    /// `_acpd/session/attach` after `after_seq`: every journaled update after it, one per seq
+    /// (a `session/load` merges each message's chunks), and the response.
+    pub async fn attach_after(
+        &mut self,
+        session_id: &str,
+        after_seq: i64,
+    ) -> (Vec<Value>, Result<Value, RpcError>) {
+        let params = json!({ "sessionId": session_id, "afterSeq": after_seq });
+        let id = self.send_request("_acpd/session/attach", params).await;
+        self.collect_updates_until_response(&id).await
+    }
+
     /// `session/load`: the updates replayed before the response, and the response.
     pub async fn load(
         &mut self,

@@ -55,6 +55,28 @@ pub fn agent_texts(updates: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// The `sessionUpdate` kinds that state a session's state: `session/load` replays the latest
+/// of each once, in this order, after the history.
+pub const STATE_KINDS: [&str; 3] = [
+    "available_commands_update",
+    "current_mode_update",
+    "config_option_update",
+];
+
+/// `live` updates in the order a `session/load` replays them: the history, then the latest
+/// update of each `STATE_KINDS` kind. (A load also merges each message's chunks into one
+/// update; callers with multi-chunk messages compare texts.)
+pub fn as_replayed(live: &[Value]) -> Vec<Value> {
+    let is_state = |u: &Value| STATE_KINDS.contains(&kind(u));
+    let mut out: Vec<Value> = live.iter().filter(|u| !is_state(u)).cloned().collect();
+    for k in STATE_KINDS {
+        if let Some(u) = live.iter().rev().find(|u| kind(u) == k) {
+            out.push(u.clone());
+        }
+    }
+    out
+}
+
 /// `_meta.acpd.seq` of `session/update` params; panics when missing, as the contract says it
 /// is on every update acpd sends.
 pub fn seq(params: &Value) -> i64 {
