@@ -33,6 +33,7 @@ pub const AGENT_CRASH_LOOPS_TOTAL: &str = "acpd_agent_backoffs_total";
 pub const AGENT_BACKOFF_REFUSALS_TOTAL: &str = "acpd_agent_backoff_refusals_total";
 pub const BYTES_IN_TOTAL: &str = "acpd_bytes_in_total";
 pub const BYTES_OUT_TOTAL: &str = "acpd_bytes_out_total";
+pub const LOG_WRITES_DROPPED_TOTAL: &str = "acpd_log_writes_dropped_total";
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -133,6 +134,10 @@ fn describe() {
     );
     describe_counter!(BYTES_IN_TOTAL, "Bytes received from clients");
     describe_counter!(BYTES_OUT_TOTAL, "Bytes sent to clients");
+    describe_counter!(
+        LOG_WRITES_DROPPED_TOTAL,
+        "Log lines lost because stderr could not be written (its reader gone)"
+    );
 }
 
 /// The `stop_reason` label of `PROMPTS_TOTAL`: the spec's stop reasons, `error` for a failed

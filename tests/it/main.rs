@@ -34,6 +34,7 @@ mod journal_retention;
 mod layering;
 mod limits;
 mod load_resume;
+mod logging;
 mod mcp_hosted;
 mod mcp_policy;
 mod new_session;
