@@ -272,6 +272,8 @@ async fn run(command: Command) -> ExitCode {
                 },
                 None => None,
             };
+            crate::metrics::at_start();
+            tokio::spawn(crate::metrics::sample_process());
             let shutdown = CancellationToken::new();
             tokio::spawn(watch_signals(shutdown.clone()));
             match server::serve(listener, tcp, config, shutdown).await {

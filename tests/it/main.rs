@@ -37,6 +37,7 @@ mod load_resume;
 mod logging;
 mod mcp_hosted;
 mod mcp_policy;
+mod metrics_at_start;
 mod new_session;
 mod notification_flood;
 mod operations;
