@@ -8,6 +8,9 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+mod logging;
+mod start;
+
 use crate::config::{Args, Config};
 use crate::server::{self, Core, LOCAL_PRINCIPAL};
 use acpd_store::Store;
@@ -36,7 +39,7 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -147,51 +150,12 @@ pub fn main() -> ExitCode {
         }
     };
     let quiet = matches!(cli.command, Command::Stdio(_));
-    init_logging(cli.log_format, if quiet { "warn" } else { "info" });
+    logging::init(cli.log_format, if quiet { "warn" } else { "info" });
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
     rt.block_on(run(cli.command))
-}
-
-fn init_logging(format: LogFormat, default: &str) {
-    use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG")
-        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        // Colour codes only for a person at a terminal, not in a file or a log collector.
-        .with_ansi(std::io::stderr().is_terminal())
-        // The subscriber reports its own write errors with `eprintln!`, which panics on a
-        // closed pipe; `LossyStderr` never returns one, and this keeps it quiet regardless.
-        .log_internal_errors(false)
-        .with_writer(|| LossyStderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
-/// stderr for the log, where a failed write (`acpd serve 2>&1 | head -3`, once `head` is
-/// gone) loses that line and is counted, and is never an error: a log line is not worth a
-/// worker, and a panic there once left the drain unstarted and SIGTERM ignored.
-struct LossyStderr;
-
-impl std::io::Write for LossyStderr {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // One event arrives as one buffer: written whole, or dropped whole.
-        if std::io::stderr().lock().write_all(buf).is_err() {
-            metrics::counter!(crate::metrics::LOG_WRITES_DROPPED_TOTAL).increment(1);
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        let _ = std::io::stderr().flush();
-        Ok(())
-    }
 }
 
 fn config_of(args: &Args) -> Result<Config, ExitCode> {
@@ -272,6 +236,9 @@ async fn run(command: Command) -> ExitCode {
                 },
                 None => None,
             };
+            if let Ok(addr) = listener.local_addr() {
+                start::announce(&config, addr).await;
+            }
             crate::metrics::at_start();
             tokio::spawn(crate::metrics::sample_process());
             let shutdown = CancellationToken::new();
@@ -540,25 +507,14 @@ async fn web_login(
         Ok(s) => s,
         Err(code) => return code,
     };
-    let code = match store.ensure_principal(principal).await {
-        Ok(p) => {
-            let secret = server::auth_secret();
-            let expires = chrono::Utc::now().timestamp_millis() + ttl.as_millis() as i64;
-            match store
-                .insert_web_login(&server::auth_hash(&secret), &p.id, expires)
-                .await
-            {
-                Ok(()) => {
-                    tracing::info!(target: "acpd::audit", %principal, "web console sign-in link created");
-                    eprintln!(
-                        "acpd: a sign-in link for {principal}, valid once within {} s:",
-                        ttl.as_secs()
-                    );
-                    println!("{}/login#code={secret}", base.trim_end_matches('/'));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(e.to_string()),
-            }
+    let code = match start::sign_in_link(&store, principal, ttl, &base).await {
+        Ok(link) => {
+            eprintln!(
+                "acpd: a sign-in link for {principal}, valid once within {} s:",
+                ttl.as_secs()
+            );
+            println!("{link}");
+            ExitCode::SUCCESS
         }
         Err(e) => fail(e.to_string()),
     };

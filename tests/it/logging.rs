@@ -10,21 +10,34 @@ use tokio::process::{Child, ChildStderr, Command};
 
 use crate::support::{Client, acpd_bin, listening_addr, scripted_agent_bin};
 
-/// `acpd serve` on port 0 with SQLite in `dir`, its stderr a pipe the test holds.
-fn spawn_piped(dir: &std::path::Path, extra: &[&str]) -> Child {
+/// `acpd serve` on port 0 with SQLite in `dir`, its stderr a pipe the test holds, no model
+/// key in its environment, and `extra` arguments (the scripted agent is profile `scripted`).
+pub(crate) fn spawn_piped(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Child {
+    std::fs::create_dir_all(dir.join("data")).expect("data dir");
     let agent = scripted_agent_bin();
     let mut cmd = Command::new(acpd_bin());
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--no-auth"])
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
         .arg("--store")
         .arg(format!("sqlite://{}", dir.join("acpd.db").display()))
         .arg("--data-dir")
         .arg(dir.join("data"))
         .args(["--agent", &format!("scripted={agent}")])
-        .args(["--default-agent", "scripted"])
         .args(extra)
         .env("RUST_LOG", "debug")
-        .env_remove("ACPD_LOG")
-        .stdin(Stdio::null())
+        .envs(env.iter().copied());
+    for key in [
+        "ACPD_LOG",
+        "ACPD_MODEL",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+    ] {
+        if !env.iter().any(|(k, _)| *k == key) {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
@@ -32,7 +45,9 @@ fn spawn_piped(dir: &std::path::Path, extra: &[&str]) -> Child {
 }
 
 /// Reads `stderr` until the listening line; returns the address and what was read.
-async fn until_listening(stderr: &mut BufReader<ChildStderr>) -> (std::net::SocketAddr, String) {
+pub(crate) async fn until_listening(
+    stderr: &mut BufReader<ChildStderr>,
+) -> (std::net::SocketAddr, String) {
     let mut seen = String::new();
     let read = async {
         loop {
@@ -52,7 +67,7 @@ async fn until_listening(stderr: &mut BufReader<ChildStderr>) -> (std::net::Sock
 }
 
 /// SIGTERM, then the exit status within the drain deadline (10 s).
-async fn sigterm(child: &mut Child) -> ExitStatus {
+pub(crate) async fn sigterm(child: &mut Child) -> ExitStatus {
     let pid = child.id().expect("acpd is running") as i32;
     // SAFETY: plain syscall on a pid we own and have not reaped yet.
     unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -61,6 +76,9 @@ async fn sigterm(child: &mut Child) -> ExitStatus {
         .expect("acpd did not exit within 10 s of SIGTERM: a log write killed the drain")
         .expect("wait for acpd")
 }
+
+/// No token, the scripted agent by default.
+const SCRIPTED: &[&str] = &["--no-auth", "--default-agent", "scripted"];
 
 /// The value of an unlabelled series in a /metrics text.
 pub(crate) fn metric(metrics: &str, name: &str) -> f64 {
@@ -73,8 +91,7 @@ pub(crate) fn metric(metrics: &str, name: &str) -> f64 {
 #[tokio::test]
 async fn a_closed_log_reader_costs_log_lines_not_the_daemon() {
     let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::create_dir_all(dir.path().join("data")).expect("data dir");
-    let mut child = spawn_piped(dir.path(), &[]);
+    let mut child = spawn_piped(dir.path(), SCRIPTED, &[]);
     let mut stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
     let (addr, _) = until_listening(&mut stderr).await;
     // The reader goes away, as `| head -3` does: every later write gets EPIPE.
@@ -100,8 +117,7 @@ async fn a_closed_log_reader_costs_log_lines_not_the_daemon() {
 #[tokio::test]
 async fn a_piped_log_has_no_colour_codes() {
     let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::create_dir_all(dir.path().join("data")).expect("data dir");
-    let mut child = spawn_piped(dir.path(), &[]);
+    let mut child = spawn_piped(dir.path(), SCRIPTED, &[]);
     let mut stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
     let (_, mut seen) = until_listening(&mut stderr).await;
     let status = sigterm(&mut child).await;

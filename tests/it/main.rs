@@ -55,6 +55,7 @@ mod shim;
 mod shim_input;
 mod shim_support;
 mod slowloris;
+mod start_log;
 mod store;
 mod store_failures;
 mod streamable_http;
