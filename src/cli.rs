@@ -8,6 +8,9 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+mod logging;
+mod start;
+
 use crate::config::{Args, Config};
 use crate::server::{self, Core, LOCAL_PRINCIPAL};
 use acpd_store::Store;
@@ -36,7 +39,7 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -147,25 +150,12 @@ pub fn main() -> ExitCode {
         }
     };
     let quiet = matches!(cli.command, Command::Stdio(_));
-    init_logging(cli.log_format, if quiet { "warn" } else { "info" });
+    logging::init(cli.log_format, if quiet { "warn" } else { "info" });
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
     rt.block_on(run(cli.command))
-}
-
-fn init_logging(format: LogFormat, default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG")
-        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }
 
 fn config_of(args: &Args) -> Result<Config, ExitCode> {
@@ -229,7 +219,9 @@ fn seal_own_environ() {
 }
 
 fn fail(msg: String) -> ExitCode {
-    eprintln!("acpd: {msg}");
+    // Also the last word of a daemon whose stderr may be gone: never `eprintln!`.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "acpd: {msg}");
     ExitCode::FAILURE
 }
 
@@ -253,6 +245,11 @@ async fn run(command: Command) -> ExitCode {
                 },
                 None => None,
             };
+            if let Ok(addr) = listener.local_addr() {
+                start::announce(&config, addr).await;
+            }
+            crate::metrics::at_start();
+            tokio::spawn(crate::metrics::sample_process());
             let shutdown = CancellationToken::new();
             tokio::spawn(watch_signals(shutdown.clone()));
             match server::serve(listener, tcp, config, shutdown).await {
@@ -520,38 +517,20 @@ async fn web_login(
         Ok(s) => s,
         Err(code) => return code,
     };
-    // Only a principal that exists (a token was made for it; the local one is the daemon's
-    // own): a typo must not make a principal whose sign-ins no token revocation reaches.
-    let found = if principal == LOCAL_PRINCIPAL {
-        store.ensure_principal(principal).await.map(Some)
-    } else {
-        store.principal_by_name(principal).await
-    };
-    let code = match found {
+    let code = match start::sign_in_link(&store, principal, ttl, &base).await {
         Ok(None) => {
             eprintln!(
                 "acpd: no principal named {principal:?}; create it first with `acpd token create --name {principal}`"
             );
             ExitCode::from(EXIT_USAGE)
         }
-        Ok(Some(p)) => {
-            let secret = server::auth_secret();
-            let expires = chrono::Utc::now().timestamp_millis() + ttl.as_millis() as i64;
-            match store
-                .insert_web_login(&server::auth_hash(&secret), &p.id, expires)
-                .await
-            {
-                Ok(()) => {
-                    tracing::info!(target: "acpd::audit", %principal, "web console sign-in link created");
-                    eprintln!(
-                        "acpd: a sign-in link for {principal}, valid once within {} s:",
-                        ttl.as_secs()
-                    );
-                    println!("{}/login#code={secret}", base.trim_end_matches('/'));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(e.to_string()),
-            }
+        Ok(Some(link)) => {
+            eprintln!(
+                "acpd: a sign-in link for {principal}, valid once within {} s:",
+                ttl.as_secs()
+            );
+            println!("{link}");
+            ExitCode::SUCCESS
         }
         Err(e) => fail(e.to_string()),
     };

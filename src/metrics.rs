@@ -1,6 +1,8 @@
 //! Prometheus metrics: names, descriptions, and the recorder behind `GET /metrics`.
 //!
 //! Code records with the `metrics` macros using the names below; nothing else is needed.
+//! `at_start` registers every series at zero (with `acpd_build_info`) when `serve` starts,
+//! and `sample_process` keeps the `process_*` figures current.
 
 use std::sync::OnceLock;
 
@@ -36,6 +38,10 @@ pub const AGENT_CRASH_LOOPS_TOTAL: &str = "acpd_agent_backoffs_total";
 pub const AGENT_BACKOFF_REFUSALS_TOTAL: &str = "acpd_agent_backoff_refusals_total";
 pub const BYTES_IN_TOTAL: &str = "acpd_bytes_in_total";
 pub const BYTES_OUT_TOTAL: &str = "acpd_bytes_out_total";
+pub const LOG_WRITES_DROPPED_TOTAL: &str = "acpd_log_writes_dropped_total";
+pub const BUILD_INFO: &str = "acpd_build_info";
+/// How often the `process_*` gauges are read from `/proc`: well under a scrape interval.
+const PROCESS_SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -148,7 +154,94 @@ fn describe() {
     );
     describe_counter!(BYTES_IN_TOTAL, "Bytes received from clients");
     describe_counter!(BYTES_OUT_TOTAL, "Bytes sent to clients");
+    describe_counter!(
+        LOG_WRITES_DROPPED_TOTAL,
+        "Log lines lost because stderr could not be written (its reader gone)"
+    );
 }
+
+/// Registers every series at zero, so `/metrics` shows it (and a rate or an alert on it has a
+/// baseline) before its first event: a store error or a failed agent start is exactly what
+/// should not appear only once it happens. Gauges are moved by 0, never set, in case
+/// something already counted. Also `acpd_build_info{version}` at 1.
+pub fn at_start() {
+    use metrics::{counter, gauge, histogram};
+    install();
+    for name in [
+        CONNECTIONS_TOTAL,
+        CONNECTIONS_REFUSED_TOTAL,
+        CONNECTIONS_EVICTED_TOTAL,
+        RETENTION_PASSES_TOTAL,
+        AGENT_OUTPUT_PAUSES_TOTAL,
+        SESSIONS_CUT_FROM_AGENT_TOTAL,
+        JOURNAL_ENTRIES_TOTAL,
+        STORE_ERRORS_TOTAL,
+        AGENT_STARTS_TOTAL,
+        AGENT_EXITS_TOTAL,
+        AGENT_START_FAILURES_TOTAL,
+        AGENT_CRASH_LOOPS_TOTAL,
+        AGENT_BACKOFF_REFUSALS_TOTAL,
+        BYTES_IN_TOTAL,
+        BYTES_OUT_TOTAL,
+        LOG_WRITES_DROPPED_TOTAL,
+        AGENT_STDERR_DROPPED_BYTES_TOTAL,
+    ] {
+        counter!(name).increment(0);
+    }
+    for reason in STOP_REASON_LABELS {
+        counter!(PROMPTS_TOTAL, "stop_reason" => reason).increment(0);
+    }
+    for cause in ["attach", "behind"] {
+        counter!(CLIENT_CATCH_UPS_TOTAL, "cause" => cause).increment(0);
+    }
+    for name in [
+        CONNECTIONS_LIVE,
+        CONNECTIONS_DETACHED,
+        CONNECTIONS_REGISTERED,
+        CONNECTIONS_PENDING,
+        SESSIONS_LIVE,
+        SESSIONS_DETACHED,
+        CLIENTS_CATCHING_UP,
+        SESSIONS_BEHIND_AGENT,
+        AGENT_PROCESSES,
+    ] {
+        gauge!(name).increment(0.0);
+    }
+    // Registered with no sample: rendered with zero counts.
+    let _ = histogram!(JOURNAL_APPEND_SECONDS);
+    let _ = histogram!(JOURNAL_BATCH_SIZE);
+    metrics::describe_gauge!(BUILD_INFO, "Always 1; the version of the running acpd");
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
+/// Reads the process figures (`process_resident_memory_bytes`, `process_open_fds`,
+/// `process_cpu_seconds_total`, `process_start_time_seconds`, …) now, so the first scrape
+/// has them, and returns the task that reads them again every few seconds.
+pub fn sample_process() -> impl std::future::Future<Output = ()> + Send + 'static {
+    let collector = metrics_process::Collector::default();
+    collector.describe();
+    collector.collect();
+    async move {
+        let start = tokio::time::Instant::now() + PROCESS_SAMPLE_EVERY;
+        let mut tick = tokio::time::interval_at(start, PROCESS_SAMPLE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            collector.collect();
+        }
+    }
+}
+
+/// Every `stop_reason` label `stop_reason_label` gives.
+const STOP_REASON_LABELS: [&str; 7] = [
+    "end_turn",
+    "max_tokens",
+    "max_turn_requests",
+    "refusal",
+    "cancelled",
+    "error",
+    "other",
+];
 
 /// The `stop_reason` label of `PROMPTS_TOTAL`: the spec's stop reasons, `error` for a failed
 /// turn and `other` for anything else an agent sends, so an agent cannot grow the label set.
@@ -184,5 +277,23 @@ mod tests {
         assert_eq!(label(json!({})), "other");
         let err = acpd_wire::ResponseError::internal("x");
         assert_eq!(super::stop_reason_label(&Err(err)), "error");
+    }
+
+    #[test]
+    fn every_stop_reason_label_is_registered_at_start() {
+        let reasons = [
+            "end_turn",
+            "max_tokens",
+            "max_turn_requests",
+            "refusal",
+            "cancelled",
+            "not in the spec",
+        ];
+        for r in reasons {
+            let label = super::stop_reason_label(&Ok(json!({ "stopReason": r })));
+            assert!(super::STOP_REASON_LABELS.contains(&label), "{label}");
+        }
+        let err = Err(acpd_wire::ResponseError::internal("x"));
+        assert!(super::STOP_REASON_LABELS.contains(&super::stop_reason_label(&err)));
     }
 }

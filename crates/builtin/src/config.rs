@@ -24,6 +24,8 @@ pub enum BuiltinConfigError {
 pub enum ProviderKind {
     Anthropic,
     Openai,
+    /// `provider::demo`: scripted, no network, no key.
+    Demo,
 }
 
 impl ProviderKind {
@@ -31,18 +33,21 @@ impl ProviderKind {
         match self {
             ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
             ProviderKind::Openai => "OPENAI_API_KEY",
+            ProviderKind::Demo => "",
         }
     }
     fn base_env(self) -> &'static str {
         match self {
             ProviderKind::Anthropic => "ANTHROPIC_BASE_URL",
             ProviderKind::Openai => "OPENAI_BASE_URL",
+            ProviderKind::Demo => "",
         }
     }
     pub fn default_base(self) -> &'static str {
         match self {
             ProviderKind::Anthropic => "https://api.anthropic.com",
             ProviderKind::Openai => "https://api.openai.com/v1",
+            ProviderKind::Demo => "demo:",
         }
     }
 }
@@ -422,6 +427,7 @@ fn kind_name(k: ProviderKind) -> &'static str {
     match k {
         ProviderKind::Anthropic => "anthropic",
         ProviderKind::Openai => "openai",
+        ProviderKind::Demo => "demo",
     }
 }
 
@@ -442,13 +448,21 @@ fn env_models() -> Vec<ModelSpec> {
         images: true,
     };
     if let Ok(m) = std::env::var("ACPD_MODEL") {
+        if m == "demo" {
+            return vec![ModelSpec {
+                id: "demo".into(),
+                name: "Demo (scripted, not AI)".into(),
+                context_window: None,
+                ..spec(ProviderKind::Demo, "demo")
+            }];
+        }
         let parsed = match m.split_once('/') {
             Some(("anthropic", name)) if !name.is_empty() => {
                 Some(spec(ProviderKind::Anthropic, name))
             }
             Some(("openai", name)) if !name.is_empty() => Some(spec(ProviderKind::Openai, name)),
             _ => {
-                tracing::warn!(value = %m, "ACPD_MODEL must be anthropic/NAME or openai/NAME; ignored");
+                tracing::warn!(value = %m, "ACPD_MODEL must be anthropic/NAME, openai/NAME or demo; ignored");
                 None
             }
         };

@@ -33,6 +33,7 @@ use acpd_wire::{Incoming, IncomingRequest, Link, Notification, PeerHandle, Respo
 use client::ClientCaps;
 pub use config::{BuiltinConfig, BuiltinConfigError};
 pub use mcp_policy::McpPolicy;
+pub use provider::model_problem;
 use session::{Ended, Session, SessionCmd};
 use state::StateError;
 

@@ -8,6 +8,7 @@
 //! within the read timeout.
 
 mod anthropic;
+pub mod demo;
 mod openai;
 mod sse;
 
@@ -123,6 +124,8 @@ pub struct ModelRequest<'a> {
 enum Format {
     Anthropic(anthropic::StreamState),
     Openai(openai::StreamState),
+    /// The demo model: its whole answer is queued at the start; no event is read.
+    Demo,
 }
 
 /// An answer being streamed.
@@ -150,6 +153,7 @@ impl DeltaStream {
                     let r = match &mut self.format {
                         Format::Anthropic(s) => s.on_event(&ev, &mut self.queue),
                         Format::Openai(s) => s.on_event(&ev, &mut self.queue),
+                        Format::Demo => Ok(true),
                     };
                     match r {
                         Ok(true) => self.done = true,
@@ -170,6 +174,7 @@ impl DeltaStream {
                     let tail = match &mut self.format {
                         Format::Anthropic(s) => s.finish(),
                         Format::Openai(s) => s.finish(),
+                        Format::Demo => vec![],
                     };
                     self.queue.extend(tail);
                 }
@@ -227,18 +232,24 @@ pub async fn start(
     cancel: &CancellationToken,
 ) -> Result<DeltaStream, ProviderError> {
     let endpoint = spec.endpoint();
-    if endpoint.api_key.is_none() && (endpoint.official || spec.provider == ProviderKind::Anthropic)
-    {
-        return Err(ProviderError::Auth(format!(
-            "no API key for model {:?}: set {} or api_key in [builtin.models.{}]",
-            spec.id,
-            spec.provider.key_env(),
-            spec.id
-        )));
+    if let Some(why) = missing_key(spec) {
+        return Err(ProviderError::Auth(why));
     }
     let (url, body) = match spec.provider {
         ProviderKind::Anthropic => anthropic::request(&endpoint, spec, req),
         ProviderKind::Openai => openai::request(&endpoint, spec, req),
+        ProviderKind::Demo => {
+            return Ok(DeltaStream {
+                events: sse::Events::new(
+                    futures_util::stream::empty::<Result<bytes::Bytes, std::io::Error>>(),
+                    sse::MAX_EVENT,
+                ),
+                format: Format::Demo,
+                queue: demo::answer(req).into(),
+                done: true,
+                read_timeout: config.read_timeout,
+            });
+        }
     };
     let attempt = || async {
         let rb = http
@@ -247,7 +258,7 @@ pub async fn start(
             .header("accept", "text/event-stream");
         let rb = match spec.provider {
             ProviderKind::Anthropic => anthropic::headers(rb, &endpoint),
-            ProviderKind::Openai => openai::headers(rb, &endpoint),
+            ProviderKind::Openai | ProviderKind::Demo => openai::headers(rb, &endpoint),
         };
         let resp = rb.body(body.clone()).send().await.map_err(|e| Failed {
             retry: e.is_connect() || e.is_timeout() || e.is_request(),
@@ -297,6 +308,7 @@ pub async fn start(
     let format = match spec.provider {
         ProviderKind::Anthropic => Format::Anthropic(Default::default()),
         ProviderKind::Openai => Format::Openai(Default::default()),
+        ProviderKind::Demo => Format::Demo,
     };
     Ok(DeltaStream {
         events: sse::Events::new(resp.bytes_stream(), sse::MAX_EVENT),
@@ -305,6 +317,44 @@ pub async fn start(
         done: false,
         read_timeout: config.read_timeout,
     })
+}
+
+/// Why `spec` cannot be called for want of a key (the provider's own service needs one, and
+/// Anthropic's API format always does), read now so a key exported later counts.
+fn missing_key(spec: &ModelSpec) -> Option<String> {
+    let endpoint = spec.endpoint();
+    let needs = match spec.provider {
+        ProviderKind::Demo => false,
+        ProviderKind::Anthropic => true,
+        ProviderKind::Openai => endpoint.official,
+    };
+    (needs && endpoint.api_key.is_none()).then(|| {
+        format!(
+            "no API key for model {:?}: set {} or api_key in [builtin.models.{}]",
+            spec.id,
+            spec.provider.key_env(),
+            spec.id
+        )
+    })
+}
+
+/// What stops the built-in agent from answering a prompt with its default model, if
+/// anything: told at daemon start, so nobody finds out at the first prompt.
+pub fn model_problem(config: &BuiltinConfig) -> Option<String> {
+    const HOW: &str = "set ANTHROPIC_API_KEY or OPENAI_API_KEY (and ACPD_MODEL), or \
+        [builtin.models] in the config file; ACPD_MODEL=demo tries a scripted demo model \
+        without a key; or serve another agent with --agent NAME=COMMAND";
+    let Some(spec) = config
+        .default_model
+        .as_deref()
+        .and_then(|m| config.model(m))
+    else {
+        return Some(format!(
+            "the built-in agent has no model and will refuse every prompt: {HOW}"
+        ));
+    };
+    missing_key(spec)
+        .map(|why| format!("the built-in agent will refuse every prompt: {why}; or {HOW}"))
 }
 
 /// What a request that got no answer tells the user.
