@@ -55,7 +55,7 @@ pub struct McpTunnels {
     state: Arc<Mutex<Tables>>,
     /// The daemon's accept gate: the tunnel's connections are pending (capped, displaced,
     /// header timeout) like any other listener's; a capability URL is no authentication.
-    gate: crate::server::gate::Gate,
+    gate: crate::transport::gate::Gate,
 }
 
 #[derive(Default)]
@@ -92,7 +92,7 @@ impl McpTunnels {
     pub fn new(
         tasks: &TaskTracker,
         stop: CancellationToken,
-        gate: crate::server::gate::Gate,
+        gate: crate::transport::gate::Gate,
     ) -> Self {
         McpTunnels {
             base: Arc::default(),
@@ -113,7 +113,7 @@ impl McpTunnels {
                 .with_state(self.clone());
             // The daemon's own accept loop (not `axum::serve`): the gate, and a header read
             // timeout, so idle sockets cannot hold the tunnel's descriptors.
-            let serve = crate::server::serve_plain(
+            let serve = crate::transport::listen::serve_plain(
                 listener,
                 app,
                 self.gate.clone(),
@@ -283,9 +283,9 @@ mod tests {
 
     #[tokio::test]
     async fn agents_get_one_loopback_url_per_server_and_session() {
-        let gate = crate::server::gate::Gate::with(
+        let gate = crate::transport::gate::Gate::with(
             Duration::from_secs(1),
-            crate::server::gate::admission::Limits {
+            crate::transport::gate::admission::Limits {
                 max_pending: 0,
                 max_pending_per_source: 0,
                 max_open: 0,

@@ -89,7 +89,7 @@ pub struct Limits {
     /// line) before it is closed.
     pub header_read_timeout: Duration,
     /// Connections accepted but not yet authenticated (0: no limit); over it, the busiest
-    /// source's oldest pending one is closed (`server::gate`).
+    /// source's oldest pending one is closed (`transport::gate`).
     pub max_pending_connections: usize,
     /// Pending connections of one source address (0: no limit).
     pub max_pending_per_source: usize,

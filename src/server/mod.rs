@@ -3,8 +3,6 @@
 
 mod auth;
 pub mod cert;
-pub mod gate;
-mod http;
 pub mod origin;
 mod peer;
 mod registry;
@@ -34,7 +32,6 @@ use crate::transport;
 use acpd_store::{Store, StoreError, StoreOptions};
 
 pub use auth::{Auth, LOCAL_PRINCIPAL, hash as auth_hash, new_secret as auth_secret};
-pub use http::serve_plain;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -90,7 +87,7 @@ pub struct Core {
     /// Stops sessions and agents; fired once running turns are done or the grace is over.
     pub stop: CancellationToken,
     /// The accept gate of every listener (the MCP tunnel's too).
-    pub gate: gate::Gate,
+    pub gate: crate::transport::gate::Gate,
 }
 
 /// How long cancelled turns get to wind down (the agent answering `cancelled`).
@@ -126,7 +123,7 @@ impl Core {
             .as_ref()
             .map(|c| crate::cluster::Cluster::spawn(c, store.clone(), &tasks, stop.clone()));
         let pool = AgentPool::spawn(config.clone(), tasks.clone(), stop.clone());
-        let gate = gate::Gate::new(&config.limits);
+        let gate = crate::transport::gate::Gate::new(&config.limits);
         let mcp = crate::mcp_tunnel::McpTunnels::new(&tasks, stop.clone(), gate.clone());
         let hub = SessionHub::spawn(
             store.clone(),
@@ -293,7 +290,7 @@ pub async fn serve(
             let listener = TcpListener::bind(addr).await?;
             tracing::info!(addr = %listener.local_addr()?, "metrics listener (no token): http://{}/metrics", listener.local_addr()?);
             let metrics = Router::new().route("/metrics", get(metrics_text));
-            core.tasks.spawn(http::serve_plain(
+            core.tasks.spawn(crate::transport::listen::serve_plain(
                 listener,
                 metrics,
                 gate.clone(),
@@ -320,7 +317,14 @@ pub async fn serve(
             );
         }
         tracing::info!(addr = %listener.local_addr()?, "acpd listening: ws://{}/acp", listener.local_addr()?);
-        http::serve_plain(listener, app, gate, core.tasks.clone(), shutdown.clone()).await?;
+        crate::transport::listen::serve_plain(
+            listener,
+            app,
+            gate,
+            core.tasks.clone(),
+            shutdown.clone(),
+        )
+        .await?;
     }
     tracing::info!("listeners stopped; shutting down sessions");
     core.shutdown().await;
@@ -366,7 +370,7 @@ async fn acp_get(
     Query(q): Query<AcpQuery>,
     uri: Uri,
     headers: HeaderMap,
-    pass: Option<axum::Extension<http::Pass>>,
+    pass: Option<axum::Extension<crate::transport::listen::Pass>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let pass = pass.map(|axum::Extension(p)| p);
@@ -455,7 +459,7 @@ async fn acp_upgrade(
     uri: &Uri,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
-    pass: Option<http::Pass>,
+    pass: Option<crate::transport::listen::Pass>,
 ) -> Response {
     let checked = match console_identity(&st, &headers, uri).await {
         Some(checked) => checked,

@@ -25,7 +25,7 @@ fn same_secret(given: &str, ours: &str) -> bool {
 pub(super) async fn upgrade(
     State(st): State<AppState>,
     headers: HeaderMap,
-    pass: Option<axum::Extension<super::http::Pass>>,
+    pass: Option<axum::Extension<crate::transport::listen::Pass>>,
     ws: WebSocketUpgrade,
 ) -> Response {
     let Some(cluster) = &st.config.cluster else {

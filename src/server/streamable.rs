@@ -41,7 +41,7 @@ pub struct HttpState {
     pub conns: Connections,
     /// The accept gate: an open SSE stream leaves its pending pool and takes a place under
     /// `max_streams_per_principal` instead.
-    pub gate: super::gate::Gate,
+    pub gate: crate::transport::gate::Gate,
 }
 
 #[derive(Deserialize)]
@@ -204,7 +204,7 @@ pub fn wants_stream(headers: &HeaderMap) -> bool {
 pub async fn stream(
     st: HttpState,
     headers: HeaderMap,
-    pass: Option<super::gate::Pass>,
+    pass: Option<crate::transport::gate::Pass>,
 ) -> Response {
     let identity = match st.auth.check(&headers).await {
         Ok(p) => p,

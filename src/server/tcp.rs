@@ -113,12 +113,12 @@ Content-Length: 55\r\nConnection: close\r\n\r\nthis port speaks newline-delimite
 pub async fn accept(
     listener: TcpListener,
     st: AppState,
-    gate: super::http::Gate,
+    gate: crate::transport::listen::Gate,
     shutdown: CancellationToken,
 ) {
-    super::http::deepen_backlog(&listener);
+    crate::transport::listen::deepen_backlog(&listener);
     while let Some((stream, peer, pass)) =
-        super::http::accept_gated(&listener, &gate, &shutdown).await
+        crate::transport::listen::accept_gated(&listener, &gate, &shutdown).await
     {
         tracing::debug!(%peer, "tcp connection");
         let st = st.clone();
@@ -136,7 +136,7 @@ pub async fn accept(
 async fn serve_one(
     stream: TcpStream,
     peer: std::net::SocketAddr,
-    pass: super::http::Pass,
+    pass: crate::transport::listen::Pass,
     st: AppState,
     cancel: CancellationToken,
 ) {

@@ -25,8 +25,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::http::{Gate, Pass};
 use crate::config::TlsFiles;
+use crate::transport::listen::{Gate, Pass};
 
 /// A client that has not finished its handshake by then is dropped, so half-open
 /// connections cannot pile up.
@@ -132,11 +132,11 @@ impl TlsListener {
             current,
             hangup,
         } = self;
-        super::http::deepen_backlog(&listener);
+        crate::transport::listen::deepen_backlog(&listener);
         let configs = current.subscribe();
         tasks.spawn(reload_on_sighup(files, current, hangup, shutdown.clone()));
         while let Some((stream, peer, pass)) =
-            super::http::accept_gated(&listener, &gate, &shutdown).await
+            crate::transport::listen::accept_gated(&listener, &gate, &shutdown).await
         {
             let acceptor = TlsAcceptor::from(configs.borrow().clone());
             tasks.spawn(connection(
@@ -207,10 +207,10 @@ async fn connection(
         },
     };
     let protocol = match tls.get_ref().1.alpn_protocol() {
-        Some(b"h2") => super::http::Protocol::Http2,
-        _ => super::http::Protocol::Http1,
+        Some(b"h2") => crate::transport::listen::Protocol::Http2,
+        _ => crate::transport::listen::Protocol::Http1,
     };
-    super::http::serve_connection(
+    crate::transport::listen::serve_connection(
         TokioIo::new(tls),
         protocol,
         peer,

@@ -2,7 +2,9 @@
 //! SSE), each turned into an `acpd_wire::Link` by one pump task (newline TCP and stdio use
 //! `acpd_wire::lines`). They frame and limit sizes; they know nothing of ACP.
 
+pub mod gate;
 pub mod http_stream;
+pub mod listen;
 pub mod resume;
 pub mod ws;
 

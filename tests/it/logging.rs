@@ -91,6 +91,8 @@ pub(crate) fn metric(metrics: &str, name: &str) -> f64 {
 #[tokio::test]
 async fn a_closed_log_reader_costs_log_lines_not_the_daemon() {
     let dir = tempfile::tempdir().expect("temp dir");
+    // The sessions' cwd: beside the data directory, never around it.
+    let work = tempfile::tempdir().expect("temp dir");
     let mut child = spawn_piped(dir.path(), SCRIPTED, &[]);
     let mut stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
     let (addr, _) = until_listening(&mut stderr).await;
@@ -101,7 +103,7 @@ async fn a_closed_log_reader_costs_log_lines_not_the_daemon() {
     for _ in 0..3 {
         let mut client = Client::connect_ws(&url).await.expect("connect to acpd");
         client.initialize().await;
-        let sid = client.new_session(dir.path()).await;
+        let sid = client.new_session(work.path()).await;
         let (_, result) = client.prompt(&sid, "echo hi").await;
         assert_eq!(result.expect("prompt")["stopReason"], "end_turn");
         client.close().await;

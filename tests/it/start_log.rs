@@ -63,6 +63,8 @@ async fn serve_prints_a_console_sign_in_link_and_warns_of_a_missing_model_key() 
 #[tokio::test]
 async fn the_demo_model_answers_a_whole_turn_without_a_key() {
     let dir = tempfile::tempdir().expect("temp dir");
+    // The session's cwd: beside the data directory, never around it.
+    let work = tempfile::tempdir().expect("temp dir");
     let args = ["--no-auth", "--default-agent", "builtin"];
     let mut child = spawn_piped(dir.path(), &args, &[("ACPD_MODEL", "demo")]);
     let mut stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
@@ -80,7 +82,7 @@ async fn the_demo_model_answers_a_whole_turn_without_a_key() {
         .await
         .expect("connect to acpd");
     client.initialize().await;
-    let sid = client.new_session(dir.path()).await;
+    let sid = client.new_session(work.path()).await;
     let (updates, result) = client.prompt(&sid, "hello, demo").await;
     assert_eq!(result.expect("prompt")["stopReason"], "end_turn");
     let texts = agent_texts(&updates);

@@ -6,9 +6,11 @@
 //! authenticated SSE stream, a TCP auth line) or closes. Pending connections are what an
 //! unauthenticated client can pile up, so they are capped per source and in total; over a
 //! cap the new connection is still admitted and the oldest pending one of the source over
-//! its cap (or of the busiest source) is closed instead. So a flood of idle sockets only
-//! ever displaces its own sockets, and a real client, whose headers arrive within
-//! milliseconds, is authenticated long before the flood gets round to it. Refusal is left
+//! its cap (or of the busiest source) is closed instead, an idle one before one whose request
+//! is being answered. So a flood of idle sockets only ever displaces its own sockets, a real
+//! client, whose headers arrive within milliseconds, is authenticated long before the flood
+//! gets round to it, and an unauthenticated request in progress (`/healthz` from the same
+//! host as the flood) is answered rather than cut. Refusal is left
 //! for descriptors: when every connection the gate counts is authenticated and the
 //! descriptor budget is spent, a new one is refused before the store runs out of files.
 
@@ -65,6 +67,8 @@ pub enum Decision {
 struct Conn {
     source: Source,
     pending: bool,
+    /// Requests of this connection being answered (HTTP/2 has several at once).
+    serving: u32,
 }
 
 /// The gate's whole state.
@@ -130,6 +134,7 @@ impl Admission {
             Conn {
                 source,
                 pending: true,
+                serving: 0,
             },
         );
         self.pending.entry(source).or_default().insert(id);
@@ -137,8 +142,27 @@ impl Admission {
         Decision::Admit { id, evict }
     }
 
+    /// The source's oldest pending connection with no request being answered, else its
+    /// oldest (requests that never end must not make a source's connections untouchable).
     fn oldest_of(&self, source: Source) -> Option<ConnId> {
-        self.pending.get(&source)?.first().copied()
+        let ids = self.pending.get(&source)?;
+        ids.iter()
+            .find(|id| self.conns.get(id).is_some_and(|c| c.serving == 0))
+            .or_else(|| ids.first())
+            .copied()
+    }
+
+    /// A request of `id` is being answered (until `request_ended`).
+    pub fn request_started(&mut self, id: ConnId) {
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.serving += 1;
+        }
+    }
+
+    pub fn request_ended(&mut self, id: ConnId) {
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.serving = conn.serving.saturating_sub(1);
+        }
     }
 
     fn oldest_of_busiest(&self) -> Option<ConnId> {
@@ -238,6 +262,23 @@ mod tests {
         g.closed(b1);
         g.closed(a3);
         assert_eq!(g.pending(), 1);
+    }
+
+    #[test]
+    fn a_request_being_answered_is_displaced_after_the_idle_ones() {
+        let mut g = Admission::new(limits(0, 2, 0));
+        let (a1, _) = id(g.admit(A));
+        let (a2, _) = id(g.admit(A));
+        g.request_started(a1);
+        // The idle a2 goes, though a1 is older.
+        let (a3, evicted) = id(g.admit(A));
+        assert_eq!(evicted, Some(a2));
+        // Every pending one answering: the oldest goes all the same.
+        g.request_started(a3);
+        assert_eq!(id(g.admit(A)).1, Some(a1));
+        // Answered: a3 is idle again, and the oldest.
+        g.request_ended(a3);
+        assert_eq!(id(g.admit(A)).1, Some(a3));
     }
 
     #[test]

@@ -162,9 +162,26 @@ impl Pass {
         metrics::gauge!(crate::metrics::CONNECTIONS_PENDING).set(inner.admission.pending() as f64);
     }
 
+    /// A request of this connection is being answered until the guard drops: the gate
+    /// displaces idle pending connections before it.
+    pub fn serving(&self) -> Serving {
+        self.0.gate.lock().admission.request_started(self.0.id);
+        Serving(self.clone())
+    }
+
     /// Resolves when the connection was displaced by a newer one (close it).
     pub async fn evicted(&self) {
         self.0.evicted.cancelled().await
+    }
+}
+
+/// One request being answered (`Pass::serving`).
+pub struct Serving(Pass);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let entry = &(self.0).0;
+        entry.gate.lock().admission.request_ended(entry.id);
     }
 }
 

@@ -1,9 +1,9 @@
-//! HTTP connections on the daemon's own accept loop (plain and TLS alike): hyper-util's
-//! HTTP/1 builder with a header read timeout (HTTP/2 where TLS negotiated `h2`), and a cap on
-//! connections that have not been upgraded yet. A slowloris client (half a request line, or nothing at all) holds one
-//! pending slot for at most `header_read_timeout`; beyond `max_pending_connections` new
-//! connections are closed at accept, so descriptors and memory stay bounded while
-//! established WebSockets (which left the pending set at their 101) go on.
+//! HTTP connections on the daemon's own accept loop (plain and TLS alike), for every
+//! listener (main, metrics, the MCP tunnel): each socket admitted by `gate`, then hyper-util's
+//! HTTP/1 builder with a header read timeout (HTTP/2 where TLS negotiated `h2`). A slowloris
+//! client (half a request line, or nothing at all) holds one pending slot for at most
+//! `header_read_timeout`, and over the gate's caps an older pending connection makes room, so
+//! descriptors and memory stay bounded while authenticated connections go on.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -158,13 +158,18 @@ pub async fn serve_connection<I>(
         }
     };
     let extension = pass.clone();
-    let app = tower::util::MapRequest::new(
-        app,
-        move |mut req: hyper::Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(extension.clone());
-            req
-        },
-    );
+    // Each request carries the pass, and counts as being answered until its response is
+    // ready (the gate then displaces idle sockets of its source before it).
+    let app = tower::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        let serving = extension.serving();
+        req.extensions_mut().insert(extension.clone());
+        let response = tower::ServiceExt::oneshot(app.clone(), req);
+        async move {
+            let response = response.await;
+            drop(serving);
+            response
+        }
+    });
     let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(app));
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {
