@@ -69,7 +69,6 @@ pub(super) fn spawn(
         outbox: Outbox::new(shared.tasks.clone(), journaled),
         turn: Turn {
             inflight: std::collections::HashMap::new(),
-            next_tag: 1,
             cancel_requested: false,
             conn: None,
             own_from: 0,
@@ -158,8 +157,9 @@ enum TaskDone {
 
 /// In-band requests to the agent and the running turn.
 struct Turn {
+    /// By tag (`next_tag`): unique across the daemon's life, so an answer meant for an
+    /// earlier actor of the session (closed mid-turn, say) matches nothing here.
     inflight: std::collections::HashMap<u64, Inflight>,
-    next_tag: u64,
     cancel_requested: bool,
     /// The connection whose prompt is running: the agent's requests go there first.
     conn: Option<ConnId>,
@@ -480,8 +480,7 @@ impl Session {
         let AgentState::Bound { agent, agent_sid } = &self.agent else {
             return Err(AcpError::AgentExited("no agent process".into()));
         };
-        let tag = self.turn.next_tag;
-        self.turn.next_tag += 1;
+        let tag = next_tag();
         let params = with_session_id(params, agent_sid);
         match agent.request_in_band(method, params, &self.id, tag).await {
             Ok(_) => Ok(tag),
@@ -490,11 +489,6 @@ impl Session {
                 Err(AcpError::AgentExited("its connection closed".into()))
             }
         }
-    }
-
-    fn tag(&mut self) -> u64 {
-        self.turn.next_tag += 1;
-        self.turn.next_tag - 1
     }
 
     async fn on_task(&mut self, done: TaskDone) {
@@ -517,6 +511,16 @@ impl Session {
             } => self.client_answered(pending, conn, result).await,
         }
     }
+}
+
+/// The tag of an in-band request to an agent. One counter for the whole daemon: answers are
+/// routed by session id and tag, and a session's actors come and go (close, eviction, a
+/// reopen) while an agent may still answer what an earlier one sent. 0 is never handed out
+/// (it tags requests whose answer nobody waits for).
+pub(super) fn next_tag() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 fn needs_agent(cmd: &SessionCommand) -> bool {

@@ -74,7 +74,7 @@ impl Session {
         if step != Restore::New {
             params["sessionId"] = json!(old);
         }
-        let tag = self.tag();
+        let tag = super::next_tag();
         match agent.request_in_band(method, params, &self.id, tag).await {
             Ok(_) => {
                 self.turn.inflight.insert(tag, Inflight::Restore(step));
