@@ -10,6 +10,10 @@
 //! on. A lagging client that takes nothing off its queue for `slow_client_cutoff` (a setting)
 //! is cut off (it can reconnect and replay from the journal).
 //!
+//! An agent's request relayed to a client (`ask`) takes the same path as its updates and
+//! answers, so it never overtakes an update the agent sent before it, live, lagging or on
+//! re-attach.
+//!
 //! `session/load` and `_acpd/session/attach` replay through the same path: the client starts
 //! out lagging behind `after`, is fed journal pages by tasks as its queue drains, and the
 //! answer to its request is held behind the replay. A connection has one queue for as long as
@@ -278,7 +282,8 @@ impl Outbox {
         });
     }
 
-    /// Sends everything that may go now; returns the agent requests to dispatch.
+    /// Sends everything that may go now, up to the first agent request: returns it to
+    /// dispatch (then call again).
     pub async fn flush(&mut self, durable: i64) -> Vec<u64> {
         let mut requests = vec![];
         if self.hold_until.is_some_and(|t| Instant::now() >= t) {
@@ -338,10 +343,25 @@ impl Outbox {
                         }
                     }
                 }
-                Out::Request(id) => requests.push(id),
+                // Dispatched before anything queued after it leaves: the request goes to
+                // its clients behind exactly the updates that preceded it.
+                Out::Request(id) => {
+                    requests.push(id);
+                    break;
+                }
             }
         }
         requests
+    }
+
+    /// Sends an agent's request to `conn`, behind every update that has left `items` (held
+    /// in order while the client lags). Dropped when `conn` is not attached (its answer
+    /// handle then says the client is gone).
+    pub fn ask(&mut self, conn: &ConnId, req: acpd_wire::LaneRequest) {
+        let upto = self.flushed_upto;
+        if let Some(c) = self.clients.iter_mut().find(|c| &c.client.conn == conn) {
+            c.send_or_hold(upto, ClientOut::Request(Box::new(req)));
+        }
     }
 
     /// When the actor should next look at its lagging clients.

@@ -42,6 +42,7 @@ mod profiles;
 mod prompt_turn;
 mod python_sdk;
 mod replicas;
+mod request_order;
 mod revocation;
 mod scripted_agent;
 mod security;

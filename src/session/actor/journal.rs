@@ -119,8 +119,14 @@ impl Session {
             }
         }
         let durable = mark.durable;
-        for id in self.outbox.flush(durable).await {
-            self.dispatch(id);
+        loop {
+            let requests = self.outbox.flush(durable).await;
+            if requests.is_empty() {
+                break;
+            }
+            for id in requests {
+                self.dispatch(id);
+            }
         }
         self.read_lagging();
     }

@@ -11,13 +11,16 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::Client;
-use acpd_wire::{Answer, Responder, ResponseError};
+use acpd_wire::{Answer, LaneRequest, Responder, ResponseError};
 
 /// What a client is sent, in order.
 pub(super) enum ClientOut {
     Raw(Arc<str>),
     /// Boxed (the large variant): as `try_respond` hands it back when the queue is full.
     Reply(Answer),
+    /// An agent's request relayed to the client: in the same queue as its updates, so it
+    /// never overtakes one the agent sent before it.
+    Request(Box<LaneRequest>),
 }
 
 /// One attached client. Its messages queue on its connection's peer, which sends them even
@@ -152,5 +155,9 @@ fn queue(client: &Client, out: ClientOut) -> Result<(), ClientOut> {
                 .try_respond(responder, result)
                 .map_err(ClientOut::Reply)
         }
+        ClientOut::Request(req) => client
+            .peer
+            .try_request(*req)
+            .map_err(|r| ClientOut::Request(Box::new(r))),
     }
 }
