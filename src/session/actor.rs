@@ -66,6 +66,7 @@ pub(super) fn spawn(
         durable,
         durable_rx,
         burst_ms: None,
+        store_outage: false,
         outbox: Outbox::new(shared.tasks.clone(), journaled),
         turn: Turn {
             inflight: std::collections::HashMap::new(),
@@ -202,6 +203,8 @@ pub(super) struct Session {
     /// The clock read once for a burst of agent events, while it is handled: its updates are
     /// journaled microseconds apart, and a read per update was ~1 % of acpd's CPU.
     burst_ms: Option<i64>,
+    /// The journal stopped because the store took no writes (`stop_journal`).
+    store_outage: bool,
     /// Several replicas: the lease this replica holds on the session; every append carries
     /// its epoch (`journal.rs`), and its `lost` token lets the session go.
     lease: Option<crate::cluster::Lease>,
@@ -403,7 +406,10 @@ impl Session {
                 self.outbox.release_hold_by(&conn);
                 self.prompt(conn, params, responder).await
             }
-            SessionCommand::Cancel { .. } => self.cancel().await,
+            SessionCommand::Cancel { .. } => {
+                self.cancel().await;
+                self.cancel_in_outage();
+            }
             SessionCommand::Relay {
                 conn: _,
                 method,

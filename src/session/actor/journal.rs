@@ -52,10 +52,41 @@ impl Session {
             at_ms: self.burst_ms.unwrap_or_else(now_ms),
             epoch: self.lease.as_ref().map(|l| l.epoch),
         };
-        if let Err(e) = self.shared.store.append(entry, self.durable.clone()).await {
-            tracing::error!(session = %self.id, seq, error = %e, "journal append failed");
+        // Never awaited: a store that takes no writes must not hold up cancel, the session's
+        // other commands or the connection's other sessions. When its queue is full the
+        // journal stops here (`stop_journal`): this update is neither journaled nor sent.
+        if let Err(e) = self.shared.store.try_append(entry, self.durable.clone()) {
+            tracing::error!(session = %self.id, seq, error = %e, "journal append refused; stopping the session's journal");
+            self.stop_journal(seq);
+            return;
         }
         self.outbox.push(Out::Update { seq, text, exclude });
+    }
+
+    /// The store is not taking the session's writes: the journal stops before `at` as if the
+    /// store had rejected it (`flush` then drops what is not durable unsent, the running turn
+    /// is cancelled at the agent and answered, and the session ends; it reopens from its
+    /// journal). The writer drops the queued appends after `at` unwritten.
+    pub(super) fn stop_journal(&mut self, at: i64) {
+        self.store_outage = true;
+        self.durable.send_if_modified(|m| {
+            let stop = m.rejected.is_none();
+            if stop {
+                m.rejected = Some(at);
+            }
+            stop
+        });
+    }
+
+    /// `session/cancel` while the store is away: the turn's updates that are not durable would
+    /// hold its answer until the store is back, so the journal stops at what is durable and
+    /// the turn ends `cancelled` now.
+    pub(super) fn cancel_in_outage(&mut self) {
+        let durable = self.durable_rx.borrow().durable;
+        if self.shared.store.writes_stalled() && durable < self.next_seq - 1 {
+            tracing::warn!(session = %self.id, durable, "session/cancel while the store is away; stopping the session's journal at what is durable");
+            self.stop_journal(durable + 1);
+        }
     }
 
     /// Keeps the session row in step with updates that change it.
@@ -103,6 +134,12 @@ impl Session {
         if let Some(rejected) = mark.rejected {
             let err = if mark.fenced {
                 moved_err(&self.id)
+            } else if self.store_outage {
+                ResponseError::internal(
+                    "the session store is not taking writes (the database is away), so nothing \
+                     more of this session can be kept; the turn is stopped and the session \
+                     reopens from its journal on the next request",
+                )
             } else {
                 ResponseError::internal(format!(
                     "the session store rejected update {rejected} of this session, so nothing \
@@ -174,6 +211,8 @@ impl Session {
     /// Cancels the running turn at the agent, answers every in-band request with `err`, and
     /// ends the session.
     async fn end_turns(&mut self, err: ResponseError) {
+        // A client that cancelled during a store outage gets what it asked for.
+        let asked = self.store_outage && self.turn.cancel_requested;
         let turn = self
             .turn
             .inflight
@@ -183,11 +222,12 @@ impl Session {
             self.cancel().await;
         }
         for (_, f) in self.turn.inflight.drain() {
+            let result = match &f {
+                Inflight::Prompt { .. } if asked => Ok(json!({ "stopReason": "cancelled" })),
+                _ => Err(err.clone()),
+            };
             if let Inflight::Prompt { responder } | Inflight::Relay { responder } = f {
-                self.outbox.push(Out::Reply {
-                    responder,
-                    result: Err(err.clone()),
-                });
+                self.outbox.push(Out::Reply { responder, result });
             }
         }
         self.ending = true;
