@@ -32,6 +32,10 @@ pub(super) const EARLY_LIMIT: usize = 1024;
 pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long acpd waits for a supervisor to stop its tree before it SIGKILLs the supervisor.
 const SUPERVISOR_GRACE: Duration = Duration::from_secs(5);
+/// How long a write to an agent's stdin may make no progress (its pipe full, unread) before
+/// the agent is cut and restored as after a crash: long, since an agent busy computing may
+/// leave its stdin unread for a while, but bounded, so one that stopped reading is let go.
+pub(super) const STDIN_DEADLINE: Duration = Duration::from_secs(30);
 /// Agents may write long lines (a file's content); the line limit is generous.
 pub(super) const MAX_AGENT_LINE: usize = 256 * 1024 * 1024;
 
@@ -85,7 +89,13 @@ pub(super) async fn start(
         }
     });
     let io_cancel = CancellationToken::new();
-    let (link, pump) = acpd_wire::lines::pump(stdout, stdin, MAX_AGENT_LINE, io_cancel.clone());
+    let (link, pump) = acpd_wire::lines::pump_with(
+        stdout,
+        stdin,
+        MAX_AGENT_LINE,
+        Some(STDIN_DEADLINE),
+        io_cancel.clone(),
+    );
     tasks.spawn(pump);
     let supervisor = pid.and_then(|p| {
         Some(supervisor::record::Proc {

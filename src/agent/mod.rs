@@ -22,8 +22,8 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use acpd_wire::{
-    Forward, IncomingRequest, MapError, PeerError, PeerHandle, PendingForward, RawNotification,
-    Responder, ResponseError,
+    Forward, IncomingRequest, MapError, PeerError, PeerHandle, PendingForward, QueueError,
+    RawNotification, Responder, ResponseError,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -110,20 +110,21 @@ impl AgentHandle {
     }
 
     /// Sends a request whose answer arrives as `AgentEvent::Response { tag }` on the session's
-    /// event stream, after every update the agent sent before it.
-    pub async fn request_in_band(
+    /// event stream, after every update the agent sent before it. Never waits:
+    /// `QueueError::Full` when the agent has not taken what it was sent (its stdin and acpd's
+    /// queues to it are full).
+    pub fn try_request_in_band(
         &self,
         method: &str,
         params: Value,
         session_id: &str,
         tag: u64,
-    ) -> Result<u64, PeerError> {
+    ) -> Result<u64, QueueError> {
         let _ = self.router.send(hosted::RouterCommand::Active {
             route: session_id.to_owned(),
         });
         self.peer
-            .request_in_band(method, Some(params), session_id, tag)
-            .await
+            .try_request_in_band(method, Some(params), session_id, tag)
     }
 
     /// Sends a request whose answer goes straight to `responder`'s link from the agent's peer

@@ -30,7 +30,7 @@ use super::{AttachMode, ConnId, HubCommand, SessionCommand, SessionHandle, Share
 use crate::agent::{AgentError, AgentEvent, AgentHandle};
 use crate::error::AcpError;
 use acpd_store::{SessionRow, StoreError};
-use acpd_wire::{PeerError, Responder, ResponseError};
+use acpd_wire::{PeerError, QueueError, Responder, ResponseError};
 
 /// Most agent events handled in one pass of the actor's loop.
 const EVENT_BURST: usize = 256;
@@ -427,14 +427,7 @@ impl Session {
                 conn: _,
                 method,
                 params,
-            } => {
-                if let AgentState::Bound { agent, agent_sid } = &self.agent {
-                    let _ = agent
-                        .peer
-                        .notify(&method, Some(with_session_id(params, agent_sid)))
-                        .await;
-                }
-            }
+            } => self.notify_agent(&method, params),
             SessionCommand::Fork {
                 client,
                 params,
@@ -488,11 +481,34 @@ impl Session {
         };
         let tag = next_tag();
         let params = with_session_id(params, agent_sid);
-        match agent.request_in_band(method, params, &self.id, tag).await {
+        match agent.try_request_in_band(method, params, &self.id, tag) {
             Ok(_) => Ok(tag),
-            Err(_) => {
+            Err(QueueError::Full) => Err(self.cut_agent()),
+            Err(QueueError::Closed) => {
                 self.agent = AgentState::Unbound;
                 Err(AcpError::AgentExited("its connection closed".into()))
+            }
+        }
+    }
+
+    /// The agent has not taken what acpd sent it (its stdin, and acpd's queues to it, are
+    /// full): the actor does not wait for it. Its link is cut; the router then stops the
+    /// process and tells each of its sessions it exited, and they restore as after a crash.
+    fn cut_agent(&mut self) -> AcpError {
+        let why = "it stopped reading its input";
+        if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent } = &self.agent {
+            tracing::error!(session = %self.id, "the agent is not reading its input; cutting it (its sessions restore as after a crash)");
+            agent.peer.close();
+        }
+        AcpError::AgentExited(why.into())
+    }
+
+    /// Sends the agent a notification without waiting (a full queue cuts it: `cut_agent`).
+    fn notify_agent(&mut self, method: &str, params: Value) {
+        if let AgentState::Bound { agent, agent_sid } = &self.agent {
+            let params = with_session_id(params, agent_sid);
+            if agent.peer.try_notify(method, Some(params)) == Err(QueueError::Full) {
+                self.cut_agent();
             }
         }
     }

@@ -10,6 +10,7 @@ mod support;
 mod agent_backoff;
 mod agent_calls;
 mod agent_processes;
+mod agent_stdin;
 mod agent_supervision;
 mod attach_after;
 mod bad_input;

@@ -49,6 +49,8 @@ pub enum Command {
     },
     Ext,
     WaitForCancel,
+    /// `stop_reading`: the agent reads nothing more from its stdin, ever (it still writes).
+    StopReading,
     /// From here on the turn does not see `session/cancel` (gemini-cli, often).
     IgnoreCancel,
     /// A cancelled turn answers this stop reason instead of `cancelled` (opencode: end_turn).
@@ -135,6 +137,7 @@ fn parse_line(line: &str) -> Result<Command, String> {
         },
         "ext" => Command::Ext,
         "wait_for_cancel" => Command::WaitForCancel,
+        "stop_reading" => Command::StopReading,
         "ignore_cancel" => Command::IgnoreCancel,
         "cancel_answer" => Command::CancelAnswer(
             args.first()
@@ -268,6 +271,7 @@ async fn run_one(
             let id = format!("perm-{}", next_tool(agent, sid));
             permission(agent, sid, id, path, cancel).await?
         }
+        Command::StopReading => agent.stop_reading.cancel(),
         Command::AskTool => {
             let id = format!("tool-{}", next_tool(agent, sid));
             agent.emit(

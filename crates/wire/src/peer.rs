@@ -24,7 +24,7 @@ mod incoming;
 mod lane;
 mod memory;
 pub use forward::{Forward, MapError, PendingForward};
-pub use lane::{Answer, LaneRequest};
+pub use lane::{Answer, LaneRequest, QueueError};
 use lane::{LaneItem, QUEUE_MESSAGES, Queued};
 pub use memory::memory_pair;
 

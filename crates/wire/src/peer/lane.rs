@@ -3,7 +3,9 @@
 //! `try_send_raw` and `try_respond` hand a message back when it is full, and the session layer
 //! then feeds that client from the journal. Requests a session relays to a client
 //! (`lane_request`, `try_request`) take the lane too, so they never overtake an update queued
-//! before them. Everything else keeps the small `Command` queue, whose senders wait.
+//! before them. Everything else keeps the small `Command` queue, whose senders wait, or
+//! `try_request_in_band` / `try_notify` there, for an owner that must not wait on the other
+//! side (a session actor and its agent).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -15,6 +17,24 @@ use super::{
     Command, OutFrame, OutgoingRequest, PeerError, PeerHandle, PeerTask, Reply, RequestId,
     Responder, ResponseError,
 };
+
+/// Why a `try_` send did not queue its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    #[error("the peer's queue is full (the other side is not taking what it is sent)")]
+    Full,
+    #[error("the connection is closed")]
+    Closed,
+}
+
+impl<T> From<mpsc::error::TrySendError<T>> for QueueError {
+    fn from(e: mpsc::error::TrySendError<T>) -> QueueError {
+        match e {
+            mpsc::error::TrySendError::Full(_) => QueueError::Full,
+            mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
+        }
+    }
+}
 
 /// What the lane carries: small, since a channel allocates its first block of slots up front.
 pub(super) enum LaneItem {
@@ -142,6 +162,40 @@ impl PeerHandle {
             Err(mpsc::error::TrySendError::Full(LaneItem::Request(r))) => Err(*r),
             _ => Ok(()),
         }
+    }
+
+    /// `request_in_band` without waiting: `QueueError::Full` when the command queue is full
+    /// (the other side has not taken what it was sent: its link, the write queue and this
+    /// queue are full), so a caller that must not wait on the other side decides what then.
+    pub fn try_request_in_band(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        route: &str,
+        tag: u64,
+    ) -> Result<u64, QueueError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let reply = Reply::InBand {
+            route: route.to_owned(),
+            tag,
+        };
+        let cmd = Command::Request {
+            id,
+            method: method.to_owned(),
+            params,
+            reply,
+        };
+        self.tx.try_send(cmd).map_err(QueueError::from)?;
+        Ok(id)
+    }
+
+    /// `notify` without waiting (see `try_request_in_band`).
+    pub fn try_notify(&self, method: &str, params: Option<Value>) -> Result<(), QueueError> {
+        let cmd = Command::Notify {
+            method: method.to_owned(),
+            params,
+        };
+        self.tx.try_send(cmd).map_err(QueueError::from)
     }
 
     /// Whether the lane has drained below half, by count and by bytes.
