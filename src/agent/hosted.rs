@@ -32,6 +32,8 @@ pub(super) const EARLY_LIMIT: usize = 1024;
 pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long acpd waits for a supervisor to stop its tree before it SIGKILLs the supervisor.
 const SUPERVISOR_GRACE: Duration = Duration::from_secs(5);
+/// Commands queued for an agent's router (registrations, hints); see `AgentHandle::to_router`.
+pub(super) const ROUTER_QUEUE: usize = 1024;
 /// How long a write to an agent's stdin may make no progress (its pipe full, unread) before
 /// the agent is cut and restored as after a crash: long, since an agent busy computing may
 /// leave its stdin unread for a while, but bounded, so one that stopped reading is let go.
@@ -155,7 +157,7 @@ pub(super) async fn connect(
             });
         }
     };
-    let (router_tx, router_rx) = mpsc::unbounded_channel();
+    let (router_tx, router_rx) = mpsc::channel(ROUTER_QUEUE);
     let exited = CancellationToken::new();
     let router = Router::new(name, tasks.clone());
     tasks.spawn(router.run(
@@ -170,6 +172,7 @@ pub(super) async fn connect(
         peer,
         init: Arc::new(init),
         router: router_tx,
+        tasks: tasks.clone(),
         exited,
         profile: name.into(),
     })

@@ -34,6 +34,11 @@ use acpd_wire::{PeerError, QueueError, Responder, ResponseError};
 
 /// Most agent events handled in one pass of the actor's loop.
 const EVENT_BURST: usize = 256;
+/// How often a session holding appends for a full store queue looks whether the store stalled.
+const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
+/// Most commands waiting for the agent to be bound (as many as the command queue holds);
+/// past it a command is refused, so a stuck start never grows the queue without bound.
+const DEFERRED_LIMIT: usize = 256;
 
 pub(super) fn spawn(
     row: SessionRow,
@@ -67,6 +72,7 @@ pub(super) fn spawn(
         durable_rx,
         burst_ms: None,
         store_outage: false,
+        unqueued: VecDeque::new(),
         outbox: Outbox::new(shared.tasks.clone(), journaled),
         turn: Turn {
             inflight: std::collections::HashMap::new(),
@@ -205,6 +211,8 @@ pub(super) struct Session {
     burst_ms: Option<i64>,
     /// The journal stopped because the store took no writes (`stop_journal`).
     store_outage: bool,
+    /// Appends the store's full queue did not take yet, in seq order (`journal.rs`).
+    unqueued: VecDeque<acpd_store::NewEntry>,
     /// Several replicas: the lease this replica holds on the session; every append carries
     /// its epoch (`journal.rs`), and its `lost` token lets the session go.
     lease: Option<crate::cluster::Lease>,
@@ -254,13 +262,16 @@ impl Session {
                     Some(cmd) => self.on_command(*cmd).await,
                     None => break,
                 },
-                ev = events.recv() => {
+                ev = events.recv(), if self.unqueued.is_empty() => {
                     if let Some(ev) = ev {
                         self.burst_ms = Some(super::now_ms());
                         self.on_agent_event(ev).await;
                         // The events already queued go with it: one flush (and one pass of
                         // this loop) per burst of updates, not per update.
                         for _ in 1..EVENT_BURST {
+                            if !self.unqueued.is_empty() {
+                                break;
+                            }
                             match events.try_recv() {
                                 Ok(ev) => self.on_agent_event(ev).await,
                                 Err(_) => break,
@@ -270,6 +281,12 @@ impl Session {
                     }
                 }
                 Ok(()) = self.durable_rx.changed() => {}
+                room = self.shared.store.append_room(), if !self.unqueued.is_empty() => {
+                    self.on_append_room(room)
+                }
+                _ = tokio::time::sleep(STALL_CHECK), if !self.unqueued.is_empty() || self.settling() => {
+                    self.check_store_stall()
+                }
                 Some(done) = self.tasks.join_next() => {
                     if let Ok(done) = done {
                         self.on_task(done).await;
@@ -285,7 +302,7 @@ impl Session {
             }
             self.start_queued().await;
             self.flush().await;
-            if self.ending && self.outbox.is_empty() {
+            if self.ending && self.outbox.is_empty() && !self.settling() {
                 break;
             }
             if !self.is_idle() {
@@ -346,6 +363,13 @@ impl Session {
             .await;
     }
 
+    /// The journal stopped for a store outage and the store's writer is still stuck on a
+    /// commit that may hold this session's entries: the session ends only once that commit is
+    /// over, so the actor that reopens it reads the journal's true end.
+    fn settling(&self) -> bool {
+        self.store_outage && self.shared.store.writes_stalled()
+    }
+
     fn is_idle(&self) -> bool {
         self.outbox.clients_len() == 0
             && self.turn.inflight.is_empty()
@@ -382,6 +406,12 @@ impl Session {
                 if !self.deferred.is_empty() {
                     tracing::debug!(session = %self.id, %why, "retrying agent restore");
                 }
+            }
+            if self.deferred.len() >= DEFERRED_LIMIT {
+                let e = AcpError::Internal(
+                    "too many requests wait for this session's agent to start; try again".into(),
+                );
+                return self.refuse(cmd, e.into());
             }
             self.deferred.push_back(cmd);
             self.ensure_agent();

@@ -43,6 +43,16 @@ pub use entry::{DurableSeq, JournalEntry, NewEntry, Watermark, watermark};
 pub use form::{BodyForm, Verbatim};
 pub use lease::{Acquired, ReplicaOptions};
 
+/// Room for one append in the writer's queue (`Store::append_room`).
+pub struct AppendRoom(tokio::sync::mpsc::OwnedPermit<writer::Msg>);
+
+impl AppendRoom {
+    /// Queues the append in the room held (as `Store::append` would).
+    pub fn append(self, entry: NewEntry, durable: Arc<DurableSeq>) {
+        self.0.send(writer::Msg::Append(entry, durable));
+    }
+}
+
 /// Why `Store::try_append` did not queue an append.
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {
@@ -387,6 +397,13 @@ impl Store {
             Err(TrySendError::Full(_)) => Err(AppendError::Full),
             Err(TrySendError::Closed(_)) => Err(AppendError::Closed),
         }
+    }
+
+    /// Resolves once the writer's queue has room for one append (`None`: the store is
+    /// closed). Owned, so a caller's `select!` can wait for it among other things.
+    pub fn append_room(&self) -> impl Future<Output = Option<AppendRoom>> + Send + 'static {
+        let tx = self.inner.appends.clone();
+        async move { tx.reserve_owned().await.ok().map(AppendRoom) }
     }
 
     /// Whether the journal writer is stuck: retrying a commit that failed (the database went

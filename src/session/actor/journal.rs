@@ -9,8 +9,12 @@ use super::splice::splice;
 use super::{Inflight, Session, TaskDone};
 use crate::session::outbox::{CATCH_UP_PAGE, CatchUp, Out};
 use crate::session::{ConnId, now_ms};
-use acpd_store::{JournalEntry, NewEntry, SessionPatch, StoreError};
+use acpd_store::{AppendError, AppendRoom, JournalEntry, NewEntry, SessionPatch, StoreError};
 use acpd_wire::{Notification, RawNotification, ResponseError};
+
+/// Most appends held while the store's queue is full (the actor takes no agent events
+/// meanwhile, so only the user's prompt blocks and acpd's notes add to them).
+const UNQUEUED_LIMIT: usize = 1024;
 
 impl Session {
     /// Journals one `session/update` acpd itself makes (the user's prompt blocks).
@@ -53,14 +57,70 @@ impl Session {
             epoch: self.lease.as_ref().map(|l| l.epoch),
         };
         // Never awaited: a store that takes no writes must not hold up cancel, the session's
-        // other commands or the connection's other sessions. When its queue is full the
-        // journal stops here (`stop_journal`): this update is neither journaled nor sent.
-        if let Err(e) = self.shared.store.try_append(entry, self.durable.clone()) {
-            tracing::error!(session = %self.id, seq, error = %e, "journal append refused; stopping the session's journal");
-            self.stop_journal(seq);
-            return;
+        // other commands or the connection's other sessions. A full queue of a store that is
+        // working (only slower than the agent) holds the entry here, in order, and the actor
+        // takes no agent events until the store has room (`on_append_room`): the router then
+        // slows the agent. A full queue of a stalled store (`writes_stalled`), or too much
+        // held, stops the journal here (`stop_journal`): this update is neither journaled
+        // nor sent.
+        if !self.unqueued.is_empty() {
+            if self.unqueued.len() >= UNQUEUED_LIMIT {
+                tracing::error!(session = %self.id, seq, "the store takes no appends; stopping the session's journal");
+                return self.stop_journal(seq);
+            }
+            self.unqueued.push_back(entry);
+        } else {
+            match self
+                .shared
+                .store
+                .try_append(entry.clone(), self.durable.clone())
+            {
+                Ok(()) => {}
+                Err(AppendError::Full) if !self.shared.store.writes_stalled() => {
+                    self.unqueued.push_back(entry)
+                }
+                Err(e) => {
+                    tracing::error!(session = %self.id, seq, error = %e, "journal append refused (the store is stalled); stopping the session's journal");
+                    return self.stop_journal(seq);
+                }
+            }
         }
         self.outbox.push(Out::Update { seq, text, exclude });
+    }
+
+    /// The store has room again (`None`: it closed): the held entries go, in order.
+    pub(super) fn on_append_room(&mut self, room: Option<AppendRoom>) {
+        let (Some(room), Some(first)) = (room, self.unqueued.pop_front()) else {
+            if let Some(first) = self.unqueued.front() {
+                let seq = first.seq;
+                self.stop_journal(seq);
+            }
+            return;
+        };
+        room.append(first, self.durable.clone());
+        while let Some(e) = self.unqueued.front() {
+            if self
+                .shared
+                .store
+                .try_append(e.clone(), self.durable.clone())
+                .is_err()
+            {
+                break;
+            }
+            self.unqueued.pop_front();
+        }
+    }
+
+    /// Entries are held for a full queue and the store's commits stalled meanwhile: the
+    /// journal stops before them (a store outage, not a slow store).
+    pub(super) fn check_store_stall(&mut self) {
+        if let Some(first) = self.unqueued.front()
+            && self.shared.store.writes_stalled()
+        {
+            let seq = first.seq;
+            tracing::error!(session = %self.id, seq, "the store stalled with appends held; stopping the session's journal");
+            self.stop_journal(seq);
+        }
     }
 
     /// The store is not taking the session's writes: the journal stops before `at` as if the
@@ -69,6 +129,8 @@ impl Session {
     /// journal). The writer drops the queued appends after `at` unwritten.
     pub(super) fn stop_journal(&mut self, at: i64) {
         self.store_outage = true;
+        // Held appends are after `at` or at it: never written.
+        self.unqueued.clear();
         self.durable.send_if_modified(|m| {
             let stop = m.rejected.is_none();
             if stop {
