@@ -15,6 +15,8 @@ mod journal;
 mod restore;
 mod rows;
 mod splice;
+mod to_agent;
+pub(super) use to_agent::next_tag;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,7 +32,7 @@ use super::{AttachMode, ConnId, HubCommand, SessionCommand, SessionHandle, Share
 use crate::agent::{AgentError, AgentEvent, AgentHandle};
 use crate::error::AcpError;
 use acpd_store::{SessionRow, StoreError};
-use acpd_wire::{PeerError, QueueError, Responder, ResponseError};
+use acpd_wire::{PeerError, Responder, ResponseError};
 
 /// Most agent events handled in one pass of the actor's loop.
 const EVENT_BURST: usize = 256;
@@ -504,45 +506,6 @@ impl Session {
         }
     }
 
-    /// Sends a session-scoped request to the bound agent; its answer comes as an event.
-    async fn send_in_band(&mut self, method: &str, params: Value) -> Result<u64, AcpError> {
-        let AgentState::Bound { agent, agent_sid } = &self.agent else {
-            return Err(AcpError::AgentExited("no agent process".into()));
-        };
-        let tag = next_tag();
-        let params = with_session_id(params, agent_sid);
-        match agent.try_request_in_band(method, params, &self.id, tag) {
-            Ok(_) => Ok(tag),
-            Err(QueueError::Full) => Err(self.cut_agent()),
-            Err(QueueError::Closed) => {
-                self.agent = AgentState::Unbound;
-                Err(AcpError::AgentExited("its connection closed".into()))
-            }
-        }
-    }
-
-    /// The agent has not taken what acpd sent it (its stdin, and acpd's queues to it, are
-    /// full): the actor does not wait for it. Its link is cut; the router then stops the
-    /// process and tells each of its sessions it exited, and they restore as after a crash.
-    fn cut_agent(&mut self) -> AcpError {
-        let why = "it stopped reading its input";
-        if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent } = &self.agent {
-            tracing::error!(session = %self.id, "the agent is not reading its input; cutting it (its sessions restore as after a crash)");
-            agent.peer.close();
-        }
-        AcpError::AgentExited(why.into())
-    }
-
-    /// Sends the agent a notification without waiting (a full queue cuts it: `cut_agent`).
-    fn notify_agent(&mut self, method: &str, params: Value) {
-        if let AgentState::Bound { agent, agent_sid } = &self.agent {
-            let params = with_session_id(params, agent_sid);
-            if agent.peer.try_notify(method, Some(params)) == Err(QueueError::Full) {
-                self.cut_agent();
-            }
-        }
-    }
-
     async fn on_task(&mut self, done: TaskDone) {
         match done {
             TaskDone::AgentReady(Ok(agent)) => self.restore_step(agent, None).await,
@@ -563,16 +526,6 @@ impl Session {
             } => self.client_answered(pending, conn, result).await,
         }
     }
-}
-
-/// The tag of an in-band request to an agent. One counter for the whole daemon: answers are
-/// routed by session id and tag, and a session's actors come and go (close, eviction, a
-/// reopen) while an agent may still answer what an earlier one sent. 0 is never handed out
-/// (it tags requests whose answer nobody waits for).
-pub(super) fn next_tag() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 fn needs_agent(cmd: &SessionCommand) -> bool {

@@ -42,25 +42,7 @@ pub use backend::JOURNAL_FORMAT;
 pub use entry::{DurableSeq, JournalEntry, NewEntry, Watermark, watermark};
 pub use form::{BodyForm, Verbatim};
 pub use lease::{Acquired, ReplicaOptions};
-
-/// Room for one append in the writer's queue (`Store::append_room`).
-pub struct AppendRoom(tokio::sync::mpsc::OwnedPermit<writer::Msg>);
-
-impl AppendRoom {
-    /// Queues the append in the room held (as `Store::append` would).
-    pub fn append(self, entry: NewEntry, durable: Arc<DurableSeq>) {
-        self.0.send(writer::Msg::Append(entry, durable));
-    }
-}
-
-/// Why `Store::try_append` did not queue an append.
-#[derive(Debug, thiserror::Error)]
-pub enum AppendError {
-    #[error("the store's write queue is full (the database is away or far behind)")]
-    Full,
-    #[error("the store is closed")]
-    Closed,
-}
+pub use writer::{AppendError, AppendRoom};
 
 /// Errors at the store boundary. The session layer maps them to JSON-RPC errors once.
 #[derive(Debug, thiserror::Error)]

@@ -36,6 +36,25 @@ pub(crate) enum Msg {
     Close,
 }
 
+/// Room for one append in the writer's queue (`Store::append_room`).
+pub struct AppendRoom(pub(crate) mpsc::OwnedPermit<Msg>);
+
+impl AppendRoom {
+    /// Queues the append in the room held (as `Store::append` would).
+    pub fn append(self, entry: NewEntry, durable: Arc<DurableSeq>) {
+        self.0.send(Msg::Append(entry, durable));
+    }
+}
+
+/// Why `Store::try_append` did not queue an append.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error("the store's write queue is full (the database is away or far behind)")]
+    Full,
+    #[error("the store is closed")]
+    Closed,
+}
+
 /// Resolves `changed()` with an error once the writer task has ended (its sender is dropped
 /// then, also if it panicked): every append it ever accepted is committed or reported.
 pub(crate) type Finished = watch::Receiver<()>;
