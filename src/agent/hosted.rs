@@ -33,6 +33,12 @@ pub(super) const EARLY_LIMIT: usize = 1024;
 pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long acpd waits for a supervisor to stop its tree before it SIGKILLs the supervisor.
 const SUPERVISOR_GRACE: Duration = Duration::from_secs(5);
+/// Commands queued for an agent's router (registrations, hints); see `AgentHandle::to_router`.
+pub(super) const ROUTER_QUEUE: usize = 1024;
+/// How long a write to an agent's stdin may make no progress (its pipe full, unread) before
+/// the agent is cut and restored as after a crash: long, since an agent busy computing may
+/// leave its stdin unread for a while, but bounded, so one that stopped reading is let go.
+pub(super) const STDIN_DEADLINE: Duration = Duration::from_secs(30);
 /// Agents may write long lines (a file's content); the line limit is generous.
 pub(super) const MAX_AGENT_LINE: usize = 256 * 1024 * 1024;
 
@@ -81,7 +87,13 @@ pub(super) async fn start(
     let name = profile.name.clone();
     tasks.spawn(stderr::forward(stderr, name));
     let io_cancel = CancellationToken::new();
-    let (link, pump) = acpd_wire::lines::pump(stdout, stdin, MAX_AGENT_LINE, io_cancel.clone());
+    let (link, pump) = acpd_wire::lines::pump_with(
+        stdout,
+        stdin,
+        MAX_AGENT_LINE,
+        Some(STDIN_DEADLINE),
+        io_cancel.clone(),
+    );
     tasks.spawn(pump);
     let supervisor = pid.and_then(|p| {
         Some(supervisor::record::Proc {
@@ -141,7 +153,7 @@ pub(super) async fn connect(
             });
         }
     };
-    let (router_tx, router_rx) = mpsc::unbounded_channel();
+    let (router_tx, router_rx) = mpsc::channel(ROUTER_QUEUE);
     let exited = CancellationToken::new();
     let router = Router::new(name, tasks.clone());
     tasks.spawn(router.run(
@@ -156,6 +168,7 @@ pub(super) async fn connect(
         peer,
         init: Arc::new(init),
         router: router_tx,
+        tasks: tasks.clone(),
         exited,
         profile: name.into(),
     })

@@ -20,10 +20,11 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use acpd_wire::{
-    Forward, IncomingRequest, MapError, PeerError, PeerHandle, PendingForward, RawNotification,
-    Responder, ResponseError,
+    Forward, IncomingRequest, MapError, PeerError, PeerHandle, PendingForward, QueueError,
+    RawNotification, Responder, ResponseError,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +81,9 @@ pub struct AgentHandle {
     pub peer: PeerHandle,
     /// The agent's `initialize` result, unaltered.
     pub init: Arc<Value>,
-    router: mpsc::UnboundedSender<hosted::RouterCommand>,
+    router: mpsc::Sender<hosted::RouterCommand>,
+    /// Where a registration the router's full queue did not take is finished (`to_router`).
+    tasks: TaskTracker,
     /// Fires when the process has exited.
     pub exited: CancellationToken,
     /// The profile's name.
@@ -96,7 +99,7 @@ impl AgentHandle {
         agent_session_id: Option<&str>,
         events: mpsc::Sender<AgentEvent>,
     ) {
-        let _ = self.router.send(hosted::RouterCommand::Register {
+        self.to_router(hosted::RouterCommand::Register {
             route: session_id.to_owned(),
             agent_session_id: agent_session_id.map(str::to_owned),
             events,
@@ -104,26 +107,41 @@ impl AgentHandle {
     }
 
     pub fn unregister(&self, session_id: &str) {
-        let _ = self.router.send(hosted::RouterCommand::Unregister {
+        self.to_router(hosted::RouterCommand::Unregister {
             route: session_id.to_owned(),
         });
     }
 
+    /// Never waits: the router's queue is bounded (`hosted::ROUTER_QUEUE`) and read on every
+    /// pass of its loop, so it is full only while the router stops or kills the process; a
+    /// registration it did not take then goes from a task, in order behind what is queued. A
+    /// closed router (the agent is gone) takes nothing.
+    fn to_router(&self, cmd: hosted::RouterCommand) {
+        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.router.try_send(cmd) {
+            let router = self.router.clone();
+            self.tasks.spawn(async move {
+                let _ = router.send(cmd).await;
+            });
+        }
+    }
+
     /// Sends a request whose answer arrives as `AgentEvent::Response { tag }` on the session's
-    /// event stream, after every update the agent sent before it.
-    pub async fn request_in_band(
+    /// event stream, after every update the agent sent before it. Never waits:
+    /// `QueueError::Full` when the agent has not taken what it was sent (its stdin and acpd's
+    /// queues to it are full).
+    pub fn try_request_in_band(
         &self,
         method: &str,
         params: Value,
         session_id: &str,
         tag: u64,
-    ) -> Result<u64, PeerError> {
-        let _ = self.router.send(hosted::RouterCommand::Active {
+    ) -> Result<u64, QueueError> {
+        // A hint: dropped when the router's queue is full.
+        let _ = self.router.try_send(hosted::RouterCommand::Active {
             route: session_id.to_owned(),
         });
         self.peer
-            .request_in_band(method, Some(params), session_id, tag)
-            .await
+            .try_request_in_band(method, Some(params), session_id, tag)
     }
 
     /// Sends a request whose answer goes straight to `responder`'s link from the agent's peer
@@ -166,6 +184,7 @@ impl AgentHandle {
             peer: self.peer.clone(),
             init: self.init.clone(),
             router: self.router.downgrade(),
+            tasks: self.tasks.clone(),
             exited: self.exited.clone(),
             profile: self.profile.clone(),
         }
@@ -209,7 +228,8 @@ fn hinted(e: PeerError, profile: &str) -> PeerError {
 pub(crate) struct WeakAgentHandle {
     peer: PeerHandle,
     init: Arc<Value>,
-    router: mpsc::WeakUnboundedSender<hosted::RouterCommand>,
+    router: mpsc::WeakSender<hosted::RouterCommand>,
+    tasks: TaskTracker,
     exited: CancellationToken,
     profile: Arc<str>,
 }
@@ -221,6 +241,7 @@ impl WeakAgentHandle {
             peer: self.peer.clone(),
             init: self.init.clone(),
             router: self.router.upgrade()?,
+            tasks: self.tasks.clone(),
             exited: self.exited.clone(),
             profile: self.profile.clone(),
         })

@@ -15,6 +15,8 @@ mod journal;
 mod restore;
 mod rows;
 mod splice;
+mod to_agent;
+pub(super) use to_agent::next_tag;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -34,6 +36,11 @@ use acpd_wire::{PeerError, Responder, ResponseError};
 
 /// Most agent events handled in one pass of the actor's loop.
 const EVENT_BURST: usize = 256;
+/// How often a session holding appends for a full store queue looks whether the store stalled.
+const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
+/// Most commands waiting for the agent to be bound (as many as the command queue holds);
+/// past it a command is refused, so a stuck start never grows the queue without bound.
+const DEFERRED_LIMIT: usize = 256;
 
 pub(super) fn spawn(
     row: SessionRow,
@@ -66,10 +73,11 @@ pub(super) fn spawn(
         durable,
         durable_rx,
         burst_ms: None,
+        store_outage: false,
+        unqueued: VecDeque::new(),
         outbox: Outbox::new(shared.tasks.clone(), journaled),
         turn: Turn {
             inflight: std::collections::HashMap::new(),
-            next_tag: 1,
             cancel_requested: false,
             conn: None,
             own_from: 0,
@@ -158,8 +166,9 @@ enum TaskDone {
 
 /// In-band requests to the agent and the running turn.
 struct Turn {
+    /// By tag (`next_tag`): unique across the daemon's life, so an answer meant for an
+    /// earlier actor of the session (closed mid-turn, say) matches nothing here.
     inflight: std::collections::HashMap<u64, Inflight>,
-    next_tag: u64,
     cancel_requested: bool,
     /// The connection whose prompt is running: the agent's requests go there first.
     conn: Option<ConnId>,
@@ -202,6 +211,10 @@ pub(super) struct Session {
     /// The clock read once for a burst of agent events, while it is handled: its updates are
     /// journaled microseconds apart, and a read per update was ~1 % of acpd's CPU.
     burst_ms: Option<i64>,
+    /// The journal stopped because the store took no writes (`stop_journal`).
+    store_outage: bool,
+    /// Appends the store's full queue did not take yet, in seq order (`journal.rs`).
+    unqueued: VecDeque<acpd_store::NewEntry>,
     /// Several replicas: the lease this replica holds on the session; every append carries
     /// its epoch (`journal.rs`), and its `lost` token lets the session go.
     lease: Option<crate::cluster::Lease>,
@@ -251,13 +264,16 @@ impl Session {
                     Some(cmd) => self.on_command(*cmd).await,
                     None => break,
                 },
-                ev = events.recv() => {
+                ev = events.recv(), if self.unqueued.is_empty() => {
                     if let Some(ev) = ev {
                         self.burst_ms = Some(super::now_ms());
                         self.on_agent_event(ev).await;
                         // The events already queued go with it: one flush (and one pass of
                         // this loop) per burst of updates, not per update.
                         for _ in 1..EVENT_BURST {
+                            if !self.unqueued.is_empty() {
+                                break;
+                            }
                             match events.try_recv() {
                                 Ok(ev) => self.on_agent_event(ev).await,
                                 Err(_) => break,
@@ -267,6 +283,12 @@ impl Session {
                     }
                 }
                 Ok(()) = self.durable_rx.changed() => {}
+                room = self.shared.store.append_room(), if !self.unqueued.is_empty() => {
+                    self.on_append_room(room)
+                }
+                _ = tokio::time::sleep(STALL_CHECK), if !self.unqueued.is_empty() || self.settling() => {
+                    self.check_store_stall()
+                }
                 Some(done) = self.tasks.join_next() => {
                     if let Ok(done) = done {
                         self.on_task(done).await;
@@ -282,7 +304,7 @@ impl Session {
             }
             self.start_queued().await;
             self.flush().await;
-            if self.ending && self.outbox.is_empty() {
+            if self.ending && self.outbox.is_empty() && !self.settling() {
                 break;
             }
             if !self.is_idle() {
@@ -343,6 +365,13 @@ impl Session {
             .await;
     }
 
+    /// The journal stopped for a store outage and the store's writer is still stuck on a
+    /// commit that may hold this session's entries: the session ends only once that commit is
+    /// over, so the actor that reopens it reads the journal's true end.
+    fn settling(&self) -> bool {
+        self.store_outage && self.shared.store.writes_stalled()
+    }
+
     fn is_idle(&self) -> bool {
         self.outbox.clients_len() == 0
             && self.turn.inflight.is_empty()
@@ -380,6 +409,12 @@ impl Session {
                     tracing::debug!(session = %self.id, %why, "retrying agent restore");
                 }
             }
+            if self.deferred.len() >= DEFERRED_LIMIT {
+                let e = AcpError::Internal(
+                    "too many requests wait for this session's agent to start; try again".into(),
+                );
+                return self.refuse(cmd, e.into());
+            }
             self.deferred.push_back(cmd);
             self.ensure_agent();
             return;
@@ -403,7 +438,10 @@ impl Session {
                 self.outbox.release_hold_by(&conn);
                 self.prompt(conn, params, responder).await
             }
-            SessionCommand::Cancel { .. } => self.cancel().await,
+            SessionCommand::Cancel { .. } => {
+                self.cancel().await;
+                self.cancel_in_outage();
+            }
             SessionCommand::Relay {
                 conn: _,
                 method,
@@ -421,14 +459,7 @@ impl Session {
                 conn: _,
                 method,
                 params,
-            } => {
-                if let AgentState::Bound { agent, agent_sid } = &self.agent {
-                    let _ = agent
-                        .peer
-                        .notify(&method, Some(with_session_id(params, agent_sid)))
-                        .await;
-                }
-            }
+            } => self.notify_agent(&method, params),
             SessionCommand::Fork {
                 client,
                 params,
@@ -473,28 +504,6 @@ impl Session {
             }
             Err(e) => self.reply(responder, Err(e.into())),
         }
-    }
-
-    /// Sends a session-scoped request to the bound agent; its answer comes as an event.
-    async fn send_in_band(&mut self, method: &str, params: Value) -> Result<u64, AcpError> {
-        let AgentState::Bound { agent, agent_sid } = &self.agent else {
-            return Err(AcpError::AgentExited("no agent process".into()));
-        };
-        let tag = self.turn.next_tag;
-        self.turn.next_tag += 1;
-        let params = with_session_id(params, agent_sid);
-        match agent.request_in_band(method, params, &self.id, tag).await {
-            Ok(_) => Ok(tag),
-            Err(_) => {
-                self.agent = AgentState::Unbound;
-                Err(AcpError::AgentExited("its connection closed".into()))
-            }
-        }
-    }
-
-    fn tag(&mut self) -> u64 {
-        self.turn.next_tag += 1;
-        self.turn.next_tag - 1
     }
 
     async fn on_task(&mut self, done: TaskDone) {

@@ -61,7 +61,8 @@ impl Pending {
                 "no client answered the request in time",
             ))
         };
-        self.responder.respond(result).await;
+        // Never awaited: an agent that stops reading must not hold up its session.
+        self.responder.respond_now(result);
     }
 
     /// Withdraws it at the client; the agent that asked is gone.
@@ -146,12 +147,12 @@ impl PendingRequests {
             Step::Decide { withdraw } => {
                 p.withdraw_at(withdraw);
                 if let Some(p) = self.items.remove(&id) {
-                    p.responder.respond(result).await;
+                    p.responder.respond_now(result);
                 }
             }
             Step::Forward => {
                 if let Some(p) = self.items.remove(&id) {
-                    p.responder.respond(result).await;
+                    p.responder.respond_now(result);
                 }
             }
             Step::Reroute => p.deadline = Instant::now() + timeout,

@@ -242,3 +242,51 @@ async fn a_late_permission_request_of_an_abandoned_turn_never_reaches_the_client
     assert_eq!(result.unwrap()["stopReason"], "end_turn");
     assert_eq!(agent_texts(&updates), ["next turn"], "{updates:?}");
 }
+
+/// A request acpd sent its agent is known by a tag no later actor of the session reuses: a
+/// turn cut off by `session/close` that answers late never answers the prompt of the session
+/// reopened after it.
+#[tokio::test]
+async fn a_closed_turns_late_answer_never_ends_a_reopened_sessions_prompt() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let cwd = daemon.work_dir();
+    let sid = client.open_session(&cwd).await;
+    // Another session keeps the agent process (and the old turn) alive after `sid` closes.
+    let _keep = client.open_session(&cwd).await;
+    let (_, result) = client.prompt(&sid, "echo first").await;
+    assert_eq!(result.unwrap()["stopReason"], "end_turn");
+    let old = client
+        .send_prompt(
+            &sid,
+            "echo held; ignore_cancel; sleep 1500; stop max_tokens",
+        )
+        .await;
+    client.updates_until_text("held").await;
+    client
+        .request("session/close", json!({ "sessionId": sid }))
+        .await
+        .expect("session/close");
+    assert_eq!(
+        client.wait_response(&old).await.unwrap(),
+        json!({ "stopReason": "cancelled" })
+    );
+
+    let params = json!({ "sessionId": sid, "cwd": cwd, "mcpServers": [] });
+    client
+        .request("session/resume", params)
+        .await
+        .expect("session/resume");
+    // The agent runs this turn after the old one (one turn at a time per session): the old
+    // turn's `max_tokens` arrives first, while this prompt is waiting.
+    let (updates, result) = client.prompt(&sid, "echo new turn").await;
+    assert_eq!(
+        result.unwrap()["stopReason"],
+        "end_turn",
+        "the new prompt was answered by the old turn: {updates:?}"
+    );
+    assert!(
+        agent_texts(&updates).contains(&"new turn".to_string()),
+        "{updates:?}"
+    );
+}

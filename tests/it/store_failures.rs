@@ -99,3 +99,89 @@ async fn postgres_session_new_after_its_connections_were_killed() {
         assert_eq!(result.expect("prompt")["stopReason"], "end_turn");
     }
 }
+
+/// Makes the daemon's journal commits wait: an open transaction of another connection holds
+/// an exclusive lock on the journal table until the returned connection is dropped (a
+/// database that takes no writes, without an error to retry).
+async fn block_journal(url: &str) -> sqlx::PgConnection {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    conn.execute("BEGIN").await.unwrap();
+    conn.execute("LOCK TABLE journal IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    conn
+}
+
+/// `session/set_mode` to an unknown mode: a round trip through the session's actor and its
+/// agent that journals nothing. Answered (an error) within a second.
+async fn answers_within_a_second(client: &mut crate::support::Client, sid: &str) {
+    let params = serde_json::json!({ "sessionId": sid, "modeId": "no-such-mode" });
+    let answer = tokio::time::timeout(
+        Duration::from_secs(1),
+        client.request("session/set_mode", params),
+    )
+    .await
+    .expect("another session of the connection answers while the store takes no writes");
+    assert!(answer.is_err(), "{answer:?}");
+}
+
+/// The session actor never waits on the store: while journal writes are stuck, the client's
+/// `session/cancel` reaches the agent and the turn ends `cancelled` within a second (the
+/// updates that are not durable are never sent), and the connection's other session answers.
+#[tokio::test]
+#[cfg_attr(
+    not(acpd_pg),
+    ignore = "set ACPD_TEST_DATABASE_URL to run the Postgres tests"
+)]
+async fn cancel_ends_the_turn_while_the_store_takes_no_writes() {
+    let daemon = Daemon::start_with(DaemonOptions::default().postgres()).await;
+    let db = daemon.postgres_db().expect("postgres store");
+    let mut client = daemon.client().await;
+    let sid = client.open_session(&daemon.work_dir()).await;
+    let other = client.open_session(&daemon.work_dir()).await;
+    let lock = block_journal(db.url()).await;
+    let prompt = client
+        .send_prompt(&sid, "stream 20 16; wait_for_cancel")
+        .await;
+    // Long enough for the journal's commit to count as stuck.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let cancelled_at = tokio::time::Instant::now();
+    client
+        .notify("session/cancel", serde_json::json!({ "sessionId": sid }))
+        .await;
+    let result = tokio::time::timeout(Duration::from_secs(1), client.wait_response(&prompt))
+        .await
+        .expect("the cancelled turn is answered within a second");
+    assert_eq!(result.unwrap()["stopReason"], "cancelled");
+    assert!(cancelled_at.elapsed() < Duration::from_secs(1));
+    answers_within_a_second(&mut client, &other).await;
+    drop(lock);
+}
+
+/// A store whose write queue fills (journal writes stuck while the agent streams) fails the
+/// running turn with a clear error instead of stalling the session; the connection's other
+/// session answers meanwhile.
+#[tokio::test]
+#[cfg_attr(
+    not(acpd_pg),
+    ignore = "set ACPD_TEST_DATABASE_URL to run the Postgres tests"
+)]
+async fn a_full_store_queue_fails_the_turn_and_spares_the_connection() {
+    let daemon = Daemon::start_with(DaemonOptions::default().postgres()).await;
+    let db = daemon.postgres_db().expect("postgres store");
+    let mut client = daemon.client().await.with_timeout(Duration::from_secs(30));
+    let sid = client.open_session(&daemon.work_dir()).await;
+    let other = client.open_session(&daemon.work_dir()).await;
+    let lock = block_journal(db.url()).await;
+    // More updates than the store's write queue (8 192) and a batch hold.
+    let prompt = client
+        .send_prompt(&sid, "stream 12000 16; wait_for_cancel")
+        .await;
+    let err = client
+        .wait_response(&prompt)
+        .await
+        .expect_err("the turn fails");
+    assert!(err.message.contains("not taking writes"), "{err:?}");
+    answers_within_a_second(&mut client, &other).await;
+    drop(lock);
+}

@@ -251,39 +251,38 @@ async fn until_metric(daemon: &Daemon, series: &str, want: f64) {
     }
 }
 
+/// A store that stalls (the test holds its write lock) never stalls the agent: the session
+/// stops its journal and fails the turn with the store's error rather than stop taking the
+/// agent's output, so the router never has to pause the agent or cut the session off.
 #[tokio::test]
-async fn a_session_that_takes_nothing_is_detached_and_its_agents_other_sessions_go_on() {
+async fn a_stalled_store_fails_the_turn_and_its_agents_other_sessions_go_on() {
     let daemon = Daemon::start().await;
     let mut c = daemon.client().await.with_timeout(Duration::from_secs(90));
     let sid = c.open_session(&daemon.work_dir()).await;
-    // The journal cannot commit while the test holds the store's write lock: the session
-    // stops taking its agent's output, which the router holds and then stops reading.
     let lock = StoreLock::take(&daemon.store_url()).await;
     let prompt = c.send_prompt(&sid, "stream 300000 16").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(daemon.log_path())
-        .unwrap()
-        .contains("detaching it from the agent")
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the stalled session was never detached"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let m = metrics(&daemon).await;
-    assert_eq!(sample(&m, "acpd_sessions_cut_from_agent_total"), 1.0, "{m}");
-    assert!(sample(&m, "acpd_agent_output_pauses_total") >= 1.0, "{m}");
-    // Detached, it no longer holds the agent's output.
-    assert_eq!(sample(&m, "acpd_sessions_behind_agent"), 0.0, "{m}");
-    lock.release().await;
-    // The stalled turn ends with an error (its agent side is gone), not never.
     let (_, r) = c.collect_updates_until_response(&prompt).await;
-    let err = r.expect_err("the detached turn answers an error");
-    assert!(err.message.contains("agent"), "{err:?}");
-    // The agent goes on: the same session re-creates its agent side, and a new one works.
-    let (_, r) = c.prompt(&sid, "echo again").await;
-    assert_eq!(r.expect("the next turn")["stopReason"], "end_turn");
+    let err = r.expect_err("the turn fails while the store takes no writes");
+    assert!(err.message.contains("not taking writes"), "{err:?}");
+    let m = metrics(&daemon).await;
+    assert_eq!(sample(&m, "acpd_sessions_cut_from_agent_total"), 0.0, "{m}");
+    // Whatever the router held for it while the store still looked slow drains.
+    until_metric(&daemon, "acpd_sessions_behind_agent", 0.0).await;
+    lock.release().await;
+    // The agent goes on: the same session reopens from its journal (once the store's stuck
+    // commit is over: until then it answers "closing; try again"), and a new one works.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, r) = c.prompt(&sid, "echo again").await;
+        match r {
+            Ok(r) => break assert_eq!(r["stopReason"], "end_turn"),
+            Err(e) if e.message.contains("closing") => {
+                assert!(tokio::time::Instant::now() < deadline, "{e:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the next turn: {e:?}"),
+        }
+    }
     let other = c.open_session(&daemon.work_dir()).await;
     let (updates, r) = c.prompt(&other, "echo other").await;
     assert_eq!(r.expect("another session")["stopReason"], "end_turn");

@@ -77,7 +77,12 @@ async fn main() {
     let mut line = String::new();
     loop {
         line.clear();
-        match stdin.read_line(&mut line).await {
+        let read = tokio::select! {
+            r = stdin.read_line(&mut line) => r,
+            // `stop_reading`: stdin stays unread while the turns go on.
+            _ = agent.stop_reading.cancelled() => std::future::pending().await,
+        };
+        match read {
             Ok(0) | Err(_) => {
                 // The client closed our stdin: nobody can talk to us any more.
                 eprintln!(

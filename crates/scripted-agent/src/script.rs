@@ -21,6 +21,9 @@ pub enum Command {
     Tool,
     /// `permission [PATH]`: the tool call asked about names PATH in its `locations`.
     Permission(Option<String>),
+    /// `ask_tool`: a `tool_call` update, then a permission request about that tool call (the
+    /// order real agents use).
+    AskTool,
     /// A tool call naming PATH in every place ACP carries a path (locations, a diff, a
     /// `file://` link), its update, and a message chunk linking it.
     Locate(String),
@@ -46,6 +49,8 @@ pub enum Command {
     },
     Ext,
     WaitForCancel,
+    /// `stop_reading`: the agent reads nothing more from its stdin, ever (it still writes).
+    StopReading,
     /// From here on the turn does not see `session/cancel` (gemini-cli, often).
     IgnoreCancel,
     /// A cancelled turn answers this stop reason instead of `cancelled` (opencode: end_turn).
@@ -96,6 +101,7 @@ fn parse_line(line: &str) -> Result<Command, String> {
         "thought" => Command::Thought(rest.to_string()),
         "tool" => Command::Tool,
         "permission" => Command::Permission(args.first().map(|s| s.to_string())),
+        "ask_tool" => Command::AskTool,
         "locate" => Command::Locate(path("locate")?),
         "where" => Command::Where,
         "links" => Command::Links,
@@ -131,6 +137,7 @@ fn parse_line(line: &str) -> Result<Command, String> {
         },
         "ext" => Command::Ext,
         "wait_for_cancel" => Command::WaitForCancel,
+        "stop_reading" => Command::StopReading,
         "ignore_cancel" => Command::IgnoreCancel,
         "cancel_answer" => Command::CancelAnswer(
             args.first()
@@ -260,7 +267,22 @@ async fn run_one(
                 json!({ "sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed" }),
             );
         }
-        Command::Permission(path) => permission(agent, sid, path, cancel).await?,
+        Command::Permission(path) => {
+            let id = format!("perm-{}", next_tool(agent, sid));
+            permission(agent, sid, id, path, cancel).await?
+        }
+        Command::StopReading => agent.stop_reading.cancel(),
+        Command::AskTool => {
+            let id = format!("tool-{}", next_tool(agent, sid));
+            agent.emit(
+                sid,
+                json!({
+                    "sessionUpdate": "tool_call", "toolCallId": id, "title": "Run a scripted action",
+                    "kind": "other", "status": "pending",
+                }),
+            );
+            permission(agent, sid, id, None, cancel).await?
+        }
         Command::Locate(path) => {
             let id = format!("tool-{}", next_tool(agent, sid));
             let uri = format!("file://{path}");
@@ -431,10 +453,10 @@ async fn call(
 async fn permission(
     agent: &Arc<Agent>,
     sid: &str,
+    id: String,
     path: Option<String>,
     cancel: &CancellationToken,
 ) -> Flow {
-    let id = format!("perm-{}", next_tool(agent, sid));
     let options: Vec<Value> = [
         ("allow-once", "Allow once", "allow_once"),
         ("allow-always", "Allow always", "allow_always"),

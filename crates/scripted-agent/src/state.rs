@@ -127,6 +127,9 @@ pub struct Agent {
     pub client_caps: Mutex<Value>,
     next_session: AtomicU64,
     next_turn: AtomicU64,
+    /// Fired by the script command `stop_reading`: stdin is not read any more (an agent stuck
+    /// with its input unread); turns already running go on writing.
+    pub stop_reading: tokio_util::sync::CancellationToken,
 }
 
 impl Agent {
@@ -139,6 +142,7 @@ impl Agent {
             client_caps: Mutex::new(Value::Null),
             next_session: AtomicU64::new(1),
             next_turn: AtomicU64::new(1),
+            stop_reading: tokio_util::sync::CancellationToken::new(),
         }
     }
 

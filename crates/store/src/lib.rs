@@ -42,6 +42,7 @@ pub use backend::JOURNAL_FORMAT;
 pub use entry::{DurableSeq, JournalEntry, NewEntry, Watermark, watermark};
 pub use form::{BodyForm, Verbatim};
 pub use lease::{Acquired, ReplicaOptions};
+pub use writer::{AppendError, AppendRoom};
 
 /// Errors at the store boundary. The session layer maps them to JSON-RPC errors once.
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +214,8 @@ struct Inner {
     /// To the group-commit writer; see `writer`.
     appends: mpsc::Sender<writer::Msg>,
     writer_finished: writer::Finished,
+    /// Whether the writer's commits are stuck (`writes_stalled`).
+    writes_stalled: Arc<writer::Stall>,
     /// `StoreOptions::replica`.
     replica: Option<String>,
     /// The lock file of an exclusive SQLite store, held (flock) for the store's life; the OS
@@ -250,12 +253,13 @@ impl Store {
             },
             None => None,
         };
-        let (appends, writer_finished) = writer::spawn(pool.clone(), &opts);
+        let (appends, writer_finished, writes_stalled) = writer::spawn(pool.clone(), &opts);
         Ok(Store {
             inner: Arc::new(Inner {
                 pool,
                 appends,
                 writer_finished,
+                writes_stalled,
                 replica: opts.replica.map(|r| r.id),
                 _owner: owner,
                 checkpoints,
@@ -360,6 +364,35 @@ impl Store {
             .send(writer::Msg::Append(entry, durable))
             .await
             .map_err(|_| StoreError::Unavailable("the store is closed".into()))
+    }
+
+    /// `append` without waiting: `Full` when the writer's queue is (the database is away or
+    /// far behind), so a caller that must not wait on the store decides what to do then.
+    pub fn try_append(&self, entry: NewEntry, durable: Arc<DurableSeq>) -> Result<(), AppendError> {
+        use tokio::sync::mpsc::error::TrySendError;
+        match self
+            .inner
+            .appends
+            .try_send(writer::Msg::Append(entry, durable))
+        {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(AppendError::Full),
+            Err(TrySendError::Closed(_)) => Err(AppendError::Closed),
+        }
+    }
+
+    /// Resolves once the writer's queue has room for one append (`None`: the store is
+    /// closed). Owned, so a caller's `select!` can wait for it among other things.
+    pub fn append_room(&self) -> impl Future<Output = Option<AppendRoom>> + Send + 'static {
+        let tx = self.inner.appends.clone();
+        async move { tx.reserve_owned().await.ok().map(AppendRoom) }
+    }
+
+    /// Whether the journal writer is stuck: retrying a commit that failed (the database went
+    /// away), or in one commit for over a second (a lock, a database that stopped answering).
+    /// What is queued is not becoming durable meanwhile.
+    pub fn writes_stalled(&self) -> bool {
+        self.inner.writes_stalled.stalled()
     }
 
     /// Entries with `seq > after_seq`, ascending, at most `limit`.

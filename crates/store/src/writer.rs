@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -35,16 +36,37 @@ pub(crate) enum Msg {
     Close,
 }
 
+/// Room for one append in the writer's queue (`Store::append_room`).
+pub struct AppendRoom(pub(crate) mpsc::OwnedPermit<Msg>);
+
+impl AppendRoom {
+    /// Queues the append in the room held (as `Store::append` would).
+    pub fn append(self, entry: NewEntry, durable: Arc<DurableSeq>) {
+        self.0.send(Msg::Append(entry, durable));
+    }
+}
+
+/// Why `Store::try_append` did not queue an append.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error("the store's write queue is full (the database is away or far behind)")]
+    Full,
+    #[error("the store is closed")]
+    Closed,
+}
+
 /// Resolves `changed()` with an error once the writer task has ended (its sender is dropped
 /// then, also if it panicked): every append it ever accepted is committed or reported.
 pub(crate) type Finished = watch::Receiver<()>;
 
 /// Starts the writer; it runs until a `Close` or until every sender is gone, and in both cases
 /// commits what was queued before it stops.
-pub(crate) fn spawn(pool: Pool, opts: &StoreOptions) -> (mpsc::Sender<Msg>, Finished) {
+pub(crate) fn spawn(pool: Pool, opts: &StoreOptions) -> (mpsc::Sender<Msg>, Finished, Arc<Stall>) {
     let (tx, rx) = mpsc::channel(opts.journal_queue.max(1));
     let (finished_tx, finished) = watch::channel(());
+    let failing = Arc::new(Stall::default());
     let writer = Writer {
+        failing: failing.clone(),
         pool,
         rx,
         batch_max: opts.journal_batch_max.max(1),
@@ -53,7 +75,50 @@ pub(crate) fn spawn(pool: Pool, opts: &StoreOptions) -> (mpsc::Sender<Msg>, Fini
         _finished: finished_tx,
     };
     tokio::spawn(writer.run());
-    (tx, finished)
+    (tx, finished, failing)
+}
+
+/// Whether the writer is stuck: retrying a failed commit, or in one commit for longer than
+/// `STALLED_AFTER` (a lock, a database that stopped answering).
+pub(crate) struct Stall {
+    base: std::time::Instant,
+    retrying: AtomicBool,
+    /// Milliseconds after `base` (plus one) when the running commit started; 0: none runs.
+    since: AtomicU64,
+}
+
+/// How long one commit may run before the writer counts as stalled.
+const STALLED_AFTER: Duration = Duration::from_secs(1);
+
+impl Default for Stall {
+    fn default() -> Stall {
+        Stall {
+            base: std::time::Instant::now(),
+            retrying: AtomicBool::new(false),
+            since: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Stall {
+    fn started(&self) {
+        let ms = self.base.elapsed().as_millis() as u64 + 1;
+        self.since.store(ms, Ordering::Relaxed);
+    }
+
+    fn ended(&self) {
+        self.since.store(0, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stalled(&self) -> bool {
+        if self.retrying.load(Ordering::Relaxed) {
+            return true;
+        }
+        let since = self.since.load(Ordering::Relaxed);
+        since != 0
+            && self.base.elapsed().as_millis() as u64 + 1 - since
+                >= STALLED_AFTER.as_millis() as u64
+    }
 }
 
 struct Writer {
@@ -66,6 +131,8 @@ struct Writer {
     open: bool,
     /// Dropped with the writer; see `Finished`.
     _finished: watch::Sender<()>,
+    /// Whether commits are stuck (`Store::writes_stalled`).
+    failing: Arc<Stall>,
 }
 
 type Item = (NewEntry, Arc<DurableSeq>);
@@ -167,12 +234,14 @@ impl Writer {
                 .await
                 .map(|()| started.elapsed())
         };
+        self.failing.started();
         let result = attempt
             .retry(backoff)
             .sleep(tokio::time::sleep)
             .when(CommitError::transient)
             .notify(|e, wait| {
                 retried = true;
+                self.failing.retrying.store(true, Ordering::Relaxed);
                 metrics::counter!(crate::metrics::STORE_ERRORS_TOTAL).increment(1);
                 tracing::warn!(
                     error = %e,
@@ -182,7 +251,9 @@ impl Writer {
                 );
             })
             .await;
+        self.failing.ended();
         if let Ok(took) = result {
+            self.failing.retrying.store(false, Ordering::Relaxed);
             metrics::histogram!(crate::metrics::JOURNAL_APPEND_SECONDS).record(took.as_secs_f64());
             metrics::histogram!(crate::metrics::JOURNAL_BATCH_SIZE).record(items.len() as f64);
             metrics::counter!(crate::metrics::JOURNAL_ENTRIES_TOTAL).increment(items.len() as u64);

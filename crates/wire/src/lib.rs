@@ -19,8 +19,9 @@ pub use msg::{
 };
 pub use out_frame::OutFrame;
 pub use peer::{
-    Answer, Forward, InFrame, Incoming, IncomingRequest, Link, MapError, OutgoingRequest,
-    PeerError, PeerHandle, PendingForward, Responder, memory_pair, spawn,
+    Answer, Forward, InFrame, Incoming, IncomingRequest, LaneRequest, Link, MapError,
+    OutgoingRequest, PeerError, PeerHandle, PendingForward, QueueError, Responder, memory_pair,
+    spawn,
 };
 
 /// Depth of the channels between a pump and its peer: enough to keep a socket busy, small

@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{InFrame, Link, OutFrame};
 
-/// Runs the pump for one line stream without a write deadline (a hosted agent's pipes: an
-/// agent busy computing may leave its stdin unread for a long time); see `pump_with`.
+/// Runs the pump for one line stream without a write deadline (`acpd stdio`, a login's
+/// agent); see `pump_with`. A hosted agent's pipes get a long one.
 pub fn pump<R, W>(
     reader: R,
     writer: W,

@@ -24,7 +24,7 @@ mod incoming;
 mod lane;
 mod memory;
 pub use forward::{Forward, MapError, PendingForward};
-pub use lane::Answer;
+pub use lane::{Answer, LaneRequest, QueueError};
 use lane::{LaneItem, QUEUE_MESSAGES, Queued};
 pub use memory::memory_pair;
 
@@ -528,10 +528,14 @@ impl PeerTask {
                 }
             }
             Command::Forget { id, notify_peer } => {
-                if notify_peer {
-                    self.ours.remove(&id);
-                }
-                if notify_peer || self.ours.contains_key(&id) {
+                // Only a request that is out and unanswered is withdrawn at the other side (a
+                // lane request dropped before it left never is: it is not sent at all).
+                let out = if notify_peer {
+                    self.ours.remove(&id).is_some()
+                } else {
+                    self.ours.contains_key(&id)
+                };
+                if out {
                     let params = json!({ "requestId": id });
                     self.write(
                         Notification {

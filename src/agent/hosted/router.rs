@@ -134,7 +134,7 @@ impl Router {
         mut self,
         mut process: Process,
         mut incoming: mpsc::Receiver<Incoming>,
-        mut commands: mpsc::UnboundedReceiver<RouterCommand>,
+        mut commands: mpsc::Receiver<RouterCommand>,
         exited: CancellationToken,
         io_cancel: CancellationToken,
         shutdown: CancellationToken,

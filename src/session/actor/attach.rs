@@ -152,10 +152,7 @@ impl Session {
         self.guard_cancel();
         // A cancel ends the session's activity: the prompts queued behind the turn too.
         self.answer_queued(Ok(json!({ "stopReason": "cancelled" })));
-        if let AgentState::Bound { agent, agent_sid } = &self.agent {
-            let params = json!({ "sessionId": agent_sid });
-            let _ = agent.peer.notify("session/cancel", Some(params)).await;
-        }
+        self.notify_agent("session/cancel", json!({}));
         // The client must answer pending permission requests `cancelled`; acpd does it for
         // the clients it relayed them to, and withdraws them there.
         for p in self.pending.take_permissions() {
@@ -194,9 +191,9 @@ impl Session {
                 agent.supports_close()
             };
             if supported {
-                let _ = agent
-                    .request_in_band(method, json!({ "sessionId": agent_sid }), &self.id, 0)
-                    .await;
+                let params = json!({ "sessionId": agent_sid });
+                // Never awaited; a full queue is dropped here (the session is closing).
+                let _ = agent.try_request_in_band(method, params, &self.id, 0);
             }
             agent.unregister(&self.id);
         }

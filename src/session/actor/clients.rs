@@ -177,9 +177,12 @@ impl Session {
         let Some((method, params)) = self.pending.assign(id, conn.clone()) else {
             return;
         };
+        // In the client's one ordered queue (`Outbox::ask`), behind the updates before it.
+        let (req, answer) = peer.lane_request(&method, Some(params));
+        self.outbox.ask(&conn, req);
         let answered_by = conn.clone();
         let abort = self.tasks.spawn(async move {
-            let result = peer.request(&method, Some(params)).await;
+            let result = answer.wait().await;
             TaskDone::ClientAnswer {
                 pending: id,
                 conn: answered_by,

@@ -40,7 +40,7 @@ impl Session {
                 if matches!(self.agent, AgentState::Restoring { .. }) {
                     // The agent's own request (answered on the agent's link, not a client's).
                     let e = ResponseError::internal("the session is being restored");
-                    req.responder.respond(Err(e)).await;
+                    req.responder.respond_now(Err(e));
                     return;
                 }
                 if self.turn.guard.late_update() {
@@ -54,7 +54,7 @@ impl Session {
                             "the turn was cancelled",
                         ))
                     };
-                    req.responder.respond(result).await;
+                    req.responder.respond_now(result);
                     return;
                 }
                 let params = req.params.unwrap_or(Value::Null);

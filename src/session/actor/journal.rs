@@ -9,8 +9,12 @@ use super::splice::splice;
 use super::{Inflight, Session, TaskDone};
 use crate::session::outbox::{CATCH_UP_PAGE, CatchUp, Out};
 use crate::session::{ConnId, now_ms};
-use acpd_store::{JournalEntry, NewEntry, SessionPatch, StoreError};
+use acpd_store::{AppendError, AppendRoom, JournalEntry, NewEntry, SessionPatch, StoreError};
 use acpd_wire::{Notification, RawNotification, ResponseError};
+
+/// Most appends held while the store's queue is full (the actor takes no agent events
+/// meanwhile, so only the user's prompt blocks and acpd's notes add to them).
+const UNQUEUED_LIMIT: usize = 1024;
 
 impl Session {
     /// Journals one `session/update` acpd itself makes (the user's prompt blocks).
@@ -52,10 +56,99 @@ impl Session {
             at_ms: self.burst_ms.unwrap_or_else(now_ms),
             epoch: self.lease.as_ref().map(|l| l.epoch),
         };
-        if let Err(e) = self.shared.store.append(entry, self.durable.clone()).await {
-            tracing::error!(session = %self.id, seq, error = %e, "journal append failed");
+        // Never awaited: a store that takes no writes must not hold up cancel, the session's
+        // other commands or the connection's other sessions. A full queue of a store that is
+        // working (only slower than the agent) holds the entry here, in order, and the actor
+        // takes no agent events until the store has room (`on_append_room`): the router then
+        // slows the agent. A full queue of a stalled store (`writes_stalled`), or too much
+        // held, stops the journal here (`stop_journal`): this update is neither journaled
+        // nor sent.
+        if !self.unqueued.is_empty() {
+            if self.unqueued.len() >= UNQUEUED_LIMIT {
+                tracing::error!(session = %self.id, seq, "the store takes no appends; stopping the session's journal");
+                return self.stop_journal(seq);
+            }
+            self.unqueued.push_back(entry);
+        } else {
+            match self
+                .shared
+                .store
+                .try_append(entry.clone(), self.durable.clone())
+            {
+                Ok(()) => {}
+                Err(AppendError::Full) if !self.shared.store.writes_stalled() => {
+                    self.unqueued.push_back(entry)
+                }
+                Err(e) => {
+                    tracing::error!(session = %self.id, seq, error = %e, "journal append refused (the store is stalled); stopping the session's journal");
+                    return self.stop_journal(seq);
+                }
+            }
         }
         self.outbox.push(Out::Update { seq, text, exclude });
+    }
+
+    /// The store has room again (`None`: it closed): the held entries go, in order.
+    pub(super) fn on_append_room(&mut self, room: Option<AppendRoom>) {
+        let (Some(room), Some(first)) = (room, self.unqueued.pop_front()) else {
+            if let Some(first) = self.unqueued.front() {
+                let seq = first.seq;
+                self.stop_journal(seq);
+            }
+            return;
+        };
+        room.append(first, self.durable.clone());
+        while let Some(e) = self.unqueued.front() {
+            if self
+                .shared
+                .store
+                .try_append(e.clone(), self.durable.clone())
+                .is_err()
+            {
+                break;
+            }
+            self.unqueued.pop_front();
+        }
+    }
+
+    /// Entries are held for a full queue and the store's commits stalled meanwhile: the
+    /// journal stops before them (a store outage, not a slow store).
+    pub(super) fn check_store_stall(&mut self) {
+        if let Some(first) = self.unqueued.front()
+            && self.shared.store.writes_stalled()
+        {
+            let seq = first.seq;
+            tracing::error!(session = %self.id, seq, "the store stalled with appends held; stopping the session's journal");
+            self.stop_journal(seq);
+        }
+    }
+
+    /// The store is not taking the session's writes: the journal stops before `at` as if the
+    /// store had rejected it (`flush` then drops what is not durable unsent, the running turn
+    /// is cancelled at the agent and answered, and the session ends; it reopens from its
+    /// journal). The writer drops the queued appends after `at` unwritten.
+    pub(super) fn stop_journal(&mut self, at: i64) {
+        self.store_outage = true;
+        // Held appends are after `at` or at it: never written.
+        self.unqueued.clear();
+        self.durable.send_if_modified(|m| {
+            let stop = m.rejected.is_none();
+            if stop {
+                m.rejected = Some(at);
+            }
+            stop
+        });
+    }
+
+    /// `session/cancel` while the store is away: the turn's updates that are not durable would
+    /// hold its answer until the store is back, so the journal stops at what is durable and
+    /// the turn ends `cancelled` now.
+    pub(super) fn cancel_in_outage(&mut self) {
+        let durable = self.durable_rx.borrow().durable;
+        if self.shared.store.writes_stalled() && durable < self.next_seq - 1 {
+            tracing::warn!(session = %self.id, durable, "session/cancel while the store is away; stopping the session's journal at what is durable");
+            self.stop_journal(durable + 1);
+        }
     }
 
     /// Keeps the session row in step with updates that change it.
@@ -103,6 +196,12 @@ impl Session {
         if let Some(rejected) = mark.rejected {
             let err = if mark.fenced {
                 moved_err(&self.id)
+            } else if self.store_outage {
+                ResponseError::internal(
+                    "the session store is not taking writes (the database is away), so nothing \
+                     more of this session can be kept; the turn is stopped and the session \
+                     reopens from its journal on the next request",
+                )
             } else {
                 ResponseError::internal(format!(
                     "the session store rejected update {rejected} of this session, so nothing \
@@ -119,8 +218,14 @@ impl Session {
             }
         }
         let durable = mark.durable;
-        for id in self.outbox.flush(durable).await {
-            self.dispatch(id);
+        loop {
+            let requests = self.outbox.flush(durable).await;
+            if requests.is_empty() {
+                break;
+            }
+            for id in requests {
+                self.dispatch(id);
+            }
         }
         self.read_lagging();
     }
@@ -168,6 +273,8 @@ impl Session {
     /// Cancels the running turn at the agent, answers every in-band request with `err`, and
     /// ends the session.
     async fn end_turns(&mut self, err: ResponseError) {
+        // A client that cancelled during a store outage gets what it asked for.
+        let asked = self.store_outage && self.turn.cancel_requested;
         let turn = self
             .turn
             .inflight
@@ -177,11 +284,12 @@ impl Session {
             self.cancel().await;
         }
         for (_, f) in self.turn.inflight.drain() {
+            let result = match &f {
+                Inflight::Prompt { .. } if asked => Ok(json!({ "stopReason": "cancelled" })),
+                _ => Err(err.clone()),
+            };
             if let Inflight::Prompt { responder } | Inflight::Relay { responder } = f {
-                self.outbox.push(Out::Reply {
-                    responder,
-                    result: Err(err.clone()),
-                });
+                self.outbox.push(Out::Reply { responder, result });
             }
         }
         self.ending = true;

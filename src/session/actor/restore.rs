@@ -74,13 +74,19 @@ impl Session {
         if step != Restore::New {
             params["sessionId"] = json!(old);
         }
-        let tag = self.tag();
-        match agent.request_in_band(method, params, &self.id, tag).await {
+        let tag = super::next_tag();
+        match agent.try_request_in_band(method, params, &self.id, tag) {
             Ok(_) => {
                 self.turn.inflight.insert(tag, Inflight::Restore(step));
                 self.agent = AgentState::Restoring { agent };
             }
-            Err(_) => self.restore_failed("the agent exited".into()).await,
+            Err(e) => {
+                if e == acpd_wire::QueueError::Full {
+                    self.agent = AgentState::Restoring { agent };
+                    self.cut_agent();
+                }
+                self.restore_failed("the agent exited".into()).await
+            }
         }
     }
 

@@ -11,13 +11,19 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::Client;
-use acpd_wire::{Answer, Responder, ResponseError};
+use acpd_wire::{Answer, LaneRequest, Responder, ResponseError};
+
+/// Most messages (answers, agent requests, presence) held for one lagging client.
+pub(super) const HELD_LIMIT: usize = 4096;
 
 /// What a client is sent, in order.
 pub(super) enum ClientOut {
     Raw(Arc<str>),
     /// Boxed (the large variant): as `try_respond` hands it back when the queue is full.
     Reply(Answer),
+    /// An agent's request relayed to the client: in the same queue as its updates, so it
+    /// never overtakes one the agent sent before it.
+    Request(Box<LaneRequest>),
 }
 
 /// One attached client. Its messages queue on its connection's peer, which sends them even
@@ -114,8 +120,17 @@ impl Writer {
     }
 
     /// Queues a message that is not journaled, or holds it (in order) while the client lags.
+    /// A lagging client with `HELD_LIMIT` messages held is cut off, as one that stopped
+    /// reading is: its connection ends, it detaches, and it can reload from the journal.
     pub fn send_or_hold(&mut self, upto: i64, out: ClientOut) {
         if let Some(lag) = &mut self.lag {
+            if lag.held.len() >= HELD_LIMIT {
+                if !self.client.peer.is_closed() {
+                    tracing::warn!(conn = %self.client.conn, "client lags with too many messages held for it; disconnecting it (it can reload from the journal)");
+                }
+                self.client.peer.close();
+                return;
+            }
             lag.held.push_back((upto, out));
         } else if let Err(out) = self.queue(out) {
             self.start_lag(Cause::Behind).held.push_back((upto, out));
@@ -173,5 +188,49 @@ fn queue(client: &Client, out: ClientOut) -> Result<(), ClientOut> {
                 .try_respond(responder, result)
                 .map_err(ClientOut::Reply)
         }
+        ClientOut::Request(req) => client
+            .peer
+            .try_request(*req)
+            .map_err(|r| ClientOut::Request(Box::new(r))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use serde_json::json;
+    use tokio::sync::mpsc;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::session::roles::Role;
+    use acpd_wire::Link;
+
+    #[tokio::test]
+    async fn a_lagging_client_with_too_much_held_is_cut_off() {
+        let (_frames, incoming) = mpsc::channel(8);
+        let (outgoing, _out) = mpsc::channel(1);
+        let (peer, _owner, _task) =
+            acpd_wire::spawn(Link { incoming, outgoing }, CancellationToken::new());
+        let client = Client {
+            conn: "c1".into(),
+            peer: peer.clone(),
+            init: Arc::new(json!({})),
+            role: Role::Controller,
+            principal: "p".into(),
+            principal_name: "p".into(),
+            mcp_tunnel: false,
+        };
+        let mut w = new(client, 0);
+        w.start_lag(Cause::Behind);
+        for _ in 0..HELD_LIMIT + 10 {
+            w.send_or_hold(1, ClientOut::Raw("x".into()));
+        }
+        assert_eq!(w.lag.as_ref().map(|l| l.held.len()), Some(HELD_LIMIT));
+        tokio::time::timeout(Duration::from_secs(5), peer.closed().cancelled())
+            .await
+            .expect("the client's connection is closed");
     }
 }

@@ -1,22 +1,57 @@
 //! The lane: a peer's second command queue, the one its owner's fan-out uses. Deep (a
 //! client's whole outgoing queue), bounded by bytes as well as count, and never awaited:
 //! `try_send_raw` and `try_respond` hand a message back when it is full, and the session layer
-//! then feeds that client from the journal. Everything else keeps the small `Command` queue,
-//! whose senders wait.
+//! then feeds that client from the journal. Requests a session relays to a client
+//! (`lane_request`, `try_request`) take the lane too, so they never overtake an update queued
+//! before them. Everything else keeps the small `Command` queue, whose senders wait, or
+//! `try_request_in_band` / `try_notify` there, for an owner that must not wait on the other
+//! side (a session actor and its agent).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
-use super::{Command, OutFrame, PeerHandle, PeerTask, RequestId, Responder, ResponseError};
+use super::{
+    Command, OutFrame, OutgoingRequest, PeerError, PeerHandle, PeerTask, Reply, RequestId,
+    Responder, ResponseError,
+};
+
+/// Why a `try_` send did not queue its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    #[error("the peer's queue is full (the other side is not taking what it is sent)")]
+    Full,
+    #[error("the connection is closed")]
+    Closed,
+}
+
+impl<T> From<mpsc::error::TrySendError<T>> for QueueError {
+    fn from(e: mpsc::error::TrySendError<T>) -> QueueError {
+        match e {
+            mpsc::error::TrySendError::Full(_) => QueueError::Full,
+            mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
+        }
+    }
+}
 
 /// What the lane carries: small, since a channel allocates its first block of slots up front.
 pub(super) enum LaneItem {
     /// A shared serialization (`try_send_raw`), its bytes counted in `Queued`.
     Shared(Arc<str>),
     Reply(Box<(RequestId, Result<Value, ResponseError>)>),
+    Request(Box<LaneRequest>),
+}
+
+/// A request to send through the lane (`PeerHandle::lane_request`), in order with what is
+/// queued there. Dropped unsent, its `OutgoingRequest` answers `Disconnected`.
+#[derive(Debug)]
+pub struct LaneRequest {
+    id: u64,
+    method: String,
+    params: Option<Value>,
+    reply: oneshot::Sender<Result<Value, PeerError>>,
 }
 
 /// What the owner sees of its lane: the lane is a client's one outgoing queue, so the session
@@ -94,6 +129,75 @@ impl PeerHandle {
         }
     }
 
+    /// A request to queue with `try_request`, and the handle to its answer. The wire id is
+    /// taken now; a handle dropped before the request leaves withdraws it (it is not sent).
+    pub fn lane_request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+    ) -> (LaneRequest, OutgoingRequest) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply, rx) = oneshot::channel();
+        let req = LaneRequest {
+            id,
+            method: method.to_owned(),
+            params,
+            reply,
+        };
+        let answer = OutgoingRequest {
+            id,
+            rx,
+            tx: self.tx.clone(),
+            tasks: self.tasks.clone(),
+            done: false,
+        };
+        (req, answer)
+    }
+
+    /// Queues a request in the lane without waiting, behind everything queued there before
+    /// it; hands it back when the lane is full (by count). A closed peer counts as sent (its
+    /// answer handle then says `Disconnected`).
+    pub fn try_request(&self, req: LaneRequest) -> Result<(), LaneRequest> {
+        match self.lane.try_send(LaneItem::Request(Box::new(req))) {
+            Err(mpsc::error::TrySendError::Full(LaneItem::Request(r))) => Err(*r),
+            _ => Ok(()),
+        }
+    }
+
+    /// `request_in_band` without waiting: `QueueError::Full` when the command queue is full
+    /// (the other side has not taken what it was sent: its link, the write queue and this
+    /// queue are full), so a caller that must not wait on the other side decides what then.
+    pub fn try_request_in_band(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        route: &str,
+        tag: u64,
+    ) -> Result<u64, QueueError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let reply = Reply::InBand {
+            route: route.to_owned(),
+            tag,
+        };
+        let cmd = Command::Request {
+            id,
+            method: method.to_owned(),
+            params,
+            reply,
+        };
+        self.tx.try_send(cmd).map_err(QueueError::from)?;
+        Ok(id)
+    }
+
+    /// `notify` without waiting (see `try_request_in_band`).
+    pub fn try_notify(&self, method: &str, params: Option<Value>) -> Result<(), QueueError> {
+        let cmd = Command::Notify {
+            method: method.to_owned(),
+            params,
+        };
+        self.tx.try_send(cmd).map_err(QueueError::from)
+    }
+
     /// Whether the lane has drained below half, by count and by bytes.
     pub fn queue_half_empty(&self) -> bool {
         self.lane.capacity() > QUEUE_MESSAGES / 2
@@ -118,6 +222,25 @@ impl PeerTask {
             LaneItem::Reply(reply) => {
                 let (id, result) = *reply;
                 self.on_command(Command::Reply { id, result });
+            }
+            LaneItem::Request(req) => {
+                let LaneRequest {
+                    id,
+                    method,
+                    params,
+                    reply,
+                } = *req;
+                // Withdrawn before it left: the other side never sees it.
+                if reply.is_closed() {
+                    return;
+                }
+                let reply = Reply::Oneshot(reply);
+                self.on_command(Command::Request {
+                    id,
+                    method,
+                    params,
+                    reply,
+                });
             }
         }
     }
@@ -188,6 +311,36 @@ mod tests {
         peer.try_send_raw(back).unwrap();
         assert_eq!(next(&mut out).await.len(), big.len());
         assert_eq!(peer.taken(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_lane_request_leaves_behind_what_was_queued_before_it() {
+        let (peer, _owner, frames, mut out) = peer();
+        let (req, answer) = peer.lane_request("ask", None);
+        peer.try_send_raw("update".into()).unwrap();
+        peer.try_request(req).unwrap();
+        assert_eq!(next(&mut out).await, "update");
+        let sent: Value = serde_json::from_str(&next(&mut out).await).unwrap();
+        assert_eq!(sent["method"], "ask");
+        let reply = format!(r#"{{"jsonrpc":"2.0","id":{},"result":5}}"#, sent["id"]);
+        frames.send(InFrame::Text(reply)).await.unwrap();
+        assert_eq!(answer.wait().await.unwrap(), Value::from(5));
+    }
+
+    #[tokio::test]
+    async fn a_lane_request_withdrawn_before_it_leaves_is_never_sent() {
+        let (peer, _owner, _frames, mut out) = peer();
+        let (req, answer) = peer.lane_request("ask", None);
+        drop(answer);
+        peer.try_request(req).unwrap();
+        peer.try_send_raw("after".into()).unwrap();
+        // Neither the request nor a `$/cancel_request` for it.
+        assert_eq!(next(&mut out).await, "after");
+        assert!(
+            timeout(Duration::from_millis(50), out.recv())
+                .await
+                .is_err()
+        );
     }
 
     #[tokio::test]
