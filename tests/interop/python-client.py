@@ -6,7 +6,8 @@ Usage: ACPD_SHIM=/path/acp-shim ACPD_URL=ws://… ACPD_TOKEN_FILE=… ACPD_CWD=/
        [ACPD_SHIM_LOG=file] python python-client.py
 Exit 0 when, through the SDK's typed client side: initialize; session/new; a prompt that
 streams, asks a permission this client answers, and ends with end_turn; session/load on a
-new connection replaying the journal (the same updates with the same seqs, plus the prompt);
+new connection replaying the journal (the same text merged per message, plus the prompt, then
+the session's state once);
 session/cancel ending a waiting turn with stopReason "cancelled". Exit 1 with the first
 mismatch, 2 on timeout. Results go to stderr, one `ok:` line per step.
 """
@@ -170,8 +171,22 @@ async def second_connection(cwd, log, sid, live):
             [u[2]["content"].get("text") for u in users] == [SCRIPT],
             f"load: replayed prompts {users}",
         )
-        check(agent == live, f"load: replay differs from the live updates\n{agent}\n{live}")
-        seqs = [q for (_, q, _) in replayed]
+        # A load replays the history merged per message, then the session's state (commands,
+        # mode, config options) once each, after it (README, "session/load").
+        state = ("available_commands_update", "current_mode_update", "config_option_update")
+        history = [u for u in agent if u[2]["sessionUpdate"] not in state]
+        after = [u for u in agent if u[2]["sessionUpdate"] in state]
+        live_history = [u for u in live if u[2]["sessionUpdate"] not in state]
+
+        def text(us):
+            return "".join(u[2].get("content", {}).get("text", "") for u in us)
+
+        check(text(history) == text(live_history), f"load: replay differs from the live updates\n{agent}\n{live}")
+        check(len(history) <= len(live_history), f"load: replay longer than the live turn: {history}")
+        check(agent[len(history):] == after, f"load: the state is not after the history: {agent}")
+        kinds = [u[2]["sessionUpdate"] for u in after]
+        check(len(kinds) == len(set(kinds)), f"load: state replayed twice: {kinds}")
+        seqs = [q for (_, q, _) in history]
         check(seqs == sorted(set(seqs)), f"load: seqs not increasing: {seqs}")
         print(f"ok: session/load replayed {len(replayed)} updates on a new connection", file=sys.stderr)
 
