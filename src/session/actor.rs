@@ -12,6 +12,7 @@ mod events;
 mod fork;
 pub(crate) use fork::agent_forks;
 mod journal;
+mod position;
 mod restore;
 mod rows;
 mod splice;
@@ -61,20 +62,14 @@ pub(super) fn spawn(
         status: status_rx,
     };
     let journaled = row.last_seq;
-    let (durable, durable_rx) = acpd_store::watermark(journaled);
     let mut session = Session {
         id,
-        next_seq: row.last_seq + 1,
+        journal: position::Position::new(journaled, lease),
         meta: serde_json::from_str(&row.meta).unwrap_or_else(|_| json!({})),
         row,
         shared: shared.clone(),
         agent: AgentState::Unbound,
         events: ev_tx,
-        durable,
-        durable_rx,
-        burst_ms: None,
-        store_outage: false,
-        unqueued: VecDeque::new(),
         outbox: Outbox::new(shared.tasks.clone(), journaled),
         turn: Turn {
             inflight: std::collections::HashMap::new(),
@@ -97,7 +92,6 @@ pub(super) fn spawn(
         upkeep: Upkeep::default(),
         rows: rows::RowWrites::default(),
         status,
-        lease,
     };
     if let Some((agent, agent_sid)) = agent {
         agent.register(&session.id, Some(&agent_sid), session.events.clone());
@@ -204,20 +198,8 @@ pub(super) struct Session {
     meta: Value,
     /// Session row updates on their way to the store.
     rows: rows::RowWrites,
-    // The journal (`journal.rs`): position and durable watermark.
-    next_seq: i64,
-    durable: Arc<acpd_store::DurableSeq>,
-    durable_rx: watch::Receiver<acpd_store::Watermark>,
-    /// The clock read once for a burst of agent events, while it is handled: its updates are
-    /// journaled microseconds apart, and a read per update was ~1 % of acpd's CPU.
-    burst_ms: Option<i64>,
-    /// The journal stopped because the store took no writes (`stop_journal`).
-    store_outage: bool,
-    /// Appends the store's full queue did not take yet, in seq order (`journal.rs`).
-    unqueued: VecDeque<acpd_store::NewEntry>,
-    /// Several replicas: the lease this replica holds on the session; every append carries
-    /// its epoch (`journal.rs`), and its `lost` token lets the session go.
-    lease: Option<crate::cluster::Lease>,
+    /// The journal position (`position.rs`; `journal.rs` does its I/O).
+    journal: position::Position,
     // The agent side (`restore.rs`).
     agent: AgentState,
     /// Given to the agent router so the agent's messages reach this actor.
@@ -264,14 +246,14 @@ impl Session {
                     Some(cmd) => self.on_command(*cmd).await,
                     None => break,
                 },
-                ev = events.recv(), if self.unqueued.is_empty() => {
+                ev = events.recv(), if !self.journal.holding() => {
                     if let Some(ev) = ev {
-                        self.burst_ms = Some(super::now_ms());
+                        self.journal.burst_ms = Some(super::now_ms());
                         self.on_agent_event(ev).await;
                         // The events already queued go with it: one flush (and one pass of
                         // this loop) per burst of updates, not per update.
                         for _ in 1..EVENT_BURST {
-                            if !self.unqueued.is_empty() {
+                            if self.journal.holding() {
                                 break;
                             }
                             match events.try_recv() {
@@ -279,14 +261,14 @@ impl Session {
                                 Err(_) => break,
                             }
                         }
-                        self.burst_ms = None;
+                        self.journal.burst_ms = None;
                     }
                 }
-                Ok(()) = self.durable_rx.changed() => {}
-                room = self.shared.store.append_room(), if !self.unqueued.is_empty() => {
+                Ok(()) = self.journal.durable_rx.changed() => {}
+                room = self.shared.store.append_room(), if self.journal.holding() => {
                     self.on_append_room(room)
                 }
-                _ = tokio::time::sleep(STALL_CHECK), if !self.unqueued.is_empty() || self.settling() => {
+                _ = tokio::time::sleep(STALL_CHECK), if self.journal.holding() || self.settling() => {
                     self.check_store_stall()
                 }
                 Some(done) = self.tasks.join_next() => {
@@ -300,7 +282,7 @@ impl Session {
                 // `flush` below looks at lagging clients.
                 _ = sleep_until(lag_check) => {}
                 _ = tokio::time::sleep_until(idle_since + idle), if self.is_idle() => break,
-                _ = lease_lost(&self.lease), if !self.ending => self.let_go().await,
+                _ = lease_lost(&self.journal.lease), if !self.ending => self.let_go().await,
             }
             self.start_queued().await;
             self.flush().await;
@@ -351,9 +333,10 @@ impl Session {
         }
         // The lease goes back once what was appended is settled: a peer takes the session
         // at once. A lost lease is not ours to give back (the store checks the epoch).
-        if let (Some(lease), Some(cluster)) = (&self.lease, &self.shared.cluster) {
-            let upto = self.next_seq - 1;
-            cluster.release(self.id.clone(), lease.epoch, self.durable_rx.clone(), upto);
+        if let (Some(lease), Some(cluster)) = (&self.journal.lease, &self.shared.cluster) {
+            let upto = self.journal.last();
+            let durable = self.journal.durable_rx.clone();
+            cluster.release(self.id.clone(), lease.epoch, durable, upto);
         }
         let _ = self
             .shared
@@ -369,7 +352,7 @@ impl Session {
     /// commit that may hold this session's entries: the session ends only once that commit is
     /// over, so the actor that reopens it reads the journal's true end.
     fn settling(&self) -> bool {
-        self.store_outage && self.shared.store.writes_stalled()
+        self.journal.settling(self.shared.store.writes_stalled())
     }
 
     fn is_idle(&self) -> bool {
@@ -472,7 +455,7 @@ impl Session {
 
     /// Starts a prompt's turn (`clients.rs` decided it may start now).
     async fn begin_prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
-        self.turn.own_from = self.next_seq;
+        self.turn.own_from = self.journal.next_seq;
         if let Some(blocks) = params.get("prompt").and_then(Value::as_array) {
             for block in blocks.clone() {
                 let update = json!({ "sessionId": &*self.id, "update": { "sessionUpdate": "user_message_chunk", "content": block } });
