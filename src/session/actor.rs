@@ -5,6 +5,7 @@
 //! the journal and queued in the outbox; the outbox releases them once durable (see
 //! `outbox.rs`), so nothing reaches a client that a later `session/load` could not replay.
 
+mod agent_side;
 mod attach;
 mod cancel;
 mod clients;
@@ -39,9 +40,6 @@ use acpd_wire::{PeerError, Responder, ResponseError};
 const EVENT_BURST: usize = 256;
 /// How often a session holding appends for a full store queue looks whether the store stalled.
 const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
-/// Most commands waiting for the agent to be bound (as many as the command queue holds);
-/// past it a command is refused, so a stuck start never grows the queue without bound.
-const DEFERRED_LIMIT: usize = 256;
 
 pub(super) fn spawn(
     row: SessionRow,
@@ -68,11 +66,9 @@ pub(super) fn spawn(
         meta: serde_json::from_str(&row.meta).unwrap_or_else(|_| json!({})),
         row,
         shared: shared.clone(),
-        agent: AgentState::Unbound,
-        events: ev_tx,
+        agent: agent_side::AgentSide::new(ev_tx),
         outbox: Outbox::new(shared.tasks.clone(), journaled),
         turn: Turn {
-            inflight: std::collections::HashMap::new(),
             cancel_requested: false,
             conn: None,
             own_from: 0,
@@ -85,17 +81,15 @@ pub(super) fn spawn(
             cut_off: std::collections::HashSet::new(),
         },
         pending: PendingRequests::default(),
-        deferred: VecDeque::new(),
         tasks: JoinSet::new(),
-        last_init: None,
         ending: false,
         upkeep: Upkeep::default(),
         rows: rows::RowWrites::default(),
         status,
     };
     if let Some((agent, agent_sid)) = agent {
-        agent.register(&session.id, Some(&agent_sid), session.events.clone());
-        session.agent = AgentState::Bound { agent, agent_sid };
+        agent.register(&session.id, Some(&agent_sid), session.agent.events.clone());
+        session.agent.state = AgentState::Bound { agent, agent_sid };
     }
     shared.tasks.spawn(session.run(rx, ev_rx, serial));
     handle
@@ -158,11 +152,8 @@ enum TaskDone {
     Row(rows::RowDone),
 }
 
-/// In-band requests to the agent and the running turn.
+/// The running turn (its in-band requests are the agent side's `inflight`).
 struct Turn {
-    /// By tag (`next_tag`): unique across the daemon's life, so an answer meant for an
-    /// earlier actor of the session (closed mid-turn, say) matches nothing here.
-    inflight: std::collections::HashMap<u64, Inflight>,
     cancel_requested: bool,
     /// The connection whose prompt is running: the agent's requests go there first.
     conn: Option<ConnId>,
@@ -200,14 +191,8 @@ pub(super) struct Session {
     rows: rows::RowWrites,
     /// The journal position (`position.rs`; `journal.rs` does its I/O).
     journal: position::Position,
-    // The agent side (`restore.rs`).
-    agent: AgentState,
-    /// Given to the agent router so the agent's messages reach this actor.
-    events: mpsc::Sender<AgentEvent>,
-    /// Commands that wait for the agent to be bound.
-    deferred: VecDeque<SessionCommand>,
-    /// The newest client `initialize` params, to start the agent with.
-    last_init: Option<Arc<Value>>,
+    /// The agent side (`agent_side.rs`; `restore.rs`, `to_agent.rs` do its I/O).
+    agent: agent_side::AgentSide,
     turn: Turn,
     // The clients (`attach.rs`, `outbox.rs`, `pending.rs`).
     outbox: Outbox,
@@ -293,7 +278,7 @@ impl Session {
                 idle_since = Instant::now();
             }
             let now_turns = self
-                .turn
+                .agent
                 .inflight
                 .values()
                 .filter(|f| matches!(f, Inflight::Prompt { .. }))
@@ -328,7 +313,9 @@ impl Session {
         self.tasks.detach_all();
         self.finish_rows().await;
         self.flush().await;
-        if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } = &self.agent {
+        if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } =
+            &self.agent.state
+        {
             agent.unregister(&self.id);
         }
         // The lease goes back once what was appended is settled: a peer takes the session
@@ -357,7 +344,7 @@ impl Session {
 
     fn is_idle(&self) -> bool {
         self.outbox.clients_len() == 0
-            && self.turn.inflight.is_empty()
+            && self.agent.inflight.is_empty()
             && self.turn.held.is_empty()
             && self.turn.queued.is_empty()
             && self.pending.is_empty()
@@ -381,24 +368,23 @@ impl Session {
         if self.ending || self.rows.closing() {
             return self.refuse(cmd, AcpError::SessionGone.into());
         }
-        if needs_agent(&cmd) && !matches!(self.agent, AgentState::Bound { .. }) {
+        if needs_agent(&cmd) && !self.agent.bound() {
             if let SessionCommand::Attach { client, .. } = &cmd {
-                self.last_init = Some(client.init.clone());
+                self.agent.last_init = Some(client.init.clone());
             }
-            if let AgentState::Failed(why) = &self.agent {
+            if let AgentState::Failed(why) = &self.agent.state {
                 let why = why.clone();
-                self.agent = AgentState::Unbound;
-                if !self.deferred.is_empty() {
+                self.agent.state = AgentState::Unbound;
+                if self.agent.has_deferred() {
                     tracing::debug!(session = %self.id, %why, "retrying agent restore");
                 }
             }
-            if self.deferred.len() >= DEFERRED_LIMIT {
+            if let Err(cmd) = self.agent.defer(cmd) {
                 let e = AcpError::Internal(
                     "too many requests wait for this session's agent to start; try again".into(),
                 );
                 return self.refuse(cmd, e.into());
             }
-            self.deferred.push_back(cmd);
             self.ensure_agent();
             return;
         }
@@ -432,9 +418,7 @@ impl Session {
                 responder,
             } => match self.send_in_band(&method, params).await {
                 Ok(tag) => {
-                    self.turn
-                        .inflight
-                        .insert(tag, Inflight::Relay { responder });
+                    self.agent.sent(tag, Inflight::Relay { responder });
                 }
                 Err(e) => self.reply(responder, Err(e.into())),
             },
@@ -481,9 +465,7 @@ impl Session {
         }
         match self.send_in_band("session/prompt", params).await {
             Ok(tag) => {
-                self.turn
-                    .inflight
-                    .insert(tag, Inflight::Prompt { responder });
+                self.agent.sent(tag, Inflight::Prompt { responder });
             }
             Err(e) => self.reply(responder, Err(e.into())),
         }
@@ -496,9 +478,9 @@ impl Session {
             TaskDone::Row(done) => self.on_row_done(done),
             TaskDone::Retention(r) => self.retention_done(r),
             TaskDone::AgentReady(Err(e)) => {
-                self.agent = AgentState::Unbound;
+                self.agent.state = AgentState::Unbound;
                 let err: ResponseError = AcpError::Agent(e).into();
-                while let Some(cmd) = self.deferred.pop_front() {
+                while let Some(cmd) = self.agent.next_deferred() {
                     self.refuse(cmd, err.clone());
                 }
             }

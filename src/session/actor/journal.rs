@@ -254,14 +254,14 @@ impl Session {
         // A client that cancelled during a store outage gets what it asked for.
         let asked = self.journal.store_outage && self.turn.cancel_requested;
         let turn = self
-            .turn
+            .agent
             .inflight
             .values()
             .any(|f| matches!(f, Inflight::Prompt { .. }));
         if turn {
             self.cancel().await;
         }
-        for (_, f) in self.turn.inflight.drain() {
+        for (_, f) in self.agent.inflight.drain() {
             let result = match &f {
                 Inflight::Prompt { .. } if asked => Ok(json!({ "stopReason": "cancelled" })),
                 _ => Err(err.clone()),
@@ -360,7 +360,7 @@ impl Session {
         // now. Once the turn is over that filter is off: a load replays the whole history,
         // the user's prompts included.
         let running = self
-            .turn
+            .agent
             .inflight
             .values()
             .any(|f| matches!(f, Inflight::Prompt { .. }));
