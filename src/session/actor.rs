@@ -383,7 +383,7 @@ impl Session {
                 let e = AcpError::Internal(
                     "too many requests wait for this session's agent to start; try again".into(),
                 );
-                return self.refuse(cmd, e.into());
+                return self.refuse(*cmd, e.into());
             }
             self.ensure_agent();
             return;

@@ -46,9 +46,9 @@ impl AgentSide {
     }
 
     /// Queues a command until the agent is bound; a full queue gives it back, to be refused.
-    pub(super) fn defer(&mut self, cmd: SessionCommand) -> Result<(), SessionCommand> {
+    pub(super) fn defer(&mut self, cmd: SessionCommand) -> Result<(), Box<SessionCommand>> {
         if self.deferred.len() >= DEFERRED_LIMIT {
-            return Err(cmd);
+            return Err(Box::new(cmd));
         }
         self.deferred.push_back(cmd);
         Ok(())
