@@ -5,6 +5,7 @@
 //! the journal and queued in the outbox; the outbox releases them once durable (see
 //! `outbox.rs`), so nothing reaches a client that a later `session/load` could not replay.
 
+mod agent_side;
 mod attach;
 mod cancel;
 mod clients;
@@ -12,6 +13,7 @@ mod events;
 mod fork;
 pub(crate) use fork::agent_forks;
 mod journal;
+mod position;
 mod restore;
 mod rows;
 mod splice;
@@ -38,9 +40,6 @@ use acpd_wire::{PeerError, Responder, ResponseError};
 const EVENT_BURST: usize = 256;
 /// How often a session holding appends for a full store queue looks whether the store stalled.
 const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
-/// Most commands waiting for the agent to be bound (as many as the command queue holds);
-/// past it a command is refused, so a stuck start never grows the queue without bound.
-const DEFERRED_LIMIT: usize = 256;
 
 pub(super) fn spawn(
     row: SessionRow,
@@ -61,23 +60,15 @@ pub(super) fn spawn(
         status: status_rx,
     };
     let journaled = row.last_seq;
-    let (durable, durable_rx) = acpd_store::watermark(journaled);
     let mut session = Session {
         id,
-        next_seq: row.last_seq + 1,
+        journal: position::Position::new(journaled, lease),
         meta: serde_json::from_str(&row.meta).unwrap_or_else(|_| json!({})),
         row,
         shared: shared.clone(),
-        agent: AgentState::Unbound,
-        events: ev_tx,
-        durable,
-        durable_rx,
-        burst_ms: None,
-        store_outage: false,
-        unqueued: VecDeque::new(),
+        agent: agent_side::AgentSide::new(ev_tx),
         outbox: Outbox::new(shared.tasks.clone(), journaled),
         turn: Turn {
-            inflight: std::collections::HashMap::new(),
             cancel_requested: false,
             conn: None,
             own_from: 0,
@@ -90,18 +81,15 @@ pub(super) fn spawn(
             cut_off: std::collections::HashSet::new(),
         },
         pending: PendingRequests::default(),
-        deferred: VecDeque::new(),
         tasks: JoinSet::new(),
-        last_init: None,
         ending: false,
         upkeep: Upkeep::default(),
         rows: rows::RowWrites::default(),
         status,
-        lease,
     };
     if let Some((agent, agent_sid)) = agent {
-        agent.register(&session.id, Some(&agent_sid), session.events.clone());
-        session.agent = AgentState::Bound { agent, agent_sid };
+        agent.register(&session.id, Some(&agent_sid), session.agent.events.clone());
+        session.agent.state = AgentState::Bound { agent, agent_sid };
     }
     shared.tasks.spawn(session.run(rx, ev_rx, serial));
     handle
@@ -164,11 +152,8 @@ enum TaskDone {
     Row(rows::RowDone),
 }
 
-/// In-band requests to the agent and the running turn.
+/// The running turn (its in-band requests are the agent side's `inflight`).
 struct Turn {
-    /// By tag (`next_tag`): unique across the daemon's life, so an answer meant for an
-    /// earlier actor of the session (closed mid-turn, say) matches nothing here.
-    inflight: std::collections::HashMap<u64, Inflight>,
     cancel_requested: bool,
     /// The connection whose prompt is running: the agent's requests go there first.
     conn: Option<ConnId>,
@@ -204,28 +189,10 @@ pub(super) struct Session {
     meta: Value,
     /// Session row updates on their way to the store.
     rows: rows::RowWrites,
-    // The journal (`journal.rs`): position and durable watermark.
-    next_seq: i64,
-    durable: Arc<acpd_store::DurableSeq>,
-    durable_rx: watch::Receiver<acpd_store::Watermark>,
-    /// The clock read once for a burst of agent events, while it is handled: its updates are
-    /// journaled microseconds apart, and a read per update was ~1 % of acpd's CPU.
-    burst_ms: Option<i64>,
-    /// The journal stopped because the store took no writes (`stop_journal`).
-    store_outage: bool,
-    /// Appends the store's full queue did not take yet, in seq order (`journal.rs`).
-    unqueued: VecDeque<acpd_store::NewEntry>,
-    /// Several replicas: the lease this replica holds on the session; every append carries
-    /// its epoch (`journal.rs`), and its `lost` token lets the session go.
-    lease: Option<crate::cluster::Lease>,
-    // The agent side (`restore.rs`).
-    agent: AgentState,
-    /// Given to the agent router so the agent's messages reach this actor.
-    events: mpsc::Sender<AgentEvent>,
-    /// Commands that wait for the agent to be bound.
-    deferred: VecDeque<SessionCommand>,
-    /// The newest client `initialize` params, to start the agent with.
-    last_init: Option<Arc<Value>>,
+    /// The journal position (`position.rs`; `journal.rs` does its I/O).
+    journal: position::Position,
+    /// The agent side (`agent_side.rs`; `restore.rs`, `to_agent.rs` do its I/O).
+    agent: agent_side::AgentSide,
     turn: Turn,
     // The clients (`attach.rs`, `outbox.rs`, `pending.rs`).
     outbox: Outbox,
@@ -264,14 +231,14 @@ impl Session {
                     Some(cmd) => self.on_command(*cmd).await,
                     None => break,
                 },
-                ev = events.recv(), if self.unqueued.is_empty() => {
+                ev = events.recv(), if !self.journal.holding() => {
                     if let Some(ev) = ev {
-                        self.burst_ms = Some(super::now_ms());
+                        self.journal.burst_ms = Some(super::now_ms());
                         self.on_agent_event(ev).await;
                         // The events already queued go with it: one flush (and one pass of
                         // this loop) per burst of updates, not per update.
                         for _ in 1..EVENT_BURST {
-                            if !self.unqueued.is_empty() {
+                            if self.journal.holding() {
                                 break;
                             }
                             match events.try_recv() {
@@ -279,14 +246,14 @@ impl Session {
                                 Err(_) => break,
                             }
                         }
-                        self.burst_ms = None;
+                        self.journal.burst_ms = None;
                     }
                 }
-                Ok(()) = self.durable_rx.changed() => {}
-                room = self.shared.store.append_room(), if !self.unqueued.is_empty() => {
+                Ok(()) = self.journal.durable_rx.changed() => {}
+                room = self.shared.store.append_room(), if self.journal.holding() => {
                     self.on_append_room(room)
                 }
-                _ = tokio::time::sleep(STALL_CHECK), if !self.unqueued.is_empty() || self.settling() => {
+                _ = tokio::time::sleep(STALL_CHECK), if self.journal.holding() || self.settling() => {
                     self.check_store_stall()
                 }
                 Some(done) = self.tasks.join_next() => {
@@ -300,7 +267,7 @@ impl Session {
                 // `flush` below looks at lagging clients.
                 _ = sleep_until(lag_check) => {}
                 _ = tokio::time::sleep_until(idle_since + idle), if self.is_idle() => break,
-                _ = lease_lost(&self.lease), if !self.ending => self.let_go().await,
+                _ = lease_lost(&self.journal.lease), if !self.ending => self.let_go().await,
             }
             self.start_queued().await;
             self.flush().await;
@@ -311,7 +278,7 @@ impl Session {
                 idle_since = Instant::now();
             }
             let now_turns = self
-                .turn
+                .agent
                 .inflight
                 .values()
                 .filter(|f| matches!(f, Inflight::Prompt { .. }))
@@ -346,14 +313,17 @@ impl Session {
         self.tasks.detach_all();
         self.finish_rows().await;
         self.flush().await;
-        if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } = &self.agent {
+        if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } =
+            &self.agent.state
+        {
             agent.unregister(&self.id);
         }
         // The lease goes back once what was appended is settled: a peer takes the session
         // at once. A lost lease is not ours to give back (the store checks the epoch).
-        if let (Some(lease), Some(cluster)) = (&self.lease, &self.shared.cluster) {
-            let upto = self.next_seq - 1;
-            cluster.release(self.id.clone(), lease.epoch, self.durable_rx.clone(), upto);
+        if let (Some(lease), Some(cluster)) = (&self.journal.lease, &self.shared.cluster) {
+            let upto = self.journal.last();
+            let durable = self.journal.durable_rx.clone();
+            cluster.release(self.id.clone(), lease.epoch, durable, upto);
         }
         let _ = self
             .shared
@@ -369,12 +339,12 @@ impl Session {
     /// commit that may hold this session's entries: the session ends only once that commit is
     /// over, so the actor that reopens it reads the journal's true end.
     fn settling(&self) -> bool {
-        self.store_outage && self.shared.store.writes_stalled()
+        self.journal.settling(self.shared.store.writes_stalled())
     }
 
     fn is_idle(&self) -> bool {
         self.outbox.clients_len() == 0
-            && self.turn.inflight.is_empty()
+            && self.agent.inflight.is_empty()
             && self.turn.held.is_empty()
             && self.turn.queued.is_empty()
             && self.pending.is_empty()
@@ -398,24 +368,23 @@ impl Session {
         if self.ending || self.rows.closing() {
             return self.refuse(cmd, AcpError::SessionGone.into());
         }
-        if needs_agent(&cmd) && !matches!(self.agent, AgentState::Bound { .. }) {
+        if needs_agent(&cmd) && !self.agent.bound() {
             if let SessionCommand::Attach { client, .. } = &cmd {
-                self.last_init = Some(client.init.clone());
+                self.agent.last_init = Some(client.init.clone());
             }
-            if let AgentState::Failed(why) = &self.agent {
+            if let AgentState::Failed(why) = &self.agent.state {
                 let why = why.clone();
-                self.agent = AgentState::Unbound;
-                if !self.deferred.is_empty() {
+                self.agent.state = AgentState::Unbound;
+                if self.agent.has_deferred() {
                     tracing::debug!(session = %self.id, %why, "retrying agent restore");
                 }
             }
-            if self.deferred.len() >= DEFERRED_LIMIT {
+            if let Err(cmd) = self.agent.defer(cmd) {
                 let e = AcpError::Internal(
                     "too many requests wait for this session's agent to start; try again".into(),
                 );
-                return self.refuse(cmd, e.into());
+                return self.refuse(*cmd, e.into());
             }
-            self.deferred.push_back(cmd);
             self.ensure_agent();
             return;
         }
@@ -449,9 +418,7 @@ impl Session {
                 responder,
             } => match self.send_in_band(&method, params).await {
                 Ok(tag) => {
-                    self.turn
-                        .inflight
-                        .insert(tag, Inflight::Relay { responder });
+                    self.agent.sent(tag, Inflight::Relay { responder });
                 }
                 Err(e) => self.reply(responder, Err(e.into())),
             },
@@ -472,7 +439,7 @@ impl Session {
 
     /// Starts a prompt's turn (`clients.rs` decided it may start now).
     async fn begin_prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
-        self.turn.own_from = self.next_seq;
+        self.turn.own_from = self.journal.next_seq;
         if let Some(blocks) = params.get("prompt").and_then(Value::as_array) {
             for block in blocks.clone() {
                 let update = json!({ "sessionId": &*self.id, "update": { "sessionUpdate": "user_message_chunk", "content": block } });
@@ -498,9 +465,7 @@ impl Session {
         }
         match self.send_in_band("session/prompt", params).await {
             Ok(tag) => {
-                self.turn
-                    .inflight
-                    .insert(tag, Inflight::Prompt { responder });
+                self.agent.sent(tag, Inflight::Prompt { responder });
             }
             Err(e) => self.reply(responder, Err(e.into())),
         }
@@ -513,9 +478,9 @@ impl Session {
             TaskDone::Row(done) => self.on_row_done(done),
             TaskDone::Retention(r) => self.retention_done(r),
             TaskDone::AgentReady(Err(e)) => {
-                self.agent = AgentState::Unbound;
+                self.agent.state = AgentState::Unbound;
                 let err: ResponseError = AcpError::Agent(e).into();
-                while let Some(cmd) = self.deferred.pop_front() {
+                while let Some(cmd) = self.agent.next_deferred() {
                     self.refuse(cmd, err.clone());
                 }
             }

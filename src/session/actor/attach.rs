@@ -22,7 +22,7 @@ impl Session {
         mode: AttachMode,
         responder: Option<Responder>,
     ) {
-        self.last_init = Some(client.init.clone());
+        self.agent.last_init = Some(client.init.clone());
         let conn = client.conn.clone();
         // Announced to the others when it is new here or its role changed.
         let announce = self
@@ -30,7 +30,7 @@ impl Session {
             .client(&conn)
             .is_none_or(|c| c.role != client.role)
             .then(|| client.clone());
-        let current = self.next_seq - 1;
+        let current = self.journal.last();
         let live_from = self.outbox.live_from(&conn, current);
         let bootstrap = self.shared.settings.bootstrap_delay;
         let resend = matches!(mode, AttachMode::Load { .. });
@@ -163,14 +163,14 @@ impl Session {
     pub(super) async fn close(&mut self, responder: Responder, delete: bool) {
         // Closing cancels the running turn as `session/cancel` would.
         if self
-            .turn
+            .agent
             .inflight
             .values()
             .any(|f| matches!(f, Inflight::Prompt { .. }))
         {
             self.cancel().await;
         }
-        for (_, f) in self.turn.inflight.drain() {
+        for (_, f) in self.agent.inflight.drain() {
             if let Inflight::Prompt { responder } = f {
                 self.outbox.push(Out::Reply {
                     responder,
@@ -184,7 +184,7 @@ impl Session {
         } else {
             "session/close"
         };
-        if let AgentState::Bound { agent, agent_sid } = &self.agent {
+        if let AgentState::Bound { agent, agent_sid } = &self.agent.state {
             let supported = if delete {
                 agent.supports_delete()
             } else {
@@ -197,7 +197,7 @@ impl Session {
             }
             agent.unregister(&self.id);
         }
-        self.agent = AgentState::Unbound;
+        self.agent.state = AgentState::Unbound;
         self.shared.mcp.end(&self.id);
         for p in self.pending.drain() {
             p.answer_cancelled().await;

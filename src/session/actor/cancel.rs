@@ -177,12 +177,7 @@ fn cancelled() -> Result<Value, ResponseError> {
 impl Session {
     /// The prompt turns running at the agent, by tag.
     pub(super) fn running_prompts(&self) -> Vec<u64> {
-        self.turn
-            .inflight
-            .iter()
-            .filter(|(_, f)| matches!(f, Inflight::Prompt { .. }))
-            .map(|(t, _)| *t)
-            .collect()
+        self.agent.running_prompts()
     }
 
     /// `session/cancel`: every running turn gets its grace; held prompts never start.
@@ -233,7 +228,7 @@ impl Session {
     pub(super) async fn cancel_deadline(&mut self) {
         let expired = self.turn.guard.expire(Instant::now());
         for tag in expired.answer {
-            if let Some(Inflight::Prompt { responder }) = self.turn.inflight.remove(&tag) {
+            if let Some(Inflight::Prompt { responder }) = self.agent.answered(tag) {
                 tracing::info!(session = %self.id, "the agent did not end a cancelled turn in time; answered cancelled");
                 self.journal_cancel(json!({ "outcome": "graceExpired" }))
                     .await;

@@ -16,7 +16,7 @@ impl Session {
     pub(super) async fn on_agent_event(&mut self, ev: AgentEvent) {
         match ev {
             AgentEvent::Notification(n) => {
-                if matches!(self.agent, AgentState::Restoring { .. }) {
+                if matches!(self.agent.state, AgentState::Restoring { .. }) {
                     // The agent replaying its own history: acpd's journal already has it.
                     return;
                 }
@@ -37,7 +37,7 @@ impl Session {
                 }
             }
             AgentEvent::Request(req) => {
-                if matches!(self.agent, AgentState::Restoring { .. }) {
+                if matches!(self.agent.state, AgentState::Restoring { .. }) {
                     // The agent's own request (answered on the agent's link, not a client's).
                     let e = ResponseError::internal("the session is being restored");
                     req.responder.respond_now(Err(e));
@@ -75,7 +75,7 @@ impl Session {
             }
             AgentEvent::Response { tag, result } => {
                 let result = *result;
-                match self.turn.inflight.remove(&tag) {
+                match self.agent.answered(tag) {
                     Some(Inflight::Prompt { responder }) => {
                         let result = match self.judge_answer(tag, result).await {
                             Some(Err(_)) if self.turn.cancel_requested => {
@@ -119,10 +119,10 @@ impl Session {
     pub(super) async fn agent_exited(&mut self, status: String) {
         tracing::warn!(session = %self.id, %status, "agent exited under the session");
         self.guard_reset(Err(AcpError::AgentExited(status.clone()).into()));
-        let was_restoring = matches!(self.agent, AgentState::Restoring { .. });
-        self.agent = AgentState::Unbound;
+        let was_restoring = matches!(self.agent.state, AgentState::Restoring { .. });
+        self.agent.state = AgentState::Unbound;
         let cancelled = self.turn.cancel_requested;
-        for (_, f) in self.turn.inflight.drain() {
+        for (_, f) in self.agent.inflight.drain() {
             match f {
                 Inflight::Prompt { responder } => {
                     let result = if cancelled {

@@ -30,7 +30,7 @@ pub(crate) fn agent_forks(agent: &AgentHandle) -> bool {
 impl Session {
     /// `session/fork` on this (bound) session.
     pub(super) async fn fork(&mut self, client: Client, mut params: Value, responder: Responder) {
-        let AgentState::Bound { agent, .. } = &self.agent else {
+        let AgentState::Bound { agent, .. } = &self.agent.state else {
             let e = AcpError::AgentExited("no agent process".into());
             return self.reply(responder, Err(e.into()));
         };
@@ -63,7 +63,7 @@ impl Session {
                     client,
                     params,
                 };
-                self.turn.inflight.insert(tag, fork);
+                self.agent.sent(tag, fork);
             }
             Err(e) => self.reply(responder, Err(e.into())),
         }
@@ -86,7 +86,7 @@ impl Session {
             let e = AcpError::Internal("the agent's session/fork answer has no sessionId".into());
             return self.reply(responder, Err(e.into()));
         };
-        let AgentState::Bound { agent, .. } = &self.agent else {
+        let AgentState::Bound { agent, .. } = &self.agent.state else {
             let e = AcpError::AgentExited("it exited during the fork".into());
             return self.reply(responder, Err(e.into()));
         };
@@ -98,8 +98,8 @@ impl Session {
             agent_sid: agent_sid.to_owned(),
             params,
             result,
-            upto: self.next_seq - 1,
-            durable: self.durable_rx.clone(),
+            upto: self.journal.last(),
+            durable: self.journal.durable_rx.clone(),
             client,
         };
         self.shared.tasks.spawn(async move {

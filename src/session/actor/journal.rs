@@ -12,10 +12,6 @@ use crate::session::{ConnId, now_ms};
 use acpd_store::{AppendError, AppendRoom, JournalEntry, NewEntry, SessionPatch, StoreError};
 use acpd_wire::{Notification, RawNotification, ResponseError};
 
-/// Most appends held while the store's queue is full (the actor takes no agent events
-/// meanwhile, so only the user's prompt blocks and acpd's notes add to them).
-const UNQUEUED_LIMIT: usize = 1024;
-
 impl Session {
     /// Journals one `session/update` acpd itself makes (the user's prompt blocks).
     pub(super) async fn journal(&mut self, params: Value, exclude: Option<ConnId>) {
@@ -31,17 +27,16 @@ impl Session {
     /// peer found as it read the frame, are spliced (`splice`) with `sessionId` and
     /// `_meta.acpd.seq` written in, and the same bytes go to the journal and to every client.
     pub(super) async fn journal_raw(&mut self, n: &RawNotification, exclude: Option<ConnId>) {
-        if self.durable_rx.borrow().rejected.is_some() {
+        if self.journal.stopped() {
             // The journal stopped at a rejected entry (`journal_stopped`): nothing after it is
             // journaled or sent, and the session is ending.
             return;
         }
-        let seq = self.next_seq;
-        let Some(spliced) = splice(n, &self.id, seq) else {
+        let Some(spliced) = splice(n, &self.id, self.journal.next_seq) else {
             tracing::warn!(session = %self.id, "agent sent a session/update whose params are not an object; dropped");
             return;
         };
-        self.next_seq += 1;
+        let seq = self.journal.assign();
         if let Some(update) = spliced.update_value() {
             self.observe(&spliced.kind, &update);
         }
@@ -53,8 +48,8 @@ impl Session {
             seq,
             kind: spliced.kind,
             body: text.clone(),
-            at_ms: self.burst_ms.unwrap_or_else(now_ms),
-            epoch: self.lease.as_ref().map(|l| l.epoch),
+            at_ms: self.journal.burst_ms.unwrap_or_else(now_ms),
+            epoch: self.journal.epoch(),
         };
         // Never awaited: a store that takes no writes must not hold up cancel, the session's
         // other commands or the connection's other sessions. A full queue of a store that is
@@ -63,21 +58,21 @@ impl Session {
         // slows the agent. A full queue of a stalled store (`writes_stalled`), or too much
         // held, stops the journal here (`stop_journal`): this update is neither journaled
         // nor sent.
-        if !self.unqueued.is_empty() {
-            if self.unqueued.len() >= UNQUEUED_LIMIT {
+        if self.journal.holding() {
+            if let Err(seq) = self.journal.hold(entry) {
                 tracing::error!(session = %self.id, seq, "the store takes no appends; stopping the session's journal");
                 return self.stop_journal(seq);
             }
-            self.unqueued.push_back(entry);
         } else {
             match self
                 .shared
                 .store
-                .try_append(entry.clone(), self.durable.clone())
+                .try_append(entry.clone(), self.journal.durable.clone())
             {
                 Ok(()) => {}
                 Err(AppendError::Full) if !self.shared.store.writes_stalled() => {
-                    self.unqueued.push_back(entry)
+                    // Nothing is held: the first always fits.
+                    let _ = self.journal.hold(entry);
                 }
                 Err(e) => {
                     tracing::error!(session = %self.id, seq, error = %e, "journal append refused (the store is stalled); stopping the session's journal");
@@ -90,34 +85,26 @@ impl Session {
 
     /// The store has room again (`None`: it closed): the held entries go, in order.
     pub(super) fn on_append_room(&mut self, room: Option<AppendRoom>) {
-        let (Some(room), Some(first)) = (room, self.unqueued.pop_front()) else {
-            if let Some(first) = self.unqueued.front() {
-                let seq = first.seq;
+        let Some(room) = room else {
+            if let Some(seq) = self.journal.first_held() {
                 self.stop_journal(seq);
             }
             return;
         };
-        room.append(first, self.durable.clone());
-        while let Some(e) = self.unqueued.front() {
-            if self
-                .shared
-                .store
-                .try_append(e.clone(), self.durable.clone())
-                .is_err()
-            {
-                break;
-            }
-            self.unqueued.pop_front();
-        }
+        let Some(first) = self.journal.take_first() else {
+            return;
+        };
+        let durable = self.journal.durable.clone();
+        room.append(first, durable.clone());
+        let store = &self.shared.store;
+        self.journal
+            .release_while(|e| store.try_append(e.clone(), durable.clone()).is_ok());
     }
 
     /// Entries are held for a full queue and the store's commits stalled meanwhile: the
     /// journal stops before them (a store outage, not a slow store).
     pub(super) fn check_store_stall(&mut self) {
-        if let Some(first) = self.unqueued.front()
-            && self.shared.store.writes_stalled()
-        {
-            let seq = first.seq;
+        if let Some(seq) = self.journal.stall_stop(self.shared.store.writes_stalled()) {
             tracing::error!(session = %self.id, seq, "the store stalled with appends held; stopping the session's journal");
             self.stop_journal(seq);
         }
@@ -128,26 +115,17 @@ impl Session {
     /// is cancelled at the agent and answered, and the session ends; it reopens from its
     /// journal). The writer drops the queued appends after `at` unwritten.
     pub(super) fn stop_journal(&mut self, at: i64) {
-        self.store_outage = true;
-        // Held appends are after `at` or at it: never written.
-        self.unqueued.clear();
-        self.durable.send_if_modified(|m| {
-            let stop = m.rejected.is_none();
-            if stop {
-                m.rejected = Some(at);
-            }
-            stop
-        });
+        self.journal.stop(at);
     }
 
     /// `session/cancel` while the store is away: the turn's updates that are not durable would
     /// hold its answer until the store is back, so the journal stops at what is durable and
     /// the turn ends `cancelled` now.
     pub(super) fn cancel_in_outage(&mut self) {
-        let durable = self.durable_rx.borrow().durable;
-        if self.shared.store.writes_stalled() && durable < self.next_seq - 1 {
+        if let Some(at) = self.journal.cancel_stop(self.shared.store.writes_stalled()) {
+            let durable = at - 1;
             tracing::warn!(session = %self.id, durable, "session/cancel while the store is away; stopping the session's journal at what is durable");
-            self.stop_journal(durable + 1);
+            self.stop_journal(at);
         }
     }
 
@@ -192,11 +170,11 @@ impl Session {
     }
 
     pub(super) async fn flush(&mut self) {
-        let mark = *self.durable_rx.borrow_and_update();
+        let mark = *self.journal.durable_rx.borrow_and_update();
         if let Some(rejected) = mark.rejected {
             let err = if mark.fenced {
                 moved_err(&self.id)
-            } else if self.store_outage {
+            } else if self.journal.store_outage {
                 ResponseError::internal(
                     "the session store is not taking writes (the database is away), so nothing \
                      more of this session can be kept; the turn is stopped and the session \
@@ -249,7 +227,7 @@ impl Session {
     /// and answered with `err`, and the session ends, so the next request opens it again from
     /// its journal (with a fresh watermark).
     async fn journal_stopped(&mut self, durable: i64, rejected: i64, err: ResponseError) {
-        if self.durable_rx.borrow().fenced {
+        if self.journal.durable_rx.borrow().fenced {
             tracing::warn!(session = %self.id, seq = rejected, durable, "journal append fenced: another replica owns the session; letting it go");
         } else {
             tracing::error!(
@@ -274,16 +252,16 @@ impl Session {
     /// ends the session.
     async fn end_turns(&mut self, err: ResponseError) {
         // A client that cancelled during a store outage gets what it asked for.
-        let asked = self.store_outage && self.turn.cancel_requested;
+        let asked = self.journal.store_outage && self.turn.cancel_requested;
         let turn = self
-            .turn
+            .agent
             .inflight
             .values()
             .any(|f| matches!(f, Inflight::Prompt { .. }));
         if turn {
             self.cancel().await;
         }
-        for (_, f) in self.turn.inflight.drain() {
+        for (_, f) in self.agent.inflight.drain() {
             let result = match &f {
                 Inflight::Prompt { .. } if asked => Ok(json!({ "stopReason": "cancelled" })),
                 _ => Err(err.clone()),
@@ -317,7 +295,7 @@ impl Session {
         metrics::counter!(crate::metrics::RETENTION_PASSES_TOTAL).increment(1);
         let (store, id) = (self.shared.store.clone(), self.id.clone());
         // Compact what the turns wrote once it is all committed.
-        let (mut durable, upto) = (self.durable_rx.clone(), self.next_seq - 1);
+        let (mut durable, upto) = (self.journal.durable_rx.clone(), self.journal.last());
         self.tasks.spawn(async move {
             let _ = durable.wait_for(|d| d.settled(upto)).await;
             TaskDone::Retention(crate::session::retention::enforce(store, id, entries, bytes).await)
@@ -382,7 +360,7 @@ impl Session {
         // now. Once the turn is over that filter is off: a load replays the whole history,
         // the user's prompts included.
         let running = self
-            .turn
+            .agent
             .inflight
             .values()
             .any(|f| matches!(f, Inflight::Prompt { .. }));

@@ -15,10 +15,11 @@ use acpd_wire::ResponseError;
 impl Session {
     /// Asks the pool for the agent, unless that is already under way.
     pub(super) fn ensure_agent(&mut self) {
-        if !matches!(self.agent, AgentState::Unbound) {
+        if !matches!(self.agent.state, AgentState::Unbound) {
             return;
         }
         let init = self
+            .agent
             .last_init
             .clone()
             .unwrap_or_else(|| Arc::new(json!({ "protocolVersion": 1 })));
@@ -27,7 +28,7 @@ impl Session {
             profile: self.row.agent.clone(),
         };
         let pool = self.shared.pool.clone();
-        self.agent = AgentState::Starting;
+        self.agent.state = AgentState::Starting;
         self.tasks
             .spawn(async move { TaskDone::AgentReady(pool.get(key, init).await) });
     }
@@ -48,7 +49,7 @@ impl Session {
                 .await;
             return;
         };
-        agent.register(&self.id, old.as_deref(), self.events.clone());
+        agent.register(&self.id, old.as_deref(), self.agent.events.clone());
         // Stored in their `acpd-mcp:` form: tunnelled servers get loopback URLs of this
         // daemon, served by the session's carrier (the shim that re-attached with them).
         let servers = crate::session::mcp::stored_for_agent(
@@ -77,12 +78,12 @@ impl Session {
         let tag = super::next_tag();
         match agent.try_request_in_band(method, params, &self.id, tag) {
             Ok(_) => {
-                self.turn.inflight.insert(tag, Inflight::Restore(step));
-                self.agent = AgentState::Restoring { agent };
+                self.agent.sent(tag, Inflight::Restore(step));
+                self.agent.state = AgentState::Restoring { agent };
             }
             Err(e) => {
                 if e == acpd_wire::QueueError::Full {
-                    self.agent = AgentState::Restoring { agent };
+                    self.agent.state = AgentState::Restoring { agent };
                     self.cut_agent();
                 }
                 self.restore_failed("the agent exited".into()).await
@@ -96,7 +97,7 @@ impl Session {
         result: Result<Value, ResponseError>,
     ) {
         let AgentState::Restoring { agent, .. } =
-            std::mem::replace(&mut self.agent, AgentState::Unbound)
+            std::mem::replace(&mut self.agent.state, AgentState::Unbound)
         else {
             return;
         };
@@ -113,7 +114,7 @@ impl Session {
                     },
                     _ => self.row.agent_session_id.clone().unwrap_or_default(),
                 };
-                agent.register(&self.id, Some(&agent_sid), self.events.clone());
+                agent.register(&self.id, Some(&agent_sid), self.agent.events.clone());
                 for key in ["modes", "configOptions"] {
                     if let Some(v) = r.get(key) {
                         self.meta[key] = v.clone();
@@ -128,12 +129,12 @@ impl Session {
                 };
                 self.save(patch);
                 tracing::info!(session = %self.id, ?step, "agent session restored");
-                self.agent = AgentState::Bound { agent, agent_sid };
+                self.agent.state = AgentState::Bound { agent, agent_sid };
                 self.run_deferred().await;
             }
             Err(e) => {
                 tracing::debug!(session = %self.id, ?step, error = %e, "restore step failed");
-                self.agent = AgentState::Restoring {
+                self.agent.state = AgentState::Restoring {
                     agent: agent.clone(),
                 };
                 Box::pin(self.restore_step(agent, Some(step))).await;
@@ -143,15 +144,15 @@ impl Session {
 
     pub(super) async fn restore_failed(&mut self, why: String) {
         tracing::warn!(session = %self.id, %why, "cannot restore the agent session");
-        self.agent = AgentState::Failed(why.clone());
-        while let Some(cmd) = self.deferred.pop_front() {
+        self.agent.state = AgentState::Failed(why.clone());
+        while let Some(cmd) = self.agent.next_deferred() {
             self.refuse(cmd, AcpError::AgentExited(why.clone()).into());
         }
     }
 
     pub(super) async fn run_deferred(&mut self) {
-        while matches!(self.agent, AgentState::Bound { .. }) {
-            let Some(cmd) = self.deferred.pop_front() else {
+        while self.agent.bound() {
+            let Some(cmd) = self.agent.next_deferred() else {
                 break;
             };
             Box::pin(self.on_command(cmd)).await;

@@ -81,7 +81,7 @@ impl Session {
         if self.rows.written() {
             self.outbox.push(out);
         } else {
-            self.rows.parked.push((self.next_seq - 1, out));
+            self.rows.parked.push((self.journal.last(), out));
         }
     }
 

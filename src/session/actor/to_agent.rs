@@ -15,7 +15,7 @@ impl Session {
         method: &str,
         params: Value,
     ) -> Result<u64, AcpError> {
-        let AgentState::Bound { agent, agent_sid } = &self.agent else {
+        let AgentState::Bound { agent, agent_sid } = &self.agent.state else {
             return Err(AcpError::AgentExited("no agent process".into()));
         };
         let tag = next_tag();
@@ -24,7 +24,7 @@ impl Session {
             Ok(_) => Ok(tag),
             Err(QueueError::Full) => Err(self.cut_agent()),
             Err(QueueError::Closed) => {
-                self.agent = AgentState::Unbound;
+                self.agent.state = AgentState::Unbound;
                 Err(AcpError::AgentExited("its connection closed".into()))
             }
         }
@@ -35,7 +35,8 @@ impl Session {
     /// process and tells each of its sessions it exited, and they restore as after a crash.
     pub(super) fn cut_agent(&mut self) -> AcpError {
         let why = "it stopped reading its input";
-        if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent } = &self.agent {
+        if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent } = &self.agent.state
+        {
             tracing::error!(session = %self.id, "the agent is not reading its input; cutting it (its sessions restore as after a crash)");
             agent.peer.close();
         }
@@ -44,7 +45,7 @@ impl Session {
 
     /// Sends the agent a notification without waiting (a full queue cuts it: `cut_agent`).
     pub(super) fn notify_agent(&mut self, method: &str, params: Value) {
-        if let AgentState::Bound { agent, agent_sid } = &self.agent {
+        if let AgentState::Bound { agent, agent_sid } = &self.agent.state {
             let params = with_session_id(params, agent_sid);
             if agent.peer.try_notify(method, Some(params)) == Err(QueueError::Full) {
                 self.cut_agent();
