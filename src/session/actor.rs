@@ -62,7 +62,7 @@ pub(super) fn spawn(
     let journaled = row.last_seq;
     let mut session = Session {
         id,
-        journal: position::Position::new(journaled, lease),
+        position: position::Position::new(journaled, lease),
         meta: serde_json::from_str(&row.meta).unwrap_or_else(|_| json!({})),
         row,
         shared: shared.clone(),
@@ -190,7 +190,7 @@ pub(super) struct Session {
     /// Session row updates on their way to the store.
     rows: rows::RowWrites,
     /// The journal position (`position.rs`; `journal.rs` does its I/O).
-    journal: position::Position,
+    position: position::Position,
     /// The agent side (`agent_side.rs`; `restore.rs`, `to_agent.rs` do its I/O).
     agent: agent_side::AgentSide,
     turn: Turn,
@@ -231,14 +231,14 @@ impl Session {
                     Some(cmd) => self.on_command(*cmd).await,
                     None => break,
                 },
-                ev = events.recv(), if !self.journal.holding() => {
+                ev = events.recv(), if !self.position.holding() => {
                     if let Some(ev) = ev {
-                        self.journal.burst_ms = Some(super::now_ms());
+                        self.position.burst_ms = Some(super::now_ms());
                         self.on_agent_event(ev).await;
                         // The events already queued go with it: one flush (and one pass of
                         // this loop) per burst of updates, not per update.
                         for _ in 1..EVENT_BURST {
-                            if self.journal.holding() {
+                            if self.position.holding() {
                                 break;
                             }
                             match events.try_recv() {
@@ -246,14 +246,14 @@ impl Session {
                                 Err(_) => break,
                             }
                         }
-                        self.journal.burst_ms = None;
+                        self.position.burst_ms = None;
                     }
                 }
-                Ok(()) = self.journal.durable_rx.changed() => {}
-                room = self.shared.store.append_room(), if self.journal.holding() => {
+                Ok(()) = self.position.durable_rx.changed() => {}
+                room = self.shared.store.append_room(), if self.position.holding() => {
                     self.on_append_room(room)
                 }
-                _ = tokio::time::sleep(STALL_CHECK), if self.journal.holding() || self.settling() => {
+                _ = tokio::time::sleep(STALL_CHECK), if self.position.holding() || self.settling() => {
                     self.check_store_stall()
                 }
                 Some(done) = self.tasks.join_next() => {
@@ -267,7 +267,7 @@ impl Session {
                 // `flush` below looks at lagging clients.
                 _ = sleep_until(lag_check) => {}
                 _ = tokio::time::sleep_until(idle_since + idle), if self.is_idle() => break,
-                _ = lease_lost(&self.journal.lease), if !self.ending => self.let_go().await,
+                _ = lease_lost(&self.position.lease), if !self.ending => self.let_go().await,
             }
             self.start_queued().await;
             self.flush().await;
@@ -320,9 +320,9 @@ impl Session {
         }
         // The lease goes back once what was appended is settled: a peer takes the session
         // at once. A lost lease is not ours to give back (the store checks the epoch).
-        if let (Some(lease), Some(cluster)) = (&self.journal.lease, &self.shared.cluster) {
-            let upto = self.journal.last();
-            let durable = self.journal.durable_rx.clone();
+        if let (Some(lease), Some(cluster)) = (&self.position.lease, &self.shared.cluster) {
+            let upto = self.position.last();
+            let durable = self.position.durable_rx.clone();
             cluster.release(self.id.clone(), lease.epoch, durable, upto);
         }
         let _ = self
@@ -339,7 +339,7 @@ impl Session {
     /// commit that may hold this session's entries: the session ends only once that commit is
     /// over, so the actor that reopens it reads the journal's true end.
     fn settling(&self) -> bool {
-        self.journal.settling(self.shared.store.writes_stalled())
+        self.position.settling(self.shared.store.writes_stalled())
     }
 
     fn is_idle(&self) -> bool {
@@ -439,7 +439,7 @@ impl Session {
 
     /// Starts a prompt's turn (`clients.rs` decided it may start now).
     async fn begin_prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
-        self.turn.own_from = self.journal.next_seq;
+        self.turn.own_from = self.position.next_seq;
         if let Some(blocks) = params.get("prompt").and_then(Value::as_array) {
             for block in blocks.clone() {
                 let update = json!({ "sessionId": &*self.id, "update": { "sessionUpdate": "user_message_chunk", "content": block } });

@@ -30,7 +30,7 @@ impl Session {
             .client(&conn)
             .is_none_or(|c| c.role != client.role)
             .then(|| client.clone());
-        let current = self.journal.last();
+        let current = self.position.last();
         let live_from = self.outbox.live_from(&conn, current);
         let bootstrap = self.shared.settings.bootstrap_delay;
         let resend = matches!(mode, AttachMode::Load { .. });

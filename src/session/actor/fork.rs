@@ -98,8 +98,8 @@ impl Session {
             agent_sid: agent_sid.to_owned(),
             params,
             result,
-            upto: self.journal.last(),
-            durable: self.journal.durable_rx.clone(),
+            upto: self.position.last(),
+            durable: self.position.durable_rx.clone(),
             client,
         };
         self.shared.tasks.spawn(async move {

@@ -27,16 +27,16 @@ impl Session {
     /// peer found as it read the frame, are spliced (`splice`) with `sessionId` and
     /// `_meta.acpd.seq` written in, and the same bytes go to the journal and to every client.
     pub(super) async fn journal_raw(&mut self, n: &RawNotification, exclude: Option<ConnId>) {
-        if self.journal.stopped() {
+        if self.position.stopped() {
             // The journal stopped at a rejected entry (`journal_stopped`): nothing after it is
             // journaled or sent, and the session is ending.
             return;
         }
-        let Some(spliced) = splice(n, &self.id, self.journal.next_seq) else {
+        let Some(spliced) = splice(n, &self.id, self.position.next_seq) else {
             tracing::warn!(session = %self.id, "agent sent a session/update whose params are not an object; dropped");
             return;
         };
-        let seq = self.journal.assign();
+        let seq = self.position.assign();
         if let Some(update) = spliced.update_value() {
             self.observe(&spliced.kind, &update);
         }
@@ -48,8 +48,8 @@ impl Session {
             seq,
             kind: spliced.kind,
             body: text.clone(),
-            at_ms: self.journal.burst_ms.unwrap_or_else(now_ms),
-            epoch: self.journal.epoch(),
+            at_ms: self.position.burst_ms.unwrap_or_else(now_ms),
+            epoch: self.position.epoch(),
         };
         // Never awaited: a store that takes no writes must not hold up cancel, the session's
         // other commands or the connection's other sessions. A full queue of a store that is
@@ -58,8 +58,8 @@ impl Session {
         // slows the agent. A full queue of a stalled store (`writes_stalled`), or too much
         // held, stops the journal here (`stop_journal`): this update is neither journaled
         // nor sent.
-        if self.journal.holding() {
-            if let Err(seq) = self.journal.hold(entry) {
+        if self.position.holding() {
+            if let Err(seq) = self.position.hold(entry) {
                 tracing::error!(session = %self.id, seq, "the store takes no appends; stopping the session's journal");
                 return self.stop_journal(seq);
             }
@@ -67,12 +67,12 @@ impl Session {
             match self
                 .shared
                 .store
-                .try_append(entry.clone(), self.journal.durable.clone())
+                .try_append(entry.clone(), self.position.durable.clone())
             {
                 Ok(()) => {}
                 Err(AppendError::Full) if !self.shared.store.writes_stalled() => {
                     // Nothing is held: the first always fits.
-                    let _ = self.journal.hold(entry);
+                    let _ = self.position.hold(entry);
                 }
                 Err(e) => {
                     tracing::error!(session = %self.id, seq, error = %e, "journal append refused (the store is stalled); stopping the session's journal");
@@ -86,25 +86,25 @@ impl Session {
     /// The store has room again (`None`: it closed): the held entries go, in order.
     pub(super) fn on_append_room(&mut self, room: Option<AppendRoom>) {
         let Some(room) = room else {
-            if let Some(seq) = self.journal.first_held() {
+            if let Some(seq) = self.position.first_held() {
                 self.stop_journal(seq);
             }
             return;
         };
-        let Some(first) = self.journal.take_first() else {
+        let Some(first) = self.position.take_first() else {
             return;
         };
-        let durable = self.journal.durable.clone();
+        let durable = self.position.durable.clone();
         room.append(first, durable.clone());
         let store = &self.shared.store;
-        self.journal
+        self.position
             .release_while(|e| store.try_append(e.clone(), durable.clone()).is_ok());
     }
 
     /// Entries are held for a full queue and the store's commits stalled meanwhile: the
     /// journal stops before them (a store outage, not a slow store).
     pub(super) fn check_store_stall(&mut self) {
-        if let Some(seq) = self.journal.stall_stop(self.shared.store.writes_stalled()) {
+        if let Some(seq) = self.position.stall_stop(self.shared.store.writes_stalled()) {
             tracing::error!(session = %self.id, seq, "the store stalled with appends held; stopping the session's journal");
             self.stop_journal(seq);
         }
@@ -115,14 +115,17 @@ impl Session {
     /// is cancelled at the agent and answered, and the session ends; it reopens from its
     /// journal). The writer drops the queued appends after `at` unwritten.
     pub(super) fn stop_journal(&mut self, at: i64) {
-        self.journal.stop(at);
+        self.position.stop(at);
     }
 
     /// `session/cancel` while the store is away: the turn's updates that are not durable would
     /// hold its answer until the store is back, so the journal stops at what is durable and
     /// the turn ends `cancelled` now.
     pub(super) fn cancel_in_outage(&mut self) {
-        if let Some(at) = self.journal.cancel_stop(self.shared.store.writes_stalled()) {
+        if let Some(at) = self
+            .position
+            .cancel_stop(self.shared.store.writes_stalled())
+        {
             let durable = at - 1;
             tracing::warn!(session = %self.id, durable, "session/cancel while the store is away; stopping the session's journal at what is durable");
             self.stop_journal(at);
@@ -170,11 +173,11 @@ impl Session {
     }
 
     pub(super) async fn flush(&mut self) {
-        let mark = *self.journal.durable_rx.borrow_and_update();
+        let mark = *self.position.durable_rx.borrow_and_update();
         if let Some(rejected) = mark.rejected {
             let err = if mark.fenced {
                 moved_err(&self.id)
-            } else if self.journal.store_outage {
+            } else if self.position.store_outage {
                 ResponseError::internal(
                     "the session store is not taking writes (the database is away), so nothing \
                      more of this session can be kept; the turn is stopped and the session \
@@ -227,7 +230,7 @@ impl Session {
     /// and answered with `err`, and the session ends, so the next request opens it again from
     /// its journal (with a fresh watermark).
     async fn journal_stopped(&mut self, durable: i64, rejected: i64, err: ResponseError) {
-        if self.journal.durable_rx.borrow().fenced {
+        if self.position.durable_rx.borrow().fenced {
             tracing::warn!(session = %self.id, seq = rejected, durable, "journal append fenced: another replica owns the session; letting it go");
         } else {
             tracing::error!(
@@ -252,7 +255,7 @@ impl Session {
     /// ends the session.
     async fn end_turns(&mut self, err: ResponseError) {
         // A client that cancelled during a store outage gets what it asked for.
-        let asked = self.journal.store_outage && self.turn.cancel_requested;
+        let asked = self.position.store_outage && self.turn.cancel_requested;
         let turn = self
             .agent
             .inflight
@@ -295,7 +298,7 @@ impl Session {
         metrics::counter!(crate::metrics::RETENTION_PASSES_TOTAL).increment(1);
         let (store, id) = (self.shared.store.clone(), self.id.clone());
         // Compact what the turns wrote once it is all committed.
-        let (mut durable, upto) = (self.journal.durable_rx.clone(), self.journal.last());
+        let (mut durable, upto) = (self.position.durable_rx.clone(), self.position.last());
         self.tasks.spawn(async move {
             let _ = durable.wait_for(|d| d.settled(upto)).await;
             TaskDone::Retention(crate::session::retention::enforce(store, id, entries, bytes).await)

@@ -81,7 +81,7 @@ impl Session {
         if self.rows.written() {
             self.outbox.push(out);
         } else {
-            self.rows.parked.push((self.journal.last(), out));
+            self.rows.parked.push((self.position.last(), out));
         }
     }
 
