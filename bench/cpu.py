@@ -18,6 +18,8 @@ BIN = os.environ.get("BIN", os.path.join(os.path.dirname(os.path.abspath(__file_
 PERF = os.environ.get("PERF")
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 d = tempfile.mkdtemp()
+# The sessions' cwd, beside the data directory: acpd refuses one around it.
+w = tempfile.mkdtemp()
 acpd = subprocess.Popen([f"{BIN}/acpd", "serve", "--no-auth", "--listen", f"127.0.0.1:{port}", "--data-dir", d,
     "--agent", f"s={BIN}/acpd-scripted-agent", "--journal-max-entries", "0", "--journal-max-bytes", "0",
     "--max-requests-per-second", "0", "--max-sessions-per-principal", "0", "--max-connections", "0", "--max-connections-per-principal", "0"],
@@ -49,7 +51,7 @@ def cpu(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 wait(send("initialize", {"protocolVersion": 1, "clientCapabilities": {}}))
-_, l = wait(send("session/new", {"cwd": "/tmp", "mcpServers": []}))
+_, l = wait(send("session/new", {"cwd": w, "mcpServers": []}))
 sid = json.loads(l)["result"]["sessionId"]
 perf = None
 for r in range(REPS):
@@ -66,7 +68,7 @@ if os.environ.get("LOAD"):
         sh = subprocess.Popen([f"{BIN}/acp-shim", f"ws://127.0.0.1:{port}/acp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ, ACPD_LOG="warn"))
         shim_old = shim; shim = sh
         wait(send("initialize", {"protocolVersion": 1, "clientCapabilities": {}}))
-        t0 = time.time(); n, _ = wait(send("session/load", {"sessionId": sid, "cwd": "/tmp", "mcpServers": []})); t = time.time() - t0
+        t0 = time.time(); n, _ = wait(send("session/load", {"sessionId": sid, "cwd": w, "mcpServers": []})); t = time.time() - t0
         print(f"load {r}: {n} lines in {t*1000:.1f} ms", flush=True)
         sh.stdin.close(); sh.wait(); shim = shim_old
 for mode in ("NEW", "ECHO"):
@@ -74,7 +76,7 @@ for mode in ("NEW", "ECHO"):
         continue
     k = int(os.environ[mode])
     method, params = {
-        "NEW": ("session/new", {"cwd": "/tmp", "mcpServers": [], "_meta": {"scripted": {"quiet": True}}}),
+        "NEW": ("session/new", {"cwd": w, "mcpServers": [], "_meta": {"scripted": {"quiet": True}}}),
         "ECHO": ("_scripted/echo", {"n": 1}),
     }[mode]
     for phase in ("warm", "measured"):

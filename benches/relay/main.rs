@@ -234,7 +234,7 @@ fn loads(mode: Mode, opts: &Opts, clients: &mut Clients, report: &mut Report) ->
             let t = Instant::now();
             let a = c.call(
                 "session/load",
-                json!({ "sessionId": sid, "cwd": "/tmp", "mcpServers": [] }),
+                json!({ "sessionId": sid, "cwd": procs::SESSION_CWD, "mcpServers": [] }),
             )?;
             times.push(t.elapsed().as_secs_f64() * 1e3);
             ensure!(

@@ -1,6 +1,10 @@
 //! Processes of the benchmark: CPU pinning, the servers (acpd, websocat) and the line client
 //! that plays the editor over a child's stdio.
 
+/// The sessions' cwd: anywhere but around the bench's data directory (a temp dir, which acpd
+/// refuses as a cwd), and the scripted agent writes nothing there.
+pub const SESSION_CWD: &str = "/usr";
+
 use std::borrow::Cow;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -360,13 +364,13 @@ impl LineClient {
     }
 
     pub fn new_session(&mut self) -> Result<String> {
-        self.new_session_with(json!({ "cwd": "/tmp", "mcpServers": [] }))
+        self.new_session_with(json!({ "cwd": SESSION_CWD, "mcpServers": [] }))
     }
 
     /// `session/new` with the scripted agent answering alone (no update before the answer).
     pub fn new_session_quiet(&mut self) -> Result<String> {
         self.new_session_with(json!({
-            "cwd": "/tmp",
+            "cwd": SESSION_CWD,
             "mcpServers": [],
             "_meta": { "scripted": { "quiet": true } },
         }))

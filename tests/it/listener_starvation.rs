@@ -23,8 +23,8 @@ use crate::support::{Client, DEFAULT_TIMEOUT, Daemon, DaemonOptions};
 /// What the issue asks of the other principal and of the health check.
 const ANSWER_WITHIN: Duration = Duration::from_secs(1);
 
-/// The test holds thousands of sockets itself.
-fn raise_own_nofile(need: usize) {
+/// The test holds thousands of sockets itself (`slowloris` too).
+pub(crate) fn raise_own_nofile(need: usize) {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

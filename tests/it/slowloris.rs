@@ -16,25 +16,6 @@ use crate::support::{DEFAULT_TIMEOUT, Daemon, DaemonOptions, agent_texts};
 /// limit, which is what made `accept` fail before acpd raised its own.
 const HALF_OPEN: usize = 1100;
 
-/// The test opens more sockets than a default soft limit allows, too.
-fn raise_own_nofile() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain syscalls on a struct we own.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        lim.rlim_cur = lim.rlim_max;
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
-    }
-    assert!(
-        lim.rlim_cur as usize > 2 * HALF_OPEN + 200,
-        "hard open-file limit {} too low for this test",
-        lim.rlim_cur
-    );
-}
-
 async fn half_open(addr: std::net::SocketAddr, bytes: &'static [u8]) -> Vec<TcpStream> {
     let mut conns = Vec::with_capacity(HALF_OPEN);
     for _ in 0..HALF_OPEN {
@@ -59,7 +40,8 @@ async fn closed_by_daemon(mut s: TcpStream) -> bool {
 
 #[tokio::test]
 async fn half_open_connections_neither_stop_real_clients_nor_stay_open() {
-    raise_own_nofile();
+    // More sockets than a default soft limit allows.
+    crate::listener_starvation::raise_own_nofile(2 * HALF_OPEN + 200);
     let opts = DaemonOptions::default()
         .tcp()
         .arg("--header-read-timeout-ms", 1500);
