@@ -255,13 +255,7 @@ async fn run_one(
         ),
         Command::Tool => {
             let id = format!("tool-{}", next_tool(agent, sid));
-            agent.emit(
-                sid,
-                json!({
-                    "sessionUpdate": "tool_call", "toolCallId": id, "title": "Read a file",
-                    "kind": "read", "status": "pending",
-                }),
-            );
+            announce_tool(agent, sid, &id, "Read a file", "read");
             agent.emit(
                 sid,
                 json!({ "sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed" }),
@@ -274,13 +268,7 @@ async fn run_one(
         Command::StopReading => agent.stop_reading.cancel(),
         Command::AskTool => {
             let id = format!("tool-{}", next_tool(agent, sid));
-            agent.emit(
-                sid,
-                json!({
-                    "sessionUpdate": "tool_call", "toolCallId": id, "title": "Run a scripted action",
-                    "kind": "other", "status": "pending",
-                }),
-            );
+            announce_tool(agent, sid, &id, "Run a scripted action", "other");
             permission(agent, sid, id, None, cancel).await?
         }
         Command::Locate(path) => {
@@ -429,6 +417,17 @@ fn next_tool(agent: &Agent, sid: &str) -> u64 {
             s.tool_n
         })
         .unwrap_or(0)
+}
+
+/// A pending `tool_call` update announcing tool call `id`.
+fn announce_tool(agent: &Agent, sid: &str, id: &str, title: &str, kind: &str) {
+    agent.emit(
+        sid,
+        json!({
+            "sessionUpdate": "tool_call", "toolCallId": id, "title": title,
+            "kind": kind, "status": "pending",
+        }),
+    );
 }
 
 /// Calls the client. `Err(flow)` ends the turn (cancelled); `Ok(None)` means the client
