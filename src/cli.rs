@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 mod logging;
 mod start;
 
-use crate::config::{Args, Config};
+use crate::config::{Args, Config, Purpose};
 use crate::server::{self, Core, LOCAL_PRINCIPAL};
 use acpd_store::Store;
 
@@ -158,13 +158,17 @@ pub fn main() -> ExitCode {
     rt.block_on(run(cli.command))
 }
 
-fn config_of(args: &Args) -> Result<Config, ExitCode> {
-    let config = Config::from_args(args).map_err(|e| {
+/// The validated configuration, or the exit code after one line on stderr. `Purpose::Serve`
+/// (`serve`, `check-config`) adds the listener rules and loads the certificate; the
+/// commands that only open the store skip both (see `Purpose`).
+fn config_of(args: &Args, purpose: Purpose) -> Result<Config, ExitCode> {
+    let config = Config::from_args(args, purpose).map_err(|e| {
         eprintln!("acpd: {e}");
         ExitCode::from(EXIT_USAGE)
     })?;
     // The certificate and key must load now, not at the first TLS handshake.
-    if let Some(files) = &config.tls
+    if purpose == Purpose::Serve
+        && let Some(files) = &config.tls
         && let Err(e) = crate::server::tls::load(files)
     {
         eprintln!("acpd: TLS: {e}");
@@ -228,7 +232,7 @@ fn fail(msg: String) -> ExitCode {
 async fn run(command: Command) -> ExitCode {
     match command {
         Command::Serve(args) => {
-            let config = match config_of(&args) {
+            let config = match config_of(&args, Purpose::Serve) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -258,7 +262,7 @@ async fn run(command: Command) -> ExitCode {
             }
         }
         Command::Stdio(args) => {
-            let config = match config_of(&args) {
+            let config = match config_of(&args, Purpose::Admin) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -269,7 +273,7 @@ async fn run(command: Command) -> ExitCode {
             }
         }
         Command::Migrate(args) => {
-            let config = match config_of(&args) {
+            let config = match config_of(&args, Purpose::Admin) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -284,7 +288,7 @@ async fn run(command: Command) -> ExitCode {
                 Err(e) => fail(e.to_string()),
             }
         }
-        Command::CheckConfig(args) => match config_of(&args) {
+        Command::CheckConfig(args) => match config_of(&args, Purpose::Serve) {
             Ok(c) => {
                 eprintln!(
                     "acpd: configuration ok (listen {}, store {}, {} agent profile(s))",
@@ -314,7 +318,7 @@ async fn run(command: Command) -> ExitCode {
         Command::Agent {
             action: AgentAction::Login { name, args },
         } => {
-            let config = match config_of(&args) {
+            let config = match config_of(&args, Purpose::Admin) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -369,7 +373,7 @@ fn ensure_data_dir(config: &Config) -> Result<(), String> {
 
 /// The store as an admin subcommand opens it: shared with a running daemon (not exclusive).
 async fn admin_store(args: &Args) -> Result<Store, ExitCode> {
-    let config = config_of(args)?;
+    let config = config_of(args, Purpose::Admin)?;
     ensure_data_dir(&config).map_err(fail)?;
     Store::open(
         &config.store_url,
@@ -497,7 +501,7 @@ async fn web_login(
     ttl: std::time::Duration,
     url: Option<String>,
 ) -> ExitCode {
-    let config = match config_of(args) {
+    let config = match config_of(args, Purpose::Admin) {
         Ok(c) => c,
         Err(code) => return code,
     };

@@ -1,7 +1,8 @@
 //! `Config`: everything the daemon needs, validated once and passed explicitly.
 //!
 //! `settings` layers the sources into one `Settings` (defaults < file < `ACPD_*` environment
-//! < flags); `Config::from_args` derives what depends on other settings and validates.
+//! < flags); `Config::from_args` derives what depends on other settings and validates
+//! (the listener rules only for `Purpose::Serve`).
 //! `data_dir` makes the data directory and the SQLite database private to the daemon's user.
 
 pub mod cluster_tls;
@@ -147,10 +148,6 @@ fn default_replica_id() -> String {
 
 /// The cluster settings, validated; `None` unless `replicas` is on.
 fn cluster(s: &Settings, store_url: &str) -> Result<Option<ClusterConfig>, ConfigError> {
-    let invalid = |what, message: &str| ConfigError::Invalid {
-        what,
-        message: message.to_owned(),
-    };
     if !s.replicas {
         return Ok(None);
     }
@@ -277,166 +274,68 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
 }
 
+/// What a configuration is for. Only `serve` opens listeners, so only it (and
+/// `check-config`, which answers for `serve`) is held to the listener rules; the admin
+/// commands and `stdio` share the daemon's settings, and a container's
+/// `ACPD_LISTEN=0.0.0.0:7420` must not stop `docker exec … acpd token create`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// `serve`, `check-config`: every rule.
+    Serve,
+    /// Everything else: every rule but the listeners' TLS and bind rules.
+    Admin,
+}
+
 impl Config {
-    pub fn from_args(args: &Args) -> Result<Config, ConfigError> {
-        Config::from_settings(Settings::layered(args)?, &args.agents)
+    pub fn from_args(args: &Args, purpose: Purpose) -> Result<Config, ConfigError> {
+        let s = Settings::layered(args)?;
+        if purpose == Purpose::Serve {
+            listener_rules(&s)?;
+        }
+        Config::from_settings(s, &args.agents)
     }
 
-    /// Validates layered settings; `agent_flags` are the `--agent NAME=COMMAND` profiles,
-    /// which join the file's `[agents]` (a flag wins over a file profile of the same name).
+    /// Validates layered settings (all but the listener rules); `agent_flags` are the
+    /// `--agent NAME=COMMAND` profiles, which join the file's `[agents]` (a flag wins over a
+    /// file profile of the same name).
     fn from_settings(s: Settings, agent_flags: &[String]) -> Result<Config, ConfigError> {
-        // No store given is SQLite in the data directory.
-        let cluster = cluster(&s, s.store.as_deref().unwrap_or("sqlite:"))?;
-        let data_dir = s.data_dir.unwrap_or_else(acpd_wire::local::data_dir);
-        let store_url = s
-            .store
-            .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("acpd.db").display()));
-        if !(store_url.starts_with("sqlite:")
-            || store_url.starts_with("postgres://")
-            || store_url.starts_with("postgresql://"))
-        {
-            return Err(ConfigError::Invalid {
-                what: "store",
-                message: format!("{store_url:?} is neither sqlite:// nor postgres://"),
-            });
-        }
-        let agents = agents(s.agents, agent_flags, &data_dir)?;
-        let default_agent = s.default_agent.unwrap_or_else(|| {
-            // With exactly one hosted agent configured, it is the obvious default.
-            if agents.len() == 1 {
-                agents.keys().next().cloned().unwrap_or_default()
-            } else {
-                BUILTIN_AGENT.to_owned()
-            }
-        });
-        if default_agent != BUILTIN_AGENT && !agents.contains_key(&default_agent) {
-            return Err(ConfigError::UnknownDefaultAgent(default_agent));
-        }
-
-        let listen = s.listen;
-        let no_auth = s.no_auth;
-        if no_auth && !listen.ip().is_loopback() {
-            return Err(ConfigError::NoAuthNotLoopback(listen));
-        }
-        let tcp_listen = s.tcp_listen;
-        if let Some(tcp) = tcp_listen
-            && no_auth
-            && !tcp.ip().is_loopback()
-        {
-            return Err(ConfigError::NoAuthNotLoopback(tcp));
-        }
-        let tls = match (s.tls_cert, s.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
-            (None, None) => None,
-            _ => return Err(ConfigError::TlsPair),
-        };
-        if tls.is_none() && !s.insecure && !listen.ip().is_loopback() {
-            return Err(ConfigError::NotLoopbackWithoutTls(listen));
-        }
-        if let Some(tcp) = tcp_listen
-            && !tcp.ip().is_loopback()
-        {
-            return Err(ConfigError::TcpNotLoopback(tcp));
-        }
+        let (data_dir, store_url, cluster) = store(&s)?;
+        let (agents, default_agent) = agent_profiles(&s, agent_flags, &data_dir)?;
         let allowed_origins = origins(&s.allowed_origins)?;
         if s.web_session_ttl_secs < 60 {
-            return Err(ConfigError::Invalid {
-                what: "web_session_ttl_secs",
-                message: "a web console sign-in must last at least 60 s".into(),
-            });
+            return Err(invalid(
+                "web_session_ttl_secs",
+                "a web console sign-in must last at least 60 s",
+            ));
         }
-        if s.max_message_bytes < 1024 {
-            return Err(ConfigError::Invalid {
-                what: "max_message_bytes",
-                message: "must be at least 1024".into(),
-            });
-        }
-        if s.list_page_size == 0 || s.list_page_size > 1000 {
-            return Err(ConfigError::Invalid {
-                what: "list_page_size",
-                message: "must be between 1 and 1000".into(),
-            });
-        }
-        if s.header_read_timeout_ms == 0 {
-            return Err(ConfigError::Invalid {
-                what: "header_read_timeout_ms",
-                message: "must be at least 1".into(),
-            });
-        }
-        let fs_roots =
-            roots::FsRoots::new(s.roots, s.default_roots, &data_dir).map_err(|message| {
-                ConfigError::Invalid {
-                    what: "roots",
-                    message,
-                }
-            })?;
+        let limits = limits(&s)?;
+        let fs_roots = roots::FsRoots::new(s.roots.clone(), s.default_roots.clone(), &data_dir)
+            .map_err(|m| invalid("roots", &m))?;
         let mcp_policy = acpd_builtin::McpPolicy::new(&s.mcp_stdio, s.mcp_stdio_allow.clone())
-            .map_err(|message| ConfigError::Invalid {
-                what: "mcp_stdio",
-                message,
-            })?;
-        let busy_prompts =
-            BusyPrompts::parse(&s.busy_prompts).ok_or_else(|| ConfigError::Invalid {
-                what: "busy_prompts",
-                message: format!("{:?}: must be \"queue\" or \"refuse\"", s.busy_prompts),
-            })?;
-        let mut builtin = s.builtin;
-        // One policy for every agent: the built-in one reads it from its own table.
-        for key in acpd_builtin::McpPolicy::KEYS {
-            if builtin.contains_key(key) {
-                return Err(ConfigError::Invalid {
-                    what: "[builtin]",
-                    message: format!("{key} is a top-level key, not one of [builtin]"),
-                });
-            }
-        }
-        mcp_policy.insert_into(&mut builtin);
+            .map_err(|m| invalid("mcp_stdio", &m))?;
+        let sessions = session_settings(&s, &mcp_policy)?;
+        let builtin = builtin_table(s.builtin.clone(), &mcp_policy)?;
         let keepalive = Duration::from_millis(s.keepalive_ms);
         if keepalive < Duration::from_millis(50) {
-            return Err(ConfigError::Invalid {
-                what: "keepalive_ms",
-                message: "must be at least 50".into(),
-            });
+            return Err(invalid("keepalive_ms", "must be at least 50"));
         }
         Ok(Config {
-            listen,
-            tcp_listen,
+            listen: s.listen,
+            tcp_listen: s.tcp_listen,
             store_url,
             data_dir,
             agents,
             default_agent,
-            no_auth,
-            limits: Limits {
-                max_message_bytes: s.max_message_bytes,
-                max_connections: s.max_connections,
-                max_connections_per_principal: s.max_connections_per_principal,
-                max_requests_per_second: s.max_requests_per_second,
-                header_read_timeout: Duration::from_millis(s.header_read_timeout_ms),
-                max_pending_connections: s.max_pending_connections,
-                max_pending_per_source: s.max_pending_per_source,
-                max_streams_per_principal: s.max_streams_per_principal,
-            },
-            sessions: SessionSettings {
-                pending_request_timeout: Duration::from_millis(s.pending_request_timeout_ms),
-                cancel_grace: Duration::from_millis(s.cancel_grace_ms),
-                cancel_abandon: Duration::from_millis(s.cancel_abandon_ms),
-                bootstrap_delay: Duration::from_millis(s.bootstrap_delay_ms),
-                slow_client_cutoff: Duration::from_millis(s.slow_client_cutoff_ms),
-                list_page_size: s.list_page_size,
-                idle_evict: Duration::from_secs(600),
-                journal_max_entries: s.journal_max_entries,
-                journal_max_bytes: s.journal_max_bytes,
-                max_live_per_principal: s.max_sessions_per_principal,
-                mcp_policy: mcp_policy.clone(),
-                busy_prompts,
-            },
+            no_auth: s.no_auth,
+            limits,
+            sessions,
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
             builtin,
             resume_grace: Duration::from_secs(s.resume_grace_secs),
             agent_idle_stop: (s.agent_idle_stop_secs > 0)
                 .then(|| Duration::from_secs(s.agent_idle_stop_secs)),
             keepalive,
-            tls,
+            tls: tls_files(&s),
             insecure: s.insecure,
             allowed_origins,
             metrics_listen: s.metrics_listen,
@@ -461,6 +360,158 @@ impl Config {
             None
         }
     }
+}
+
+fn invalid(what: &'static str, message: &str) -> ConfigError {
+    ConfigError::Invalid {
+        what,
+        message: message.to_owned(),
+    }
+}
+
+/// What `serve` may bind: no token only on loopback, TLS (or `--insecure`) off loopback, the
+/// raw TCP listener on loopback only, and a certificate with its key.
+fn listener_rules(s: &Settings) -> Result<(), ConfigError> {
+    if s.no_auth
+        && let Some(open) = std::iter::once(s.listen)
+            .chain(s.tcp_listen)
+            .find(|a| !a.ip().is_loopback())
+    {
+        return Err(ConfigError::NoAuthNotLoopback(open));
+    }
+    if s.tls_cert.is_some() != s.tls_key.is_some() {
+        return Err(ConfigError::TlsPair);
+    }
+    if s.tls_cert.is_none() && !s.insecure && !s.listen.ip().is_loopback() {
+        return Err(ConfigError::NotLoopbackWithoutTls(s.listen));
+    }
+    if let Some(tcp) = s.tcp_listen
+        && !tcp.ip().is_loopback()
+    {
+        return Err(ConfigError::TcpNotLoopback(tcp));
+    }
+    Ok(())
+}
+
+/// The listener's certificate and key; a half pair is `listener_rules`' error, and means no
+/// TLS to a command that opens no listener (`web-login` then prints an `http://` link).
+fn tls_files(s: &Settings) -> Option<TlsFiles> {
+    match (&s.tls_cert, &s.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        _ => None,
+    }
+}
+
+/// The data directory, the store URL (no store given: SQLite in the data directory) and
+/// the cluster settings that depend on it.
+fn store(s: &Settings) -> Result<(PathBuf, String, Option<ClusterConfig>), ConfigError> {
+    let cluster = cluster(s, s.store.as_deref().unwrap_or("sqlite:"))?;
+    let data_dir = s
+        .data_dir
+        .clone()
+        .unwrap_or_else(acpd_wire::local::data_dir);
+    let store_url = s
+        .store
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("acpd.db").display()));
+    if !(store_url.starts_with("sqlite:")
+        || store_url.starts_with("postgres://")
+        || store_url.starts_with("postgresql://"))
+    {
+        return Err(ConfigError::Invalid {
+            what: "store",
+            message: format!("{store_url:?} is neither sqlite:// nor postgres://"),
+        });
+    }
+    Ok((data_dir, store_url, cluster))
+}
+
+/// The hosted agents and the default profile, which must exist.
+fn agent_profiles(
+    s: &Settings,
+    agent_flags: &[String],
+    data_dir: &std::path::Path,
+) -> Result<(BTreeMap<String, AgentProfile>, String), ConfigError> {
+    let agents = agents(s.agents.clone(), agent_flags, data_dir)?;
+    let default_agent = s.default_agent.clone().unwrap_or_else(|| {
+        // With exactly one hosted agent configured, it is the obvious default.
+        if agents.len() == 1 {
+            agents.keys().next().cloned().unwrap_or_default()
+        } else {
+            BUILTIN_AGENT.to_owned()
+        }
+    });
+    if default_agent != BUILTIN_AGENT && !agents.contains_key(&default_agent) {
+        return Err(ConfigError::UnknownDefaultAgent(default_agent));
+    }
+    Ok((agents, default_agent))
+}
+
+/// What a client may send, and how fast.
+fn limits(s: &Settings) -> Result<Limits, ConfigError> {
+    if s.max_message_bytes < 1024 {
+        return Err(invalid("max_message_bytes", "must be at least 1024"));
+    }
+    if s.header_read_timeout_ms == 0 {
+        return Err(invalid("header_read_timeout_ms", "must be at least 1"));
+    }
+    Ok(Limits {
+        max_message_bytes: s.max_message_bytes,
+        max_connections: s.max_connections,
+        max_connections_per_principal: s.max_connections_per_principal,
+        max_requests_per_second: s.max_requests_per_second,
+        header_read_timeout: Duration::from_millis(s.header_read_timeout_ms),
+        max_pending_connections: s.max_pending_connections,
+        max_pending_per_source: s.max_pending_per_source,
+        max_streams_per_principal: s.max_streams_per_principal,
+    })
+}
+
+/// The session knobs; `mcp_policy` is shared with the built-in agent's table.
+fn session_settings(
+    s: &Settings,
+    mcp_policy: &acpd_builtin::McpPolicy,
+) -> Result<SessionSettings, ConfigError> {
+    if s.list_page_size == 0 || s.list_page_size > 1000 {
+        return Err(invalid("list_page_size", "must be between 1 and 1000"));
+    }
+    let busy_prompts = BusyPrompts::parse(&s.busy_prompts).ok_or_else(|| {
+        let message = format!("{:?}: must be \"queue\" or \"refuse\"", s.busy_prompts);
+        invalid("busy_prompts", &message)
+    })?;
+    Ok(SessionSettings {
+        pending_request_timeout: Duration::from_millis(s.pending_request_timeout_ms),
+        cancel_grace: Duration::from_millis(s.cancel_grace_ms),
+        cancel_abandon: Duration::from_millis(s.cancel_abandon_ms),
+        bootstrap_delay: Duration::from_millis(s.bootstrap_delay_ms),
+        slow_client_cutoff: Duration::from_millis(s.slow_client_cutoff_ms),
+        list_page_size: s.list_page_size,
+        idle_evict: Duration::from_secs(600),
+        journal_max_entries: s.journal_max_entries,
+        journal_max_bytes: s.journal_max_bytes,
+        max_live_per_principal: s.max_sessions_per_principal,
+        mcp_policy: mcp_policy.clone(),
+        busy_prompts,
+    })
+}
+
+/// The `[builtin]` table with the one MCP policy for every agent written into it (the
+/// built-in agent reads it from its own table); the policy keys are top-level only.
+fn builtin_table(
+    mut builtin: toml::Table,
+    mcp_policy: &acpd_builtin::McpPolicy,
+) -> Result<toml::Table, ConfigError> {
+    for key in acpd_builtin::McpPolicy::KEYS {
+        if builtin.contains_key(key) {
+            let message = format!("{key} is a top-level key, not one of [builtin]");
+            return Err(invalid("[builtin]", &message));
+        }
+    }
+    mcp_policy.insert_into(&mut builtin);
+    Ok(builtin)
 }
 
 /// The file's `[agents]` plus the `--agent NAME=COMMAND` flags.

@@ -7,6 +7,7 @@
 mod pgtest;
 mod support;
 
+mod admin_commands;
 mod agent_backoff;
 mod agent_calls;
 mod agent_processes;
