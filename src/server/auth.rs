@@ -2,6 +2,10 @@
 //!
 //! Only a token's SHA-256 is stored. On the first start with no token, acpd creates one for
 //! the local user and writes the secret to a 0600 file in the data directory.
+//!
+//! The audit lines here (`acpd::audit`: a token used or refused) name the client's address
+//! through the connection's span (`conn{peer=…}`), which every listener opens around what a
+//! connection does (`transport::listen::serve_connection`, `server::tcp`).
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};

@@ -126,7 +126,11 @@ pub async fn accept(
         st.tasks.clone().spawn(async move {
             tokio::select! {
                 _ = cancel.cancelled() => {}
-                _ = serve_one(stream, peer, pass, st, cancel.clone()) => {}
+                // The token check's audit line names the client, as on the HTTP listener.
+                _ = tracing::Instrument::instrument(
+                    serve_one(stream, peer, pass, st, cancel.clone()),
+                    tracing::error_span!("conn", %peer),
+                ) => {}
             }
         });
     }

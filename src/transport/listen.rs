@@ -158,17 +158,23 @@ pub async fn serve_connection<I>(
         }
     };
     let extension = pass.clone();
+    // What a request logs (an audit line above all) names the client's address. An error
+    // span, so that a `warn` filter does not drop it from the warnings it frames.
+    let span = tracing::error_span!("conn", %peer);
     // Each request carries the pass, and counts as being answered until its response is
     // ready (the gate then displaces idle sockets of its source before it).
     let app = tower::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         let serving = extension.serving();
         req.extensions_mut().insert(extension.clone());
         let response = tower::ServiceExt::oneshot(app.clone(), req);
-        async move {
-            let response = response.await;
-            drop(serving);
-            response
-        }
+        tracing::Instrument::instrument(
+            async move {
+                let response = response.await;
+                drop(serving);
+                response
+            },
+            span.clone(),
+        )
     });
     let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(app));
     let mut conn = std::pin::pin!(conn);

@@ -163,3 +163,20 @@ async fn builtin_a_provider_that_never_answers_ends_the_turn_within_the_read_tim
     );
     assert_eq!(model.requests().len(), 2, "retried once, then gave up");
 }
+
+#[tokio::test]
+async fn builtin_without_a_model_says_how_to_try_the_demo_model() {
+    // No [builtin.models], no key in the environment (`Acpd` removes them).
+    let acpd = Acpd::start("").await;
+    let mut ed = acpd.editor(no_caps()).await;
+    let (sid, _) = ed.new_session(&acpd.work(), json!({})).await;
+    let e = ed.prompt(&sid, "hi").await.unwrap_err();
+    let text = e.to_string();
+    for hint in [
+        "no model is configured",
+        "ANTHROPIC_API_KEY",
+        "ACPD_MODEL=demo",
+    ] {
+        assert!(text.contains(hint), "{hint} missing from {e}");
+    }
+}

@@ -14,6 +14,7 @@ mod agent_processes;
 mod agent_stdin;
 mod agent_supervision;
 mod attach_after;
+mod auth_audit;
 mod bad_input;
 mod builtin;
 mod builtin_provider;

@@ -338,23 +338,27 @@ fn missing_key(spec: &ModelSpec) -> Option<String> {
     })
 }
 
+/// How to give the built-in agent a model, said at start and at a prompt without one: a
+/// newcomer without a key can still try a whole turn with the demo model.
+pub const HOW_TO_CONFIGURE: &str = "set ANTHROPIC_API_KEY or OPENAI_API_KEY (and ACPD_MODEL), \
+    or [builtin.models] in the config file; ACPD_MODEL=demo tries a scripted demo model \
+    without a key; or serve another agent with --agent NAME=COMMAND";
+
 /// What stops the built-in agent from answering a prompt with its default model, if
 /// anything: told at daemon start, so nobody finds out at the first prompt.
 pub fn model_problem(config: &BuiltinConfig) -> Option<String> {
-    const HOW: &str = "set ANTHROPIC_API_KEY or OPENAI_API_KEY (and ACPD_MODEL), or \
-        [builtin.models] in the config file; ACPD_MODEL=demo tries a scripted demo model \
-        without a key; or serve another agent with --agent NAME=COMMAND";
     let Some(spec) = config
         .default_model
         .as_deref()
         .and_then(|m| config.model(m))
     else {
         return Some(format!(
-            "the built-in agent has no model and will refuse every prompt: {HOW}"
+            "the built-in agent has no model and will refuse every prompt: {HOW_TO_CONFIGURE}"
         ));
     };
-    missing_key(spec)
-        .map(|why| format!("the built-in agent will refuse every prompt: {why}; or {HOW}"))
+    missing_key(spec).map(|why| {
+        format!("the built-in agent will refuse every prompt: {why}; or {HOW_TO_CONFIGURE}")
+    })
 }
 
 /// What a request that got no answer tells the user.

@@ -215,9 +215,10 @@ async fn model_call(
     offered: &[provider::ToolSpec],
 ) -> Result<Option<(Message, Finish)>, TurnError> {
     let Some(spec) = settings.model.as_deref().and_then(|m| ctx.config.model(m)) else {
-        return Err(TurnError::Auth(
-            "no model is configured for the built-in agent: set ANTHROPIC_API_KEY or OPENAI_API_KEY (and ACPD_MODEL), or [builtin.models] in the config file".into(),
-        ));
+        return Err(TurnError::Auth(format!(
+            "no model is configured for the built-in agent: {}",
+            provider::HOW_TO_CONFIGURE
+        )));
     };
     let thought = if spec.reasoning {
         Thought::parse(&settings.thought_level).unwrap_or(Thought::Off)
