@@ -1,12 +1,28 @@
-# acpd: multi-stage build, small non-root runtime image.
+# acpd: multi-stage build, small non-root runtime image (deploy/README.md, "Container").
 #
-#   docker build -t acpd .
-#   docker run -p 7420:7420 -v acpd-data:/var/lib/acpd acpd
+#   docker build -t acpd .                                  # runtime: acpd, built-in agent
+#   docker build -t acpd:node --target runtime-node .       # + Node.js/npx for npx agents
+#   docker run -d --name acpd -p 7420:7420 -v acpd-data:/var/lib/acpd acpd
+#   docker logs acpd                        # the certificate's SHA-256, a console link
+#   docker exec acpd acpd token create --name me
 #
-# The image listens on 0.0.0.0 inside the container, which acpd allows only with TLS or
-# --insecure: mount a certificate (see README, TLS) or put a TLS-terminating proxy in front.
+# The daemon listens on 0.0.0.0:7420 with TLS: a certificate mounted at ACPD_TLS_CERT /
+# ACPD_TLS_KEY, else a self-signed one generated into the data volume at first start (its
+# fingerprint is logged; `acp-shim --pin-sha256` trusts exactly it).
+#
+# Build arguments:
+#   RUST_IMAGE    the build stage's image (default rust:1-bookworm)
+#   RUNTIME_BASE  the runtime's base: any Debian bookworm image; node:22-bookworm-slim
+#                 brings a current Node.js to the plain `runtime` target
+#   BINARIES      build (compile here, the default) or prebuilt (copy PREBUILT_DIR/acpd and
+#                 PREBUILT_DIR/acp-shim from the build context: binaries built on a
+#                 bookworm-compatible host, as CI does in .ci/container.sh)
 
-FROM rust:1-bookworm AS build
+ARG RUST_IMAGE=rust:1-bookworm
+ARG RUNTIME_BASE=debian:bookworm-slim
+ARG BINARIES=build
+
+FROM ${RUST_IMAGE} AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
@@ -14,21 +30,54 @@ COPY crates ./crates
 COPY migrations ./migrations
 COPY benches ./benches
 COPY tests ./tests
-RUN cargo build --release --locked -p acpd -p acp-shim
+RUN cargo build --release --locked -p acpd -p acp-shim \
+ && mkdir /out && cp target/release/acpd target/release/acp-shim /out/
 
-FROM debian:bookworm-slim
-RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl tini \
- && rm -rf /var/lib/apt/lists/* \
- && useradd --system --create-home --home-dir /var/lib/acpd --shell /usr/sbin/nologin acpd
-COPY --from=build /src/target/release/acpd /src/target/release/acp-shim /usr/local/bin/
+FROM scratch AS prebuilt
+ARG PREBUILT_DIR=target/release
+COPY ${PREBUILT_DIR}/acpd ${PREBUILT_DIR}/acp-shim /out/
+
+FROM ${BINARIES} AS binaries
+
+FROM ${RUNTIME_BASE} AS base
+# curl for the health check, tini as PID 1 (signals, zombies of agents' children). A base
+# that has them already (CI's local one) needs no network here.
+RUN dpkg -s ca-certificates curl tini >/dev/null 2>&1 \
+ || { apt-get update \
+      && apt-get install -y --no-install-recommends ca-certificates curl tini \
+      && rm -rf /var/lib/apt/lists/*; }
+# A fixed UID/GID (10001), which the Kubernetes manifests name. The home directory is the
+# data volume: agents (npx, git, the built-in agent's tools) need a writable HOME.
+RUN groupadd --gid 10001 acpd \
+ && useradd --uid 10001 --gid acpd --no-create-home --home-dir /var/lib/acpd \
+      --shell /usr/sbin/nologin acpd \
+ && install -d -m 0700 -o acpd -g acpd /var/lib/acpd
+COPY --from=binaries /out/acpd /out/acp-shim /usr/local/bin/
+COPY deploy/container/acpd-entrypoint deploy/container/acpd-healthcheck /usr/local/bin/
 COPY config/acpd.toml /etc/acpd/acpd.toml.example
 USER acpd
-ENV ACPD_DATA_DIR=/var/lib/acpd \
-    ACPD_LISTEN=0.0.0.0:7420
+WORKDIR /var/lib/acpd
+ENV HOME=/var/lib/acpd \
+    ACPD_DATA_DIR=/var/lib/acpd \
+    ACPD_LISTEN=0.0.0.0:7420 \
+    ACPD_TLS_CERT=/var/lib/acpd/tls/cert.pem \
+    ACPD_TLS_KEY=/var/lib/acpd/tls/key.pem
 VOLUME ["/var/lib/acpd"]
 EXPOSE 7420
-HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
-  CMD curl -fsS http://127.0.0.1:7420/healthz || exit 1
-ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/acpd"]
+HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
+  CMD ["/usr/local/bin/acpd-healthcheck"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/acpd-entrypoint"]
 CMD ["serve"]
+
+# Node.js, npm and npx from Debian (Node 18) for agents started with npx. For a newer Node,
+# build the plain runtime on a Node image: --build-arg RUNTIME_BASE=node:22-bookworm-slim.
+FROM base AS runtime-node
+USER root
+RUN command -v npx >/dev/null \
+ || { apt-get update \
+      && apt-get install -y --no-install-recommends nodejs npm git \
+      && rm -rf /var/lib/apt/lists/*; }
+USER acpd
+
+# The default target (last): acpd and its built-in agent.
+FROM base AS runtime
