@@ -46,22 +46,22 @@ RUN dpkg -s ca-certificates curl tini >/dev/null 2>&1 \
  || { apt-get update \
       && apt-get install -y --no-install-recommends ca-certificates curl tini \
       && rm -rf /var/lib/apt/lists/*; }
-# A fixed UID/GID (10001), which the Kubernetes manifests name. The home directory is the
-# data volume: agents (npx, git, the built-in agent's tools) need a writable HOME.
+# A fixed UID/GID (10001), which the Kubernetes manifests name. One volume holds the data
+# directory and HOME (agents' caches and credentials: npx, git, logins), each 0700.
 RUN groupadd --gid 10001 acpd \
  && useradd --uid 10001 --gid acpd --no-create-home --home-dir /var/lib/acpd \
       --shell /usr/sbin/nologin acpd \
- && install -d -m 0700 -o acpd -g acpd /var/lib/acpd
+ && install -d -m 0700 -o acpd -g acpd /var/lib/acpd /var/lib/acpd/data /var/lib/acpd/home
 COPY --from=binaries /out/acpd /out/acp-shim /usr/local/bin/
 COPY deploy/container/acpd-entrypoint deploy/container/acpd-healthcheck /usr/local/bin/
 COPY config/acpd.toml /etc/acpd/acpd.toml.example
 USER acpd
 WORKDIR /var/lib/acpd
-ENV HOME=/var/lib/acpd \
-    ACPD_DATA_DIR=/var/lib/acpd \
+ENV HOME=/var/lib/acpd/home \
+    ACPD_DATA_DIR=/var/lib/acpd/data \
     ACPD_LISTEN=0.0.0.0:7420 \
-    ACPD_TLS_CERT=/var/lib/acpd/tls/cert.pem \
-    ACPD_TLS_KEY=/var/lib/acpd/tls/key.pem
+    ACPD_TLS_CERT=/var/lib/acpd/data/tls/cert.pem \
+    ACPD_TLS_KEY=/var/lib/acpd/data/tls/key.pem
 VOLUME ["/var/lib/acpd"]
 EXPOSE 7420
 HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
