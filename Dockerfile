@@ -7,20 +7,22 @@
 #   docker exec acpd acpd token create --name me
 #
 # The daemon listens on 0.0.0.0:7420 with TLS: a certificate mounted at ACPD_TLS_CERT /
-# ACPD_TLS_KEY, else a self-signed one generated into the data volume at first start (its
-# fingerprint is logged; `acp-shim --pin-sha256` trusts exactly it).
+# ACPD_TLS_KEY, else a self-signed one generated into the data volume at first start (acpd
+# logs its SHA-256; `acp-shim --pin-sha256` trusts exactly it).
 #
+# Targets: runtime (the default) and runtime-node compile acpd here; runtime-prebuilt and
+# runtime-node-prebuilt copy PREBUILT_DIR/acpd and PREBUILT_DIR/acp-shim from the build
+# context instead (binaries built on a bookworm-compatible host, as .ci/container.sh does).
 # Build arguments:
 #   RUST_IMAGE    the build stage's image (default rust:1-bookworm)
 #   RUNTIME_BASE  the runtime's base: any Debian bookworm image; node:22-bookworm-slim
-#                 brings a current Node.js to the plain `runtime` target
-#   BINARIES      build (compile here, the default) or prebuilt (copy PREBUILT_DIR/acpd and
-#                 PREBUILT_DIR/acp-shim from the build context: binaries built on a
-#                 bookworm-compatible host, as CI does in .ci/container.sh)
+#                 brings a current Node.js to the plain runtime target
+#   PREBUILT_DIR  where the *-prebuilt targets find the binaries (default target/release)
+# Targets are chosen by name rather than by a build argument in FROM: older buildah (podman
+# 4.3) does not resolve a stage named by an argument's default.
 
 ARG RUST_IMAGE=rust:1-bookworm
 ARG RUNTIME_BASE=debian:bookworm-slim
-ARG BINARIES=build
 
 FROM ${RUST_IMAGE} AS build
 WORKDIR /src
@@ -30,14 +32,7 @@ COPY crates ./crates
 COPY migrations ./migrations
 COPY benches ./benches
 COPY tests ./tests
-RUN cargo build --release --locked -p acpd -p acp-shim \
- && mkdir /out && cp target/release/acpd target/release/acp-shim /out/
-
-FROM scratch AS prebuilt
-ARG PREBUILT_DIR=target/release
-COPY ${PREBUILT_DIR}/acpd ${PREBUILT_DIR}/acp-shim /out/
-
-FROM ${BINARIES} AS binaries
+RUN cargo build --release --locked -p acpd -p acp-shim
 
 FROM ${RUNTIME_BASE} AS base
 # curl for the health check, tini as PID 1 (signals, zombies of agents' children). A base
@@ -52,7 +47,6 @@ RUN groupadd --gid 10001 acpd \
  && useradd --uid 10001 --gid acpd --no-create-home --home-dir /var/lib/acpd \
       --shell /usr/sbin/nologin acpd \
  && install -d -m 0700 -o acpd -g acpd /var/lib/acpd /var/lib/acpd/data /var/lib/acpd/home
-COPY --from=binaries /out/acpd /out/acp-shim /usr/local/bin/
 COPY deploy/container/acpd-entrypoint deploy/container/acpd-healthcheck /usr/local/bin/
 COPY config/acpd.toml /etc/acpd/acpd.toml.example
 USER acpd
@@ -69,9 +63,9 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/acpd-entrypoint"]
 CMD ["serve"]
 
-# Node.js, npm and npx from Debian (Node 18) for agents started with npx. For a newer Node,
-# build the plain runtime on a Node image: --build-arg RUNTIME_BASE=node:22-bookworm-slim.
-FROM base AS runtime-node
+# Node.js, npm, npx and git from Debian (Node 18) for agents started with npx. For a newer
+# Node, build the plain runtime on a Node image: --build-arg RUNTIME_BASE=node:22-bookworm-slim.
+FROM base AS node
 USER root
 RUN command -v npx >/dev/null \
  || { apt-get update \
@@ -79,5 +73,17 @@ RUN command -v npx >/dev/null \
       && rm -rf /var/lib/apt/lists/*; }
 USER acpd
 
+FROM base AS runtime-prebuilt
+ARG PREBUILT_DIR=target/release
+COPY ${PREBUILT_DIR}/acpd ${PREBUILT_DIR}/acp-shim /usr/local/bin/
+
+FROM node AS runtime-node-prebuilt
+ARG PREBUILT_DIR=target/release
+COPY ${PREBUILT_DIR}/acpd ${PREBUILT_DIR}/acp-shim /usr/local/bin/
+
+FROM node AS runtime-node
+COPY --from=build /src/target/release/acpd /src/target/release/acp-shim /usr/local/bin/
+
 # The default target (last): acpd and its built-in agent.
 FROM base AS runtime
+COPY --from=build /src/target/release/acpd /src/target/release/acp-shim /usr/local/bin/

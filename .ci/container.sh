@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The container recipe, run for real (deploy/README.md, "Container"). Registries cannot be
 # pulled from here, so the image is built FROM a local Debian base (mmdebstrap from
-# deb.debian.org) with the host-built binaries (Dockerfile BINARIES=prebuilt). Then, from
+# deb.debian.org) with the host-built binaries (Dockerfile targets *-prebuilt). Then, from
 # the host: /healthz over the generated certificate, the image's HEALTHCHECK, `token create`
 # and `web-login` via `podman exec`, non-root with a writable HOME on a read-only root, and
 # one ACP turn (initialize, session/new, a prompt to the demo model) through acp-shim
@@ -60,8 +60,7 @@ done
 tag="localhost/acpd:ci-$$"
 build() { # TARGET TAG
     "${podman[@]}" build -q "${limits[@]}" --format docker --target "$1" -t "$2" \
-        --build-arg RUNTIME_BASE="$base" --build-arg BINARIES=prebuilt \
-        --build-arg PREBUILT_DIR="$work" . >/dev/null
+        --build-arg RUNTIME_BASE="$base" --build-arg PREBUILT_DIR="$work" . >/dev/null
 }
 name="acpd-ci-$$"
 volume="acpd-ci-data-$$"
@@ -71,7 +70,7 @@ cleanup() {
     podman rmi -f "$tag" "$tag-node" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-build runtime "$tag" || fail "podman build --target runtime"
+build runtime-prebuilt "$tag" || fail "podman build --target runtime-prebuilt"
 
 # The image's documented run, plus a read-only root (as in Kubernetes) and the demo model.
 started=$("${podman[@]}" run -d --name "$name" "${limits[@]}" --read-only --tmpfs /tmp \
@@ -128,7 +127,7 @@ code=$?
 set -e
 [ "$code" = 64 ] || fail "serve without TLS exited $code, not 64: $refused"
 
-build runtime-node "$tag-node" || fail "podman build --target runtime-node"
+build runtime-node-prebuilt "$tag-node" || fail "podman build --target runtime-node-prebuilt"
 node=$("${podman[@]}" run --rm "${limits[@]}" --read-only --tmpfs /tmp --entrypoint sh "$tag-node" \
     -c 'test "$(id -u)" = 10001 && node --version && npx --version' 2>&1) \
     || fail "node/npx in runtime-node: $node"
