@@ -610,3 +610,62 @@ pub fn normalize_origin(origin: &str) -> Option<String> {
     let rest = rest.strip_suffix(default_port).unwrap_or(rest);
     Some(format!("{scheme}://{rest}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{ConfigError, Settings, listener_rules, tls_files};
+
+    fn settings(listen: &str) -> Settings {
+        Settings {
+            listen: listen.parse().unwrap(),
+            ..Settings::default()
+        }
+    }
+
+    #[test]
+    fn listener_rules_hold_the_public_listener_to_tls_or_insecure() {
+        assert!(listener_rules(&settings("127.0.0.1:7420")).is_ok());
+        let public = settings("0.0.0.0:7420");
+        assert!(matches!(
+            listener_rules(&public),
+            Err(ConfigError::NotLoopbackWithoutTls(_))
+        ));
+        let insecure = Settings {
+            insecure: true,
+            ..public.clone()
+        };
+        assert!(listener_rules(&insecure).is_ok());
+        let no_auth = Settings {
+            no_auth: true,
+            ..insecure
+        };
+        assert!(matches!(
+            listener_rules(&no_auth),
+            Err(ConfigError::NoAuthNotLoopback(_))
+        ));
+        let tcp = Settings {
+            tcp_listen: Some("0.0.0.0:7421".parse().unwrap()),
+            ..settings("127.0.0.1:7420")
+        };
+        assert!(matches!(
+            listener_rules(&tcp),
+            Err(ConfigError::TcpNotLoopback(_))
+        ));
+    }
+
+    #[test]
+    fn half_a_tls_pair_is_a_listener_error_and_no_tls_elsewhere() {
+        let half = Settings {
+            tls_cert: Some("/c.pem".into()),
+            ..settings("127.0.0.1:7420")
+        };
+        assert!(matches!(listener_rules(&half), Err(ConfigError::TlsPair)));
+        assert_eq!(tls_files(&half), None);
+        let both = Settings {
+            tls_key: Some("/k.pem".into()),
+            ..half
+        };
+        assert!(listener_rules(&both).is_ok());
+        assert!(tls_files(&both).is_some());
+    }
+}
