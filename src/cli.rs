@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+mod docs;
 mod logging;
 mod start;
 
@@ -98,6 +99,10 @@ enum Command {
         #[command(subcommand)]
         action: AgentAction,
     },
+    /// Write the man pages (roff): acpd(1) to stdout, or one page per command to --out DIR.
+    Man(docs::ManArgs),
+    /// Print shell completions for acpd (bash, zsh, fish, elvish, powershell).
+    Completions(docs::CompletionsArgs),
 }
 
 #[derive(Subcommand)]
@@ -330,6 +335,8 @@ async fn run(command: Command) -> ExitCode {
                 }
             }
         }
+        Command::Man(args) => docs::man(args),
+        Command::Completions(args) => docs::completions(args),
     }
 }
 

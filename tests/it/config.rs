@@ -1,4 +1,4 @@
-//! Configuration: the documented defaults (README's table, config/acpd.toml) are the code's,
+//! Configuration: the documented defaults (the book's reference, config/acpd.toml) are the code's,
 //! the data directory is private to its owner, and acp-shim finds a loopback daemon's token
 //! where `ACPD_DATA_DIR` says.
 
@@ -14,12 +14,15 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use crate::support::security_support::{RawDaemon, acpd, bearer, client, read_token};
 use crate::support::{DEFAULT_TIMEOUT, shim_bin};
 
+/// Where the settings are documented, one row each.
+const REFERENCE: &str = "docs/src/configuration.md";
+
 fn repo_file(rel: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A default as the README's table writes it.
+/// A default as the reference's table writes it.
 fn cell(default: &Option<toml::Value>) -> String {
     match default {
         None => "—".to_owned(),
@@ -28,15 +31,15 @@ fn cell(default: &Option<toml::Value>) -> String {
     }
 }
 
-/// The README's table under "## Configuration": key -> (flag, env, default) cells. A row may
-/// name two keys (`tls_cert` / `tls_key`); its flag and env cells then split the same way.
-fn readme_rows() -> BTreeMap<String, (String, String, String)> {
-    let readme = repo_file("README.md");
-    let section = readme
-        .split("\n## Configuration\n")
-        .nth(1)
+/// The book's configuration reference (docs/src/configuration.md): the table before its first
+/// `##` section, key -> (flag, env, default) cells. A row may name two keys (`tls_cert` /
+/// `tls_key`); its flag and env cells then split the same way.
+fn reference_rows() -> BTreeMap<String, (String, String, String)> {
+    let page = repo_file(REFERENCE);
+    let section = page
+        .strip_prefix("# Configuration\n")
         .and_then(|s| s.split("\n## ").next())
-        .expect("README has a Configuration section");
+        .expect("the configuration reference starts with its title");
     let mut rows = BTreeMap::new();
     for line in section.lines().filter(|l| l.starts_with("| `")) {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
@@ -53,17 +56,17 @@ fn readme_rows() -> BTreeMap<String, (String, String, String)> {
         for ((key, flag), env) in keys.iter().zip(split(flags)).zip(split(envs)) {
             let key = key.trim_matches('`').to_owned();
             let old = rows.insert(key.clone(), (flag, env, default.to_owned()));
-            assert!(old.is_none(), "README names {key} twice");
+            assert!(old.is_none(), "{REFERENCE} names {key} twice");
         }
     }
     rows
 }
 
 #[test]
-fn readme_table_has_every_key_with_the_codes_flag_env_and_default() {
+fn configuration_reference_has_every_key_with_the_codes_flag_env_and_default() {
     let reference = config_reference();
     assert!(reference.len() > 20, "{reference:?}");
-    let mut rows = readme_rows();
+    let mut rows = reference_rows();
     for Setting {
         key,
         flag,
@@ -73,26 +76,33 @@ fn readme_table_has_every_key_with_the_codes_flag_env_and_default() {
     {
         let (f, e, d) = rows
             .remove(key)
-            .unwrap_or_else(|| panic!("README's Configuration table has no row for `{key}`"));
+            .unwrap_or_else(|| panic!("{REFERENCE} has no row for `{key}`"));
         match flag {
             Some(flag) => assert!(
                 f.starts_with(&format!("`{flag}")),
-                "`{key}`: README flag {f:?}, the code's is {flag}"
+                "`{key}`: {REFERENCE} flag {f:?}, the code's is {flag}"
             ),
-            None => assert!(f.is_empty(), "`{key}` has no flag, README says {f:?}"),
+            None => assert!(f.is_empty(), "`{key}` has no flag, {REFERENCE} says {f:?}"),
         }
         match env {
             Some(env) => assert!(
                 e.contains(&format!("`{env}`")),
-                "`{key}`: README env {e:?}, the code's is {env}"
+                "`{key}`: {REFERENCE} env {e:?}, the code's is {env}"
             ),
-            None => assert!(e.is_empty(), "`{key}` has no variable, README says {e:?}"),
+            None => assert!(
+                e.is_empty(),
+                "`{key}` has no variable, {REFERENCE} says {e:?}"
+            ),
         }
-        assert_eq!(d, cell(default), "`{key}`: README's default vs the code's");
+        assert_eq!(
+            d,
+            cell(default),
+            "`{key}`: {REFERENCE}'s default vs the code's"
+        );
     }
     assert!(
         rows.is_empty(),
-        "README documents keys the code does not have: {:?}",
+        "{REFERENCE} documents keys the code does not have: {:?}",
         rows.keys()
     );
 }

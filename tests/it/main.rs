@@ -25,6 +25,7 @@ mod child_env;
 mod client_requests;
 mod config;
 mod data_dir;
+mod docs;
 mod durability;
 mod editor_mcp;
 mod editor_paths;
