@@ -17,16 +17,16 @@ use super::support::{csp_violations, origin, sign_in_link};
 use crate::support::security_support::{bearer, client, local_token, token_create};
 use crate::support::{Daemon, DaemonOptions};
 
-const WAIT: Duration = Duration::from_secs(15);
+pub(super) const WAIT: Duration = Duration::from_secs(15);
 
 /// A chromedriver process of our own, on a free loopback port; killed when dropped.
-struct Chromedriver {
+pub(super) struct Chromedriver {
     _child: Child,
     url: String,
 }
 
 impl Chromedriver {
-    async fn start() -> Chromedriver {
+    pub(super) async fn start() -> Chromedriver {
         let path = std::env::var("ACPD_TEST_CHROMEDRIVER").expect("ACPD_TEST_CHROMEDRIVER");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -57,7 +57,7 @@ impl Chromedriver {
         }
     }
 
-    async fn browser(&self) -> Browser {
+    pub(super) async fn browser(&self) -> Browser {
         let mut chrome = json!({
             "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--window-size=1280,800", "--hide-scrollbars"],
@@ -80,7 +80,7 @@ impl Chromedriver {
 }
 
 /// Polls a JavaScript condition (a function body returning a boolean) until it holds.
-async fn until(b: &Browser, what: &str, js: &str) {
+pub(super) async fn until(b: &Browser, what: &str, js: &str) {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let v = b.execute(js, vec![]).await.expect("execute");
@@ -99,7 +99,7 @@ async fn until(b: &Browser, what: &str, js: &str) {
 }
 
 /// Waits until the conversation shows `text`.
-async fn until_log_has(b: &Browser, text: &str) {
+pub(super) async fn until_log_has(b: &Browser, text: &str) {
     let js = format!(
         "return document.getElementById('log').innerText.includes({})",
         json!(text)
@@ -128,7 +128,7 @@ async fn screenshot(b: &Browser, name: &str, width: u32, height: u32) {
 }
 
 /// Clicks the element with that id.
-async fn click(b: &Browser, id: &str) {
+pub(super) async fn click(b: &Browser, id: &str) {
     b.find(Locator::Id(id))
         .await
         .unwrap_or_else(|e| panic!("#{id}: {e}"))
@@ -138,7 +138,7 @@ async fn click(b: &Browser, id: &str) {
 }
 
 /// Sizes the window so that the viewport (not the window) is `width`×`height`.
-async fn viewport(b: &Browser, width: u32, height: u32) {
+pub(super) async fn viewport(b: &Browser, width: u32, height: u32) {
     b.set_window_size(width, height).await.expect("resize");
     let inner = b
         .execute("return [window.innerWidth, window.innerHeight]", vec![])
@@ -159,20 +159,24 @@ async fn viewport(b: &Browser, width: u32, height: u32) {
     }
 }
 
-async fn displayed(b: &Browser, css: &str) -> bool {
+pub(super) async fn displayed(b: &Browser, css: &str) -> bool {
     match b.find(Locator::Css(css)).await {
         Ok(e) => e.is_displayed().await.unwrap_or(false),
         Err(_) => false,
     }
 }
 
-async fn type_prompt(b: &Browser, text: &str) {
+/// Types `text` into the prompt box as a person would (each line break as Shift+Enter, since
+/// Enter sends) and clicks Send.
+pub(super) async fn type_prompt(b: &Browser, text: &str) {
     let input = b.find(Locator::Id("prompt")).await.expect("the prompt box");
-    input.send_keys(text).await.expect("type");
+    // WebDriver keys: Shift (held), Enter, then Null to release the modifiers.
+    let keys = text.replace('\n', "\u{E008}\u{E007}\u{E000}");
+    input.send_keys(&keys).await.expect("type");
     click(b, "send").await;
 }
 
-async fn until_turn(b: &Browser, state: &str) {
+pub(super) async fn until_turn(b: &Browser, state: &str) {
     let js = format!(
         "return document.getElementById('turn').dataset.state === {}",
         json!(state)
