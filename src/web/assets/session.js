@@ -195,6 +195,7 @@ function showWaiting(added) {
   try {
     const note = new Notification(`acpd: approval waiting (${n})`, { body: added, tag: `acpd-${id}` });
     note.addEventListener('click', () => { window.focus(); note.close(); });
+    document.body.dataset.notified = Number(document.body.dataset.notified || 0) + 1;
   } catch (_) { /* a browser that allows notifications only from a service worker */ }
 }
 

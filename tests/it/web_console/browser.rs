@@ -57,6 +57,56 @@ impl Chromedriver {
         }
     }
 
+    /// WebDriver's "Set Permission" (the Permissions spec's extension, which chromedriver
+    /// serves): the browser answers permission `name` as a user who chose `state` would.
+    pub(super) async fn set_permission(&self, b: &Browser, name: &str, state: &str) {
+        let session = b
+            .session_id()
+            .await
+            .expect("the session id")
+            .expect("a session");
+        let addr = self.url.trim_start_matches("http://");
+        let body = json!({ "descriptor": { "name": name }, "state": state }).to_string();
+        // chromedriver keeps the connection open whatever the request says: the answer is
+        // read by its Content-Length.
+        let answer = async {
+            use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let head = format!(
+                "POST /session/{session}/permissions HTTP/1.1\r\nHost: {addr}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).await.expect("write");
+            s.write_all(body.as_bytes()).await.expect("write");
+            let mut r = tokio::io::BufReader::new(s);
+            let (mut status, mut length) = (String::new(), 0usize);
+            r.read_line(&mut status).await.expect("status line");
+            loop {
+                let mut line = String::new();
+                r.read_line(&mut line).await.expect("header");
+                if line.trim().is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':')
+                    && k.eq_ignore_ascii_case("content-length")
+                {
+                    length = v.trim().parse().expect("a length");
+                }
+            }
+            let mut text = vec![0; length];
+            r.read_exact(&mut text).await.expect("body");
+            (status, String::from_utf8_lossy(&text).into_owned())
+        };
+        let (status, text) = tokio::time::timeout(WAIT, answer)
+            .await
+            .expect("chromedriver answers");
+        assert!(
+            status.contains(" 200 "),
+            "set permission {name}: {status} {text}"
+        );
+    }
+
     pub(super) async fn browser(&self) -> Browser {
         let mut chrome = json!({
             "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

@@ -12,6 +12,7 @@ use tokio::io::BufReader;
 use super::browser::{
     Chromedriver, click, displayed, type_prompt, until, until_log_has, until_turn, viewport,
 };
+use super::support::csp_violations;
 use crate::logging::{sigterm, spawn_piped, until_listening};
 use crate::support::http::request_path;
 use crate::support::{Client, Daemon};
@@ -155,6 +156,7 @@ async fn the_console_follows_the_stream_through_a_permission_and_jumps_to_latest
         "return document.getElementById('jump').hidden",
     )
     .await;
+    assert_eq!(csp_violations(&d, "-").await, 0, "CSP violations reported");
     b.close().await.expect("close the browser");
 }
 
@@ -321,6 +323,17 @@ async fn a_session_starts_from_the_console_and_the_builtin_agent_says_why_it_can
         ),
     )
     .await;
+    // The built-in agent offers its mode both as session modes and as a config option: one
+    // control.
+    let modes = b
+        .execute(
+            "return [...document.querySelectorAll('select')].filter((s) => s.offsetParent !== null \
+             && [...s.options].some((o) => o.value === 'plan')).map((s) => s.getAttribute('aria-label'))",
+            vec![],
+        )
+        .await
+        .expect("the mode controls");
+    assert_eq!(modes, json!(["Mode"]), "one mode control");
     type_prompt(&b, "hello").await;
     until_turn(&b, "error").await;
     until_last_marker(&b, "Turn failed").await;
@@ -418,5 +431,40 @@ async fn a_waiting_approval_badges_the_title_and_its_answer_is_confirmed() {
         "return document.title.startsWith('acpd · ') && !document.querySelector('.permission button')",
     )
     .await;
+
+    // Notifications allowed, the page in a background tab: the request notifies.
+    driver.set_permission(&b, "notifications", "granted").await;
+    until(
+        &b,
+        "notifications allowed",
+        "return Notification.permission === 'granted'",
+    )
+    .await;
+    editor.editor.hold("session/request_permission");
+    type_prompt(&b, "sleep 2000\nask_tool").await;
+    let page = b.window().await.expect("the page's tab");
+    let other = b.new_window(true).await.expect("another tab");
+    b.switch_to_window(other.handle)
+        .await
+        .expect("look at the other tab");
+    // The editor is asked at the same time as the page.
+    editor.wait_held_request("session/request_permission").await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    b.switch_to_window(page).await.expect("back to the page");
+    until(
+        &b,
+        "the badge, and one notification shown while the page was not looked at",
+        "return document.title.startsWith('(1) acpd · ') && document.body.dataset.notified === '1'",
+    )
+    .await;
+    b.find(Locator::Css(".permission button[data-option='allow-once']"))
+        .await
+        .expect("the button")
+        .click()
+        .await
+        .expect("click");
+    until_turn(&b, "end_turn").await;
+    // No token under --no-auth: /metrics takes any.
+    assert_eq!(csp_violations(&d, "-").await, 0, "CSP violations reported");
     b.close().await.expect("close the browser");
 }
