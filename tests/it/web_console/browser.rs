@@ -160,7 +160,7 @@ pub(super) async fn until_log_has(b: &Browser, text: &str) {
 /// A screenshot of the viewport at `width`×`height` CSS pixels, scrolled to the newest
 /// content, into target/screenshots/NAME.png, or into docs/screenshots/ (the README's) with
 /// `ACPD_TEST_SCREENSHOTS=docs`: a plain test run leaves the work tree as it was.
-async fn screenshot(b: &Browser, name: &str, width: u32, height: u32) {
+pub(super) async fn screenshot(b: &Browser, name: &str, width: u32, height: u32) {
     viewport(b, width, height).await;
     b.execute("window.scrollTo(0, document.body.scrollHeight)", vec![])
         .await

@@ -10,7 +10,8 @@ use serde_json::json;
 use tokio::io::BufReader;
 
 use super::browser::{
-    Chromedriver, click, displayed, type_prompt, until, until_log_has, until_turn, viewport,
+    Chromedriver, click, displayed, screenshot, type_prompt, until, until_log_has, until_turn,
+    viewport,
 };
 use super::support::csp_violations;
 use crate::logging::{sigterm, spawn_piped, until_listening};
@@ -214,6 +215,7 @@ async fn the_console_marks_cancelled_and_failed_turns_and_keeps_a_prompts_lines(
         "{all:?}"
     );
     assert_eq!(all.len(), 2, "{all:?}");
+    screenshot(&b, "session-markers", 1280, 800).await;
     b.close().await.expect("close the browser");
 }
 
@@ -276,6 +278,7 @@ async fn a_session_starts_from_the_console_and_the_builtin_agent_says_why_it_can
         .send_keys(&work_dir)
         .await
         .expect("type the directory");
+    screenshot(&b, "sessions-new", 1280, 800).await;
     click(&b, "new-create").await;
     until(
         &b,
