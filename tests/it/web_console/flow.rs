@@ -444,7 +444,7 @@ async fn a_waiting_approval_badges_the_title_and_its_answer_is_confirmed() {
     )
     .await;
     editor.editor.hold("session/request_permission");
-    type_prompt(&b, "sleep 2000\nask_tool").await;
+    type_prompt(&b, "sleep 3000\nask_tool").await;
     let page = b.window().await.expect("the page's tab");
     let other = b.new_window(true).await.expect("another tab");
     b.switch_to_window(other.handle)
