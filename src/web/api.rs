@@ -70,6 +70,32 @@ pub async fn me(State(st): State<WebState>, headers: HeaderMap) -> Response {
     }
 }
 
+/// `GET /web/api/agents`: what the "New session" form offers: the agent profiles (the
+/// default first; the built-in agent is always one), and the directories the principal may
+/// use (`[roots]`; empty: anywhere but acpd's data directory).
+pub async fn agents(State(st): State<WebState>, headers: HeaderMap) -> Response {
+    let who = match signed_in(&st, &headers).await {
+        Ok(who) => who,
+        Err(resp) => return resp,
+    };
+    let default = st.config.default_agent.clone();
+    let mut agents = vec![default.clone()];
+    let builtin = crate::config::BUILTIN_AGENT.to_owned();
+    for name in st.config.agents.keys().chain([&builtin]) {
+        if !agents.contains(name) {
+            agents.push(name.clone());
+        }
+    }
+    let roots: Vec<String> = st
+        .config
+        .fs_roots
+        .of(&who.name)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    Json(json!({ "agents": agents, "defaultAgent": default, "roots": roots })).into_response()
+}
+
 #[derive(Deserialize)]
 pub struct ListParams {
     cursor: Option<String>,

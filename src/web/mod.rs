@@ -132,6 +132,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(st: WebState) -> Router<S> {
         .route("/web/api/login", post(cookie::login))
         .route("/web/api/logout", post(cookie::logout))
         .route("/web/api/me", get(api::me))
+        .route("/web/api/agents", get(api::agents))
         .route("/web/api/sessions", get(api::sessions))
         .route("/web/api/sessions/{id}", get(api::session))
         .route("/web/api/sessions/{id}/entries", get(api::entries))

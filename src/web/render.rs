@@ -58,10 +58,20 @@ fn same_site_only(url: &str) -> Option<std::borrow::Cow<'_, str>> {
 }
 
 pub fn markdown(text: &str) -> String {
-    use pulldown_cmark::{Options, Parser, html};
+    markdown_with(text, false)
+}
+
+/// Markdown as `markdown` does; with `keep_lines`, every line break of the source is a
+/// `<br>` (a person's prompt is typed line by line, and Markdown would join its lines).
+fn markdown_with(text: &str, keep_lines: bool) -> String {
+    use pulldown_cmark::{Event, Options, Parser, html};
     let opts = Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH | Options::ENABLE_TASKLISTS;
+    let events = Parser::new_ext(text, opts).map(|e| match e {
+        Event::SoftBreak if keep_lines => Event::HardBreak,
+        e => e,
+    });
     let mut out = String::new();
-    html::push_html(&mut out, Parser::new_ext(text, opts));
+    html::push_html(&mut out, events);
     CLEAN.clean(&out).to_string()
 }
 
@@ -282,7 +292,7 @@ pub fn blocks(entries: &[JournalEntry]) -> Vec<Block> {
     let mut tools: Vec<(i64, i64, Tool)> = Vec::new();
     let flush = |msg: &mut Option<(&'static str, i64, i64, String)>, out: &mut Vec<Block>| {
         if let Some((kind, seq, last, text)) = msg.take() {
-            let body = markdown(&text);
+            let body = markdown_with(&text, kind == "user");
             let html = if kind == "thought" {
                 format!("<details class=\"thought\"><summary>Thought</summary>{body}</details>")
             } else {
@@ -419,6 +429,17 @@ mod tests {
 
     fn chunk(kind: &str, text: &str) -> Value {
         json!({ "sessionUpdate": kind, "content": { "type": "text", "text": text } })
+    }
+
+    #[test]
+    fn a_prompt_keeps_its_line_breaks_and_an_answer_is_markdown() {
+        let entries = vec![
+            entry(1, chunk("user_message_chunk", "first line\nsecond *line*")),
+            entry(2, chunk("agent_message_chunk", "one\ntwo")),
+        ];
+        let b = blocks(&entries);
+        assert_eq!(b[0].html, "<p>first line<br>\nsecond <em>line</em></p>\n");
+        assert_eq!(b[1].html, "<p>one\ntwo</p>\n");
     }
 
     #[test]

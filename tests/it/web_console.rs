@@ -1,8 +1,11 @@
 //! The web console (`src/web`): the cookie rules over real HTTP (`cookies`), and the console
-//! driven in a real headless Chromium over WebDriver (`browser`, needs `ACPD_TEST_CHROMEDRIVER`).
+//! driven in a real headless Chromium over WebDriver (`browser`, and `flow` for how a person
+//! uses it: following the stream, turn markers, new sessions, the approval badge; both need
+//! `ACPD_TEST_CHROMEDRIVER`).
 
 mod browser;
 mod cookies;
+mod flow;
 mod hardening;
 mod pages;
 mod support;

@@ -58,3 +58,18 @@ export function wireSignOut() {
     }
   });
 }
+
+// A JSON-RPC error (or any thrown value) as a person reads it: the error's data says why
+// when the message is generic ("Authentication required" with data.message "no model is
+// configured …"); both are given when they differ.
+export function errorText(e) {
+  if (!e) return 'failed';
+  const message = e.message || String(e);
+  const data = e.data;
+  let detail = null;
+  if (typeof data === 'string') detail = data;
+  else if (data && typeof data.message === 'string') detail = data.message;
+  else if (data && typeof data.reason === 'string') detail = data.reason;
+  if (!detail || detail === message) return message;
+  return `${message}: ${detail}`;
+}

@@ -3,7 +3,12 @@
 // (`_acpd/session/attach`, observer unless the user takes control) and re-reads the newest
 // blocks whenever an update arrives. A controller answers permissions, prompts, cancels and
 // switches mode or config options through the same connection as any client.
-import { api, el, describeClients, wireSignOut } from '/web/common.js';
+//
+// The page follows the conversation's end unless the user scrolled up ("Jump to latest"
+// brings it back); how a turn ended (cancelled, failed and why) and who answered a permission
+// are marked in the conversation itself; a permission waiting for this page puts a count in
+// the tab's title and, if the user allowed it, a browser notification.
+import { api, el, describeClients, wireSignOut, errorText } from '/web/common.js';
 import { Peer } from '/web/acp.js';
 
 const id = decodeURIComponent(location.pathname.split('/').pop());
@@ -14,6 +19,8 @@ const turn = document.getElementById('turn');
 const permissions = document.getElementById('permissions');
 const composer = document.getElementById('composer');
 const cancel = document.getElementById('cancel');
+const jump = document.getElementById('jump');
+const notifyButton = document.getElementById('notify');
 const entriesUrl = `/web/api/sessions/${encodeURIComponent(id)}/entries`;
 
 let lastSeq = 0; // the newest journal seq the page has read
@@ -22,6 +29,8 @@ let hasOlder = false;
 let peer = null;
 let role = null;
 const asked = new Map(); // permission requests waiting for a click, by JSON-RPC id
+let me = null; // the signed-in principal's name
+let baseTitle = 'acpd';
 
 function blockNode(b) {
   const node = el('div', { class: `block block-${b.kind}` });
@@ -65,8 +74,33 @@ function append(b) {
   log.append(node);
 }
 
+// Following the end: on until the user scrolls away from it, on again when they scroll back
+// or jump. Content that grows (a block, a permission in the dock, the composer) moves the
+// page down only while following; growth alone fires no scroll event, so it never turns
+// following off (measuring "at the bottom" after the dock grew did).
+let follow = true;
+
 function atBottom() {
-  return window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+  return window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 40;
+}
+
+function toBottom() {
+  window.scrollTo(0, document.documentElement.scrollHeight);
+}
+
+function setFollow(on) {
+  follow = on;
+  jump.hidden = on;
+  document.body.dataset.follow = on;
+}
+
+function wireFollow() {
+  window.addEventListener('scroll', () => {
+    setFollow(atBottom());
+    if (window.scrollY < 80) loadOlder();
+  }, { passive: true });
+  new ResizeObserver(() => { if (follow) toBottom(); }).observe(document.body);
+  jump.addEventListener('click', () => { setFollow(true); toBottom(); });
 }
 
 async function firstPage() {
@@ -76,7 +110,7 @@ async function firstPage() {
   oldestSeq = page.firstSeq;
   hasOlder = page.more;
   older.hidden = !hasOlder;
-  window.scrollTo(0, document.body.scrollHeight);
+  toBottom();
 }
 
 let loadingOlder = false;
@@ -97,16 +131,12 @@ async function loadOlder() {
   }
 }
 
-// Live: re-read from the first block that may still grow (a message being streamed).
-let refreshing = false;
-let again = false;
-async function refresh() {
-  if (refreshing) { again = true; return; }
-  refreshing = true;
+// Live: re-read from the first block that may still grow (a message being streamed). Reads
+// and markers run one at a time, in order (`work`), so a marker lands after what the journal
+// held when it was made.
+async function readNew() {
   try {
-    do {
-      again = false;
-      const follow = atBottom();
+    for (;;) {
       const tail = log.lastElementChild;
       const from = tail && tail.dataset.open === 'true' ? Number(tail.dataset.seq) : lastSeq + 1;
       const page = await api(`${entriesUrl}?after=${from - 1}&limit=500`);
@@ -114,14 +144,34 @@ async function refresh() {
       for (const node of [...log.children]) if (Number(node.dataset.seq) >= from) node.remove();
       page.blocks.forEach(append);
       lastSeq = Math.max(lastSeq, page.lastSeq);
-      if (page.more) again = true;
-      if (follow) window.scrollTo(0, document.body.scrollHeight);
-    } while (again);
+      if (!page.more) break;
+    }
   } catch (e) {
     turn.textContent = `Cannot read the conversation: ${e.message}`;
-  } finally {
-    refreshing = false;
   }
+}
+
+let work = Promise.resolve();
+let readQueued = false;
+function refresh() {
+  if (readQueued) return work;
+  readQueued = true;
+  work = work.then(() => { readQueued = false; return readNew(); });
+  return work;
+}
+
+// A marker in the conversation (a turn's end, a permission's answer): after everything the
+// journal holds now. Its seq is the last read, so re-reads never take it away; the message
+// before it is closed (what comes after it is newer than the marker).
+function mark(kind, text) {
+  work = work.then(async () => {
+    await readNew();
+    const node = el('div', { class: `marker marker-${kind}`, role: 'note', text });
+    node.dataset.seq = lastSeq;
+    node.dataset.marker = kind;
+    log.append(node);
+  });
+  return work;
 }
 
 let scheduled = null;
@@ -134,13 +184,40 @@ function showPresence(clients) {
   document.getElementById('presence').textContent = clients && clients.length ? `Attached: ${describeClients(clients)}` : '';
 }
 
+// The tab's title counts the permissions waiting for this page; a new one notifies when the
+// user allowed notifications and is looking elsewhere.
+function showWaiting(added) {
+  const n = asked.size;
+  document.title = n ? `(${n}) ${baseTitle}` : baseTitle;
+  document.body.dataset.waiting = n;
+  if (!added || !('Notification' in window) || Notification.permission !== 'granted') return;
+  if (document.visibilityState === 'visible' && document.hasFocus()) return;
+  try {
+    const note = new Notification(`acpd: approval waiting (${n})`, { body: added, tag: `acpd-${id}` });
+    note.addEventListener('click', () => { window.focus(); note.close(); });
+    document.body.dataset.notified = Number(document.body.dataset.notified || 0) + 1;
+  } catch (_) { /* a browser that allows notifications only from a service worker */ }
+}
+
+function wireNotify() {
+  if (!('Notification' in window) || Notification.permission !== 'default') return;
+  notifyButton.hidden = false;
+  notifyButton.addEventListener('click', async () => {
+    const answer = await Notification.requestPermission();
+    notifyButton.hidden = answer !== 'default';
+  });
+}
+
+const youAre = () => (me ? `you (${me})` : 'you');
+
 function askPermission(params, rpcId) {
   return new Promise((resolve) => {
     const tool = params.toolCall || {};
+    const what = tool.title || 'the agent asks';
     const box = el('div', { class: 'permission' });
     box.dataset.request = String(rpcId);
     box.dataset.tool = tool.toolCallId || '';
-    box.append(el('p', { class: 'permission-title', text: `Permission: ${tool.title || 'the agent asks'}` }));
+    box.append(el('p', { class: 'permission-title', text: `Permission: ${what}` }));
     const paths = (tool.locations || []).map((l) => l.path).filter(Boolean);
     if (paths.length) box.append(el('p', { class: 'muted', text: paths.join(', ') }));
     const buttons = el('div', { class: 'row' });
@@ -148,17 +225,20 @@ function askPermission(params, rpcId) {
       const b = el('button', { type: 'button', class: `option option-${option.kind || 'other'}`, text: option.name || option.optionId });
       b.dataset.option = option.optionId;
       b.addEventListener('click', () => {
-        box.replaceChildren(el('p', { class: 'resolved', text: `You chose: ${option.name || option.optionId}` }));
+        const name = option.name || option.optionId;
+        box.replaceChildren(el('p', { class: 'resolved', text: `You chose: ${name}` }));
         asked.delete(String(rpcId));
+        showWaiting(null);
         setTimeout(() => box.remove(), 4000);
         resolve({ outcome: { outcome: 'selected', optionId: option.optionId } });
+        mark('permission', `Permission “${what}”: ${youAre()} chose ${name}`);
       });
       buttons.append(b);
     }
     box.append(buttons);
     permissions.append(box);
-    box.scrollIntoView({ block: 'nearest' });
-    asked.set(String(rpcId), { box, resolve });
+    asked.set(String(rpcId), { box, resolve, options: params.options || [] });
+    showWaiting(`Permission: ${what}`);
   });
 }
 
@@ -167,22 +247,35 @@ function withdraw(requestId) {
   if (!waiting) return;
   asked.delete(String(requestId));
   waiting.box.remove();
+  showWaiting(null);
   waiting.resolve({ outcome: { outcome: 'cancelled' } });
 }
 
+// Another client answered a permission: said in the conversation, by whom, with the option's
+// name when this page was asked too.
 function resolved(p) {
   const who = p.decidedBy ? `${p.decidedBy.principal}${p.decidedBy.name ? ' (' + p.decidedBy.name + ')' : ''}` : 'another client';
-  const choice = p.outcome && p.outcome.optionId ? p.outcome.optionId : (p.outcome && p.outcome.outcome) || '';
-  for (const box of permissions.querySelectorAll('.permission')) {
-    if (box.dataset.tool === (p.toolCallId || '')) box.remove();
+  const optionId = p.outcome && p.outcome.optionId;
+  let choice = optionId || (p.outcome && p.outcome.outcome) || 'answered';
+  for (const [rpcId, waiting] of asked) {
+    if (waiting.box.dataset.tool !== (p.toolCallId || '')) continue;
+    const option = waiting.options.find((o) => o.optionId === optionId);
+    if (option && option.name) choice = option.name;
+    waiting.box.remove();
+    asked.delete(rpcId);
   }
-  permissions.append(el('p', { class: 'resolved', text: `Permission answered by ${who}: ${choice}` }));
+  showWaiting(null);
+  mark('permission', `Permission answered by ${who}: ${choice}`);
 }
+
+// One mode control: an agent that offers its mode as a config option (category "mode") as
+// well as through session modes gets only the config option's select.
+const modeOption = (options) => (options || []).find((o) => o.category === 'mode' && o.type === 'select');
 
 function showModes(meta) {
   const select = document.getElementById('mode');
   const modes = meta.modes && meta.modes.availableModes;
-  if (!modes || !modes.length) return;
+  if (!modes || !modes.length || modeOption(meta.configOptions)) return;
   select.replaceChildren(...modes.map((m) => el('option', { value: m.id, text: m.name || m.id })));
   select.value = meta.currentModeId || meta.modes.currentModeId || '';
   select.hidden = false;
@@ -199,6 +292,7 @@ function showOptions(options) {
     if (o.type !== 'select' || !Array.isArray(o.options)) continue;
     const select = el('select', { 'aria-label': o.name || o.id });
     select.dataset.config = o.id;
+    if (o.category) select.dataset.category = o.category;
     select.append(...o.options.map((v) => el('option', { value: v.value, text: v.name || v.value })));
     select.value = o.currentValue;
     select.addEventListener('change', () => {
@@ -208,10 +302,12 @@ function showOptions(options) {
     });
     box.append(el('label', { class: 'option-label', text: `${o.name || o.id} ` }, select));
   }
+  if (modeOption(options)) document.getElementById('mode').hidden = true;
 }
 
 // Whether a turn is running, whoever started it: the session's status, polled.
 let ownTurn = false;
+let cancelAsked = false; // this page cancelled another client's turn
 function showRunning(running) {
   if (ownTurn) return;
   cancel.disabled = !running;
@@ -221,14 +317,45 @@ function showRunning(running) {
   } else if (turn.dataset.state === 'running') {
     turn.textContent = 'The turn ended.';
     turn.dataset.state = 'ended';
+    if (cancelAsked) mark('cancelled', `Turn cancelled by ${youAre()}`);
+    cancelAsked = false;
   }
+}
+
+// How a turn of this page ended, in the conversation (a normal end needs no marker).
+function turnEnded(result, error) {
+  if (error) {
+    const why = errorText(error);
+    turn.textContent = `Prompt failed: ${why}`;
+    turn.dataset.state = 'error';
+    return mark('failed', `Turn failed: ${why}`);
+  }
+  const reason = (result && result.stopReason) || 'unknown';
+  turn.textContent = `Turn ended: ${reason}`;
+  turn.dataset.state = reason;
+  const words = {
+    cancelled: 'Turn cancelled',
+    max_tokens: 'Turn stopped: the model reached its token limit',
+    max_turn_requests: 'Turn stopped: too many model requests in one turn',
+    refusal: 'Turn stopped: the agent refused',
+  };
+  if (reason === 'end_turn') return refresh();
+  return mark(reason === 'cancelled' ? 'cancelled' : 'stopped', words[reason] || `Turn ended: ${reason}`);
+}
+
+function setTitle(title) {
+  document.getElementById('title').textContent = title || '(untitled)';
+  baseTitle = `acpd · ${title || id}`;
+  showWaiting(null);
 }
 
 async function pollStatus() {
   try {
     const meta = await api(`/web/api/sessions/${encodeURIComponent(id)}`);
-    document.getElementById('title').textContent = meta.title || '(untitled)';
+    setTitle(meta.title);
     if (role === 'controller') showRunning(meta.running);
+    // Whatever a lost notification left out (the page's own prompt is not echoed to it).
+    if (meta.lastSeq > lastSeq) refresh();
   } catch (_) { /* shown on the next read */ }
   setTimeout(pollStatus, 2000);
 }
@@ -250,21 +377,30 @@ function enableControls(meta) {
     turn.dataset.state = 'running';
     cancel.disabled = false;
     ownTurn = true;
+    // Sending is following: the page shows the prompt and what answers it.
+    setFollow(true);
+    toBottom();
     peer.request('session/prompt', { sessionId: id, prompt: [{ type: 'text', text }] })
-      .then((r) => {
-        turn.textContent = `Turn ended: ${r.stopReason}`;
-        turn.dataset.state = r.stopReason;
-      })
-      .catch((e) => {
-        turn.textContent = `Prompt failed: ${e.message}`;
-        turn.dataset.state = 'error';
-      })
-      .finally(() => { ownTurn = false; cancel.disabled = true; scheduleRefresh(); });
+      .then((r) => turnEnded(r, null), (e) => turnEnded(null, e))
+      .finally(() => { ownTurn = false; cancel.disabled = true; });
+    // acpd does not echo a client's own prompt to it: read it from the journal.
+    setTimeout(refresh, 150);
   });
-  cancel.addEventListener('click', () => peer.notify('session/cancel', { sessionId: id }));
-  // Ctrl+Enter (⌘+Enter) sends; Enter alone is a new line.
+  cancel.addEventListener('click', () => {
+    if (!ownTurn) cancelAsked = true;
+    peer.notify('session/cancel', { sessionId: id });
+  });
+  // Enter sends, Shift+Enter (or Alt+Enter) starts a new line; on a touch screen, whose
+  // keyboard has no Shift+Enter, Enter is a new line and the Send button sends.
+  // Ctrl+Enter (⌘+Enter) sends everywhere.
+  const touch = window.matchMedia('(pointer: coarse)');
   document.getElementById('prompt').addEventListener('keydown', (ev) => {
-    if (ev.key === 'Enter' && (ev.ctrlKey || ev.metaKey)) composer.requestSubmit();
+    if (ev.key !== 'Enter' || ev.isComposing) return;
+    const plain = !ev.shiftKey && !ev.altKey && !touch.matches;
+    if (ev.ctrlKey || ev.metaKey || plain) {
+      ev.preventDefault();
+      composer.requestSubmit();
+    }
   });
 }
 
@@ -281,7 +417,11 @@ async function connect(meta) {
     if (method === 'session/update') {
       const u = p.update || {};
       if (u.sessionUpdate === 'config_option_update' && role === 'controller') showOptions(u.configOptions);
-      if (u.sessionUpdate === 'current_mode_update') document.getElementById('mode').value = u.currentModeId;
+      if (u.sessionUpdate === 'current_mode_update') {
+        document.getElementById('mode').value = u.currentModeId;
+        const asOption = document.querySelector('select[data-category="mode"]');
+        if (asOption) asOption.value = u.currentModeId;
+      }
       scheduleRefresh();
     } else if (method === '_acpd/session/presence') {
       showPresence(p.clients);
@@ -332,18 +472,19 @@ async function connect(meta) {
   if (role === 'controller') {
     enableControls(meta);
     showRunning(meta.running);
+    wireNotify();
   }
 }
 
 async function main() {
   wireSignOut();
   const meta = await api(`/web/api/sessions/${encodeURIComponent(id)}`);
-  document.getElementById('title').textContent = meta.title || '(untitled)';
-  document.title = `acpd · ${meta.title || id}`;
+  setTitle(meta.title);
+  api('/web/api/me').then((who) => { me = who.principal; }).catch(() => {});
   document.getElementById('meta').textContent = `${meta.agent} · ${meta.cwd}`;
   await firstPage();
   older.addEventListener('click', loadOlder);
-  window.addEventListener('scroll', () => { if (window.scrollY < 80) loadOlder(); });
+  wireFollow();
   setTimeout(pollStatus, 2000);
   try {
     await connect(meta);

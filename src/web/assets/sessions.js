@@ -1,12 +1,15 @@
 // The sessions page: the principal's sessions, newest first, paged like session/list and
-// polled every two seconds (a JSON read; cheaper to build than a push channel).
-import { api, el, when, describeClients, wireSignOut } from '/web/common.js';
+// polled every two seconds (a JSON read; cheaper to build than a push channel). "New session"
+// starts one over ACP (`session/new` on the /acp WebSocket, like any client) and opens it.
+import { api, el, when, describeClients, wireSignOut, errorText } from '/web/common.js';
+import { Peer } from '/web/acp.js';
 
 const POLL_MS = 2000;
 const tbody = document.querySelector('#sessions tbody');
 const status = document.getElementById('status');
 const more = document.getElementById('more');
 let pages = 1;
+let recentDirs = []; // the listed sessions' directories, newest first
 
 function row(s) {
   const link = el('a', { href: `/s/${encodeURIComponent(s.sessionId)}`, text: s.title || '(untitled)' });
@@ -33,6 +36,7 @@ async function load() {
     cursor = next;
   }
   tbody.replaceChildren(...rows);
+  recentDirs = [...new Set(rows.map((r) => r.querySelector('td.cwd').textContent))];
   more.hidden = !next;
   status.textContent = rows.length ? '' : 'No sessions yet.';
 }
@@ -45,6 +49,67 @@ async function poll() {
   }
   setTimeout(poll, POLL_MS);
 }
+
+// "New session": the agent profiles and allowed directories from the API, the directories of
+// recent sessions as suggestions; `session/new` on a connection of its own, then the page.
+const form = document.getElementById('new-form');
+const agentSelect = document.getElementById('new-agent');
+const cwdInput = document.getElementById('new-cwd');
+const newStatus = document.getElementById('new-status');
+
+async function openNewForm() {
+  form.hidden = false;
+  newStatus.textContent = '';
+  try {
+    const info = await api('/web/api/agents');
+    agentSelect.replaceChildren(...info.agents.map((a) => el('option', { value: a, text: a === info.defaultAgent ? `${a} (default)` : a })));
+    agentSelect.value = info.defaultAgent;
+    const dirs = [...new Set([...recentDirs, ...info.roots])];
+    document.getElementById('new-dirs').replaceChildren(...dirs.map((d) => el('option', { value: d })));
+    if (!cwdInput.value && dirs.length) cwdInput.value = dirs[0];
+  } catch (e) {
+    newStatus.textContent = `Cannot read the agent profiles: ${e.message}`;
+  }
+  cwdInput.focus();
+}
+
+async function startSession(agent, cwd) {
+  const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
+  const peer = new Peer(`${scheme}//${location.host}/acp?agent=${encodeURIComponent(agent)}`);
+  try {
+    await peer.opened;
+    await peer.request('initialize', {
+      protocolVersion: 1,
+      clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
+      clientInfo: { name: 'acpd-web', title: 'acpd web console', version: '1' },
+    });
+    const r = await peer.request('session/new', { cwd, mcpServers: [] });
+    return r.sessionId;
+  } finally {
+    peer.ws.close();
+  }
+}
+
+document.getElementById('new').addEventListener('click', openNewForm);
+document.getElementById('new-cancel').addEventListener('click', () => { form.hidden = true; });
+form.addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  const cwd = cwdInput.value.trim();
+  if (!cwd.startsWith('/')) {
+    newStatus.textContent = 'The directory must be an absolute path.';
+    return;
+  }
+  const create = document.getElementById('new-create');
+  create.disabled = true;
+  newStatus.textContent = 'Starting the agent…';
+  try {
+    const sid = await startSession(agentSelect.value, cwd);
+    location.href = `/s/${encodeURIComponent(sid)}?role=controller`;
+  } catch (e) {
+    newStatus.textContent = `Cannot start a session: ${errorText(e)}`;
+    create.disabled = false;
+  }
+});
 
 more.addEventListener('click', () => { pages += 1; load(); });
 wireSignOut();

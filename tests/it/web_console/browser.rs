@@ -17,16 +17,16 @@ use super::support::{csp_violations, origin, sign_in_link};
 use crate::support::security_support::{bearer, client, local_token, token_create};
 use crate::support::{Daemon, DaemonOptions};
 
-const WAIT: Duration = Duration::from_secs(15);
+pub(super) const WAIT: Duration = Duration::from_secs(15);
 
 /// A chromedriver process of our own, on a free loopback port; killed when dropped.
-struct Chromedriver {
+pub(super) struct Chromedriver {
     _child: Child,
     url: String,
 }
 
 impl Chromedriver {
-    async fn start() -> Chromedriver {
+    pub(super) async fn start() -> Chromedriver {
         let path = std::env::var("ACPD_TEST_CHROMEDRIVER").expect("ACPD_TEST_CHROMEDRIVER");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -57,7 +57,57 @@ impl Chromedriver {
         }
     }
 
-    async fn browser(&self) -> Browser {
+    /// WebDriver's "Set Permission" (the Permissions spec's extension, which chromedriver
+    /// serves): the browser answers permission `name` as a user who chose `state` would.
+    pub(super) async fn set_permission(&self, b: &Browser, name: &str, state: &str) {
+        let session = b
+            .session_id()
+            .await
+            .expect("the session id")
+            .expect("a session");
+        let addr = self.url.trim_start_matches("http://");
+        let body = json!({ "descriptor": { "name": name }, "state": state }).to_string();
+        // chromedriver keeps the connection open whatever the request says: the answer is
+        // read by its Content-Length.
+        let answer = async {
+            use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let head = format!(
+                "POST /session/{session}/permissions HTTP/1.1\r\nHost: {addr}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).await.expect("write");
+            s.write_all(body.as_bytes()).await.expect("write");
+            let mut r = tokio::io::BufReader::new(s);
+            let (mut status, mut length) = (String::new(), 0usize);
+            r.read_line(&mut status).await.expect("status line");
+            loop {
+                let mut line = String::new();
+                r.read_line(&mut line).await.expect("header");
+                if line.trim().is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':')
+                    && k.eq_ignore_ascii_case("content-length")
+                {
+                    length = v.trim().parse().expect("a length");
+                }
+            }
+            let mut text = vec![0; length];
+            r.read_exact(&mut text).await.expect("body");
+            (status, String::from_utf8_lossy(&text).into_owned())
+        };
+        let (status, text) = tokio::time::timeout(WAIT, answer)
+            .await
+            .expect("chromedriver answers");
+        assert!(
+            status.contains(" 200 "),
+            "set permission {name}: {status} {text}"
+        );
+    }
+
+    pub(super) async fn browser(&self) -> Browser {
         let mut chrome = json!({
             "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--window-size=1280,800", "--hide-scrollbars"],
@@ -80,7 +130,7 @@ impl Chromedriver {
 }
 
 /// Polls a JavaScript condition (a function body returning a boolean) until it holds.
-async fn until(b: &Browser, what: &str, js: &str) {
+pub(super) async fn until(b: &Browser, what: &str, js: &str) {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let v = b.execute(js, vec![]).await.expect("execute");
@@ -99,7 +149,7 @@ async fn until(b: &Browser, what: &str, js: &str) {
 }
 
 /// Waits until the conversation shows `text`.
-async fn until_log_has(b: &Browser, text: &str) {
+pub(super) async fn until_log_has(b: &Browser, text: &str) {
     let js = format!(
         "return document.getElementById('log').innerText.includes({})",
         json!(text)
@@ -110,7 +160,7 @@ async fn until_log_has(b: &Browser, text: &str) {
 /// A screenshot of the viewport at `width`×`height` CSS pixels, scrolled to the newest
 /// content, into target/screenshots/NAME.png, or into docs/screenshots/ (the README's) with
 /// `ACPD_TEST_SCREENSHOTS=docs`: a plain test run leaves the work tree as it was.
-async fn screenshot(b: &Browser, name: &str, width: u32, height: u32) {
+pub(super) async fn screenshot(b: &Browser, name: &str, width: u32, height: u32) {
     viewport(b, width, height).await;
     b.execute("window.scrollTo(0, document.body.scrollHeight)", vec![])
         .await
@@ -128,7 +178,7 @@ async fn screenshot(b: &Browser, name: &str, width: u32, height: u32) {
 }
 
 /// Clicks the element with that id.
-async fn click(b: &Browser, id: &str) {
+pub(super) async fn click(b: &Browser, id: &str) {
     b.find(Locator::Id(id))
         .await
         .unwrap_or_else(|e| panic!("#{id}: {e}"))
@@ -138,7 +188,7 @@ async fn click(b: &Browser, id: &str) {
 }
 
 /// Sizes the window so that the viewport (not the window) is `width`×`height`.
-async fn viewport(b: &Browser, width: u32, height: u32) {
+pub(super) async fn viewport(b: &Browser, width: u32, height: u32) {
     b.set_window_size(width, height).await.expect("resize");
     let inner = b
         .execute("return [window.innerWidth, window.innerHeight]", vec![])
@@ -159,20 +209,24 @@ async fn viewport(b: &Browser, width: u32, height: u32) {
     }
 }
 
-async fn displayed(b: &Browser, css: &str) -> bool {
+pub(super) async fn displayed(b: &Browser, css: &str) -> bool {
     match b.find(Locator::Css(css)).await {
         Ok(e) => e.is_displayed().await.unwrap_or(false),
         Err(_) => false,
     }
 }
 
-async fn type_prompt(b: &Browser, text: &str) {
+/// Types `text` into the prompt box as a person would (each line break as Shift+Enter, since
+/// Enter sends) and clicks Send.
+pub(super) async fn type_prompt(b: &Browser, text: &str) {
     let input = b.find(Locator::Id("prompt")).await.expect("the prompt box");
-    input.send_keys(text).await.expect("type");
+    // WebDriver keys: Shift (held), Enter, then Null to release the modifiers.
+    let keys = text.replace('\n', "\u{E008}\u{E007}\u{E000}");
+    input.send_keys(&keys).await.expect("type");
     click(b, "send").await;
 }
 
-async fn until_turn(b: &Browser, state: &str) {
+pub(super) async fn until_turn(b: &Browser, state: &str) {
     let js = format!(
         "return document.getElementById('turn').dataset.state === {}",
         json!(state)
