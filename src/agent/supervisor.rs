@@ -10,6 +10,10 @@
 //! `record` is its file in the data directory; `tree` reads `/proc` and sends the signals.
 //! It runs before the tokio runtime exists: one thread, blocking calls, signals taken
 //! synchronously with `sigtimedwait`.
+//!
+//! Every process a hosted agent starts is in this subtree or the agent's group, and ends when
+//! the agent ends, acpd stops it or acpd dies (tests/it
+//! `agent_supervision::no_process_of_a_wrapped_agent_tree_outlives_acpd_killed_with_sigkill`).
 
 pub mod record;
 pub mod tree;

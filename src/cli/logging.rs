@@ -1,5 +1,10 @@
 //! acpd's log: tracing on stderr, text (coloured only at a terminal) or JSON, through a
 //! writer that loses a line rather than fail when stderr is gone.
+//!
+//! A log write never fails the daemon: the writer drops a line stderr refuses (a reader gone)
+//! and counts it in `acpd_log_writes_dropped_total`; nothing on the serving path uses
+//! `eprintln!`, which panics on a closed pipe (tests/it
+//! `logging::a_closed_log_reader_costs_log_lines_not_the_daemon`).
 
 use super::LogFormat;
 

@@ -1,7 +1,8 @@
 //! Several replicas on one Postgres: this replica's identity and the session leases it holds.
 //!
-//! A live session is owned by one replica through its lease (`acpd_store::Store::acquire_lease`:
-//! owner, epoch, expiry in the session row). The keeper task (`Keeper`) renews every lease this
+//! A live session is owned by one replica through its lease
+//! (`acpd_store::ClusterStore::acquire_lease`: owner, epoch, expiry in the session row; the
+//! `ClusterStore` handle is all of the store this module may use). The keeper task (`Keeper`) renews every lease this
 //! replica holds in one statement every third of the TTL, and heartbeats the `replicas` row in
 //! the same round; it never waits on the store itself: each round is a task whose answer comes
 //! back as a message (like `AgentPool`'s starts), at most one at a time. A lease the round
@@ -23,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::ClusterConfig;
-use acpd_store::{Acquired, Store, StoreError, Watermark};
+use acpd_store::{Acquired, ClusterStore, StoreError, Watermark};
 use leases::Leases;
 
 /// A lease this replica holds on one session.
@@ -60,7 +61,7 @@ pub struct Cluster {
     /// How the internal link checks a `wss://` peer.
     pub tls: Arc<rustls::ClientConfig>,
     ttl_ms: i64,
-    store: Store,
+    store: ClusterStore,
     tx: mpsc::Sender<Command>,
     tasks: TaskTracker,
 }
@@ -70,10 +71,11 @@ impl Cluster {
     /// `close` gives the leases back).
     pub fn spawn(
         config: &ClusterConfig,
-        store: Store,
+        store: impl Into<ClusterStore>,
         tasks: &TaskTracker,
         shutdown: CancellationToken,
     ) -> Cluster {
+        let store: ClusterStore = store.into();
         let (tx, rx) = mpsc::channel(256);
         let ttl_ms = i64::try_from(config.lease_ttl.as_millis()).unwrap_or(i64::MAX);
         let keeper = Keeper {
@@ -166,7 +168,7 @@ struct Keeper {
     advertise_url: Option<String>,
     ttl_ms: i64,
     every: Duration,
-    store: Store,
+    store: ClusterStore,
     leases: Leases,
     /// A renewal round is under way.
     renewing: bool,

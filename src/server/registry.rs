@@ -4,6 +4,7 @@
 //!
 //! The registry task never waits on the store: each check is a task of its own that reports
 //! the revoked token ids back as a message (like `AgentPool`'s `Started`), at most one at a time.
+//! It holds a `RegistryStore`, which reads tokens and revoked grants and nothing else.
 //!
 //! A revocation closes every connection of the token (plain WebSocket and resumable links
 //! with 1008, TCP), cancels its principal's running turns, and, when no connection of that
@@ -24,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::session::SessionHub;
-use acpd_store::Store;
+use acpd_store::RegistryStore;
 
 /// How often the tokens in use are checked for revocation.
 const REVOCATION_CHECK: Duration = Duration::from_secs(2);
@@ -102,7 +103,7 @@ impl Drop for Registration {
 impl Registry {
     /// Starts the registry task; it ends with `shutdown`.
     pub fn spawn(
-        store: Store,
+        store: impl Into<RegistryStore>,
         hub: SessionHub,
         max_total: usize,
         max_per_principal: usize,
@@ -112,7 +113,7 @@ impl Registry {
     ) -> Registry {
         let (tx, rx) = mpsc::channel(256);
         let task = Task {
-            store,
+            store: store.into(),
             hub,
             max_total,
             max_per_principal,
@@ -161,7 +162,7 @@ impl Registry {
 }
 
 struct Task {
-    store: Store,
+    store: RegistryStore,
     /// Told about revoked principals (turns cancelled, agents stopped).
     hub: SessionHub,
     max_total: usize,

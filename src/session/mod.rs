@@ -1,6 +1,9 @@
 //! Sessions: the `SessionHub` owns the map of live sessions, one actor task each
-//! (`actor::Session`). A session outlives the sockets attached to it; only the session layer
-//! reads or writes the store.
+//! (`actor::Session`). A session outlives the sockets attached to it. The session layer is
+//! what holds the whole `acpd_store::Store` and the only one that writes sessions and
+//! journals; the web console, the connection registry and the lease keeper hold narrow
+//! handles (`WebStore`, `RegistryStore`, `ClusterStore`), token auth and the admin commands
+//! the `Store` (`tests/it/tidy.rs`, `only_the_session_layer_holds_the_whole_store`).
 
 mod actor;
 pub(crate) use actor::agent_forks;

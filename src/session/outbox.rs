@@ -19,6 +19,11 @@
 //! answer to its request is held behind the replay. A connection has one queue for as long as
 //! it lives, re-attaches included, so its frames never interleave; an attach never sends it a seq twice (a load replays
 //! the whole history again, formed by `compaction::Replay`: merged, the state after it).
+//!
+//! A `session/load` replays the history merged per message, then the session's state
+//! (commands, mode, config options) once, before its answer; an `_acpd/session/attach` after a
+//! seq replays every seq after it, one by one (tests/it
+//! `load_resume::load_replays_the_compacted_history_then_the_state_once_and_attach_every_seq`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;

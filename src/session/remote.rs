@@ -20,6 +20,9 @@
 //!
 //! The forwarder waits on its own client's queue when it relays (backpressure reaches the
 //! owner, which lags this link onto its journal like any slow client); it serves nobody else.
+//!
+//! Checked by tests/it
+//! `replicas::mid_turn::clients_loading_mid_turn_through_non_owners_get_every_chunk_once_across_a_dropped_link`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use super::{WebIdentity, WebState};
 use crate::config::normalize_origin;
-use acpd_store::{Store, WebSessionRow};
+use acpd_store::{WebSessionRow, WebStore};
 
 /// The cookie's name over plain HTTP (loopback, an ssh forward).
 const COOKIE: &str = "acpd_web";
@@ -88,7 +88,7 @@ pub fn loopback_host(headers: &HeaderMap) -> bool {
 
 /// The identity of the request's cookie; `Ok(None)` without a valid one.
 pub async fn identity(
-    store: &Store,
+    store: &WebStore,
     headers: &HeaderMap,
     tls: bool,
 ) -> Result<Option<WebIdentity>, Response> {

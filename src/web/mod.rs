@@ -5,6 +5,8 @@
 //! The pages are static shells embedded in the binary; our own JavaScript modules fill them
 //! from the JSON API (conversation HTML rendered and sanitized here, `render.rs`) and speak
 //! ACP over the `/acp` WebSocket with the cookie, attaching to a session like any client.
+//! Its store is a `WebStore`: sign-in credentials, and session rows, grants and journal pages
+//! read-only; what changes a session goes over `/acp` through the session layer.
 
 mod api;
 mod cookie;
@@ -22,7 +24,7 @@ use axum::routing::{get, post};
 
 use crate::config::Config;
 use crate::session::SessionHub;
-use acpd_store::Store;
+use acpd_store::WebStore;
 
 pub use cookie::{is_own_origin, loopback_host, sha256_hex};
 
@@ -48,7 +50,7 @@ pub struct WebIdentity {
 #[derive(Clone)]
 pub struct WebState {
     config: Arc<Config>,
-    store: Store,
+    store: WebStore,
     hub: SessionHub,
     /// `--no-auth`: every request is the local principal (id, name), no cookie needed.
     no_auth: Option<(String, String)>,
@@ -60,7 +62,7 @@ impl WebState {
     /// `local`: the local principal (id, name), who everyone is under `--no-auth`.
     pub fn new(
         config: Arc<Config>,
-        store: Store,
+        store: impl Into<WebStore>,
         hub: SessionHub,
         local: (&str, &str),
     ) -> WebState {
@@ -75,7 +77,7 @@ impl WebState {
             .then(|| (local.0.to_owned(), local.1.to_owned()));
         WebState {
             config,
-            store,
+            store: store.into(),
             hub,
             no_auth,
             csp: Arc::default(),

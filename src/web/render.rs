@@ -4,6 +4,10 @@
 //! Messages are Markdown (pulldown-cmark) and the HTML it yields is sanitized (ammonia, with
 //! images and raw styles gone, so nothing loads from elsewhere); every other text is escaped.
 //! Nothing an agent sent reaches the page as HTML without passing one of the two.
+//!
+//! No text from an agent or a client reaches a console page as HTML any other way: the pages'
+//! own code sets every other string as text (`tests::agent_html_is_sanitized`, tests/it
+//! `web_console::hardening::agent_markdown_keeps_no_file_or_protocol_relative_link`).
 
 use std::sync::LazyLock;
 

@@ -1,4 +1,5 @@
-//! The little the shim knows about ACP: enough to survive a daemon restart without the editor
+//! The little the relay knows about ACP (path mapping and the editor's MCP servers are
+//! `map.rs`'s and `mcp.rs`'s): enough to survive a daemon restart without the editor
 //! noticing. It reads ids, methods, session ids and `_meta.acpd.seq`; everything else is
 //! relayed as the bytes it came in.
 //!

@@ -5,6 +5,13 @@
 //! more). A dropped link is resumed with nothing lost or repeated; a restarted daemon is
 //! recovered from its journal. Fatal errors end with one `acp-shim: ...` line on stderr and
 //! a distinct exit code (see `Exit`).
+//!
+//! Three modules read ACP: `editor.rs` (ids, methods, session ids, `_meta.acpd.seq`), `map.rs`
+//! (the members that carry paths) and `mcp.rs` (the `mcpServers` of session setup and the
+//! `_acpd/mcp/*` calls); the rest moves frames. stdout carries only complete JSON lines, each a
+//! message the daemon sent or an answer the shim makes in its place: invalid editor input is
+//! answered locally and never framed (tests/it
+//! `shim_input::bad_editor_lines_are_answered_locally_and_the_shim_goes_on`).
 
 mod backoff;
 mod bad_line;

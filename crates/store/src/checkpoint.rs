@@ -21,6 +21,9 @@
 //! (`RESTART_WAIT` at most, then it gives up like a PASSIVE one) for readers to leave the
 //! WAL, so the next commit rewinds it; `journal_size_limit` (`backend.rs`) truncates a file
 //! left past `WAL_FILE_LIMIT`.
+//!
+//! So the WAL stays bounded while the daemon runs, whatever the write rate (tests/it
+//! `durability::the_sqlite_wal_stays_bounded_while_the_daemon_journals`).
 
 use std::time::Duration;
 

@@ -3,7 +3,9 @@
 //! `Store` picks SQLite or Postgres from the URL. It knows nothing of ACP or JSON-RPC: journal
 //! bodies are opaque JSON text written and read back byte for byte.
 //!
-//! THIS FILE IS THE CONTRACT the session layer codes against.
+//! THIS FILE IS THE CONTRACT the session layer codes against. The other layers that use the
+//! store hold a narrow handle (`handles`: `WebStore`, `RegistryStore`, `ClusterStore`) that
+//! exposes only their calls.
 //!
 //! Layout: `backend` (pools, migrations, error triage), `writer` (group commit of journal
 //! appends), `checkpoint` (SQLite WAL checkpoints off the commits), `pack` (a run of entries
@@ -11,7 +13,8 @@
 //! (session rows, agent state), `auth`
 //! (principals, tokens), `grants` (shared sessions), `web` (the web console's sign-in codes and
 //! cookie credentials, its journal page read), `lease` (session leases, replicas), `signals`
-//! (revocations announced with NOTIFY), `rows` (row decoding, list cursor).
+//! (revocations announced with NOTIFY), `rows` (row decoding, list cursor), `handles` (the
+//! narrow handles).
 
 mod auth;
 mod backend;
@@ -19,6 +22,7 @@ mod checkpoint;
 mod entry;
 mod form;
 mod grants;
+mod handles;
 mod journal;
 mod journal_pg;
 mod lease;
@@ -41,6 +45,7 @@ use backend::{Pool, db, on_pool};
 pub use backend::JOURNAL_FORMAT;
 pub use entry::{DurableSeq, JournalEntry, NewEntry, Watermark, watermark};
 pub use form::{BodyForm, Verbatim};
+pub use handles::{ClusterStore, RegistryStore, WebStore};
 pub use lease::{Acquired, ReplicaOptions};
 pub use writer::{AppendError, AppendRoom};
 

@@ -4,6 +4,12 @@
 //!
 //! Anything that is not a plain notification (requests, responses, `$/cancel_request`,
 //! malformed input) takes the full parse in `msg.rs`, which also decides the error reply.
+//!
+//! The one-pass read never reads a frame otherwise than the full parse: what
+//! `RawNotification::read` accepts is the same notification (method, params) to
+//! `Message::parse`, and its member spans are exactly the params' members; the one difference
+//! is a number beyond f64, which only the raw read passes on as sent
+//! (`tests::raw_and_full_parses_agree`, `fuzz/envelope`).
 
 use serde::Deserialize;
 use serde_json::Value;
