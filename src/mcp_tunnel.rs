@@ -19,6 +19,7 @@
 //! carrier, a closed connection or an error from the shim is a JSON-RPC error under the MCP
 //! request's id, never a hang. GET (a server-initiated stream) is 405.
 
+use acpd_protocol::method;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -253,12 +254,16 @@ async fn on_post(State(t): State<McpTunnels>, Path(secret): Path<String>, body: 
     let params = json!({ "server": server, "message": message });
     let Some(id) = id.filter(|_| message.get("method").is_some()) else {
         // A notification (or a response): nothing to wait for.
-        if peer.notify("_acpd/mcp/notify", Some(params)).await.is_err() {
+        if peer
+            .notify(method::ACPD_MCP_NOTIFY, Some(params))
+            .await
+            .is_err()
+        {
             return (StatusCode::NOT_FOUND, "the editor is gone").into_response();
         }
         return StatusCode::ACCEPTED.into_response();
     };
-    let call = peer.request("_acpd/mcp/message", Some(params));
+    let call = peer.request(method::ACPD_MCP_MESSAGE, Some(params));
     let why = match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(v)) => match v.get("message") {
             Some(m) => return Json(m.clone()).into_response(),

@@ -7,6 +7,7 @@
 //! `session/prompt` before it. Anything slow (starting an agent, opening a session) runs as a
 //! handler task whose result comes back to the loop.
 
+use acpd_protocol::method;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -207,7 +208,7 @@ impl Connection {
             let e = ResponseError::new(RATE_LIMITED, "Too many requests in flight; slow down");
             return responder.respond(Err(e)).await;
         }
-        if method == "initialize" {
+        if method == method::INITIALIZE {
             return self.initialize(params, responder);
         }
         let Some(init) = self.init.clone() else {
@@ -223,7 +224,10 @@ impl Connection {
         // The directories a session may use are checked before anything reaches the agent.
         if matches!(
             method.as_str(),
-            "session/new" | "session/load" | "session/resume" | "session/fork"
+            method::SESSION_NEW
+                | method::SESSION_LOAD
+                | method::SESSION_RESUME
+                | method::SESSION_FORK
         ) && let Err(why) =
             super::params::check_roots(&self.ctx.config.fs_roots, &self.ctx.principal_name, &params)
         {
@@ -234,7 +238,7 @@ impl Connection {
         let hub = self.ctx.hub.clone();
         let principal = self.ctx.principal.clone();
         match method.as_str() {
-            "session/new" => {
+            method::SESSION_NEW => {
                 let client = self.client(&init, Role::Controller);
                 let profile = self.ctx.profile.clone();
                 self.handlers.spawn(async move {
@@ -250,7 +254,7 @@ impl Connection {
                     }
                 });
             }
-            "session/list" => {
+            method::SESSION_LIST => {
                 let cwd = params.get("cwd").and_then(Value::as_str).map(str::to_owned);
                 let cursor = params
                     .get("cursor")
@@ -269,13 +273,13 @@ impl Connection {
                     Done::Nothing
                 });
             }
-            "_acpd/session/share" => {
+            method::ACPD_SESSION_SHARE => {
                 self.handlers.spawn(async move {
                     super::share::answer(&hub, &principal, &params, responder).await;
                     Done::Nothing
                 });
             }
-            "session/load" | "session/resume" | "_acpd/session/attach" => {
+            method::SESSION_LOAD | method::SESSION_RESUME | method::ACPD_SESSION_ATTACH => {
                 let Some(sid) = super::params::session_id(&params) else {
                     return responder
                         .respond(Err(
@@ -292,8 +296,8 @@ impl Connection {
                     }
                 };
                 let mode = match method.as_str() {
-                    "session/load" => AttachMode::Load { params },
-                    "session/resume" => AttachMode::Resume { params },
+                    method::SESSION_LOAD => AttachMode::Load { params },
+                    method::SESSION_RESUME => AttachMode::Resume { params },
                     _ => match params.get("afterSeq").map(Value::as_i64) {
                         None | Some(Some(0..)) => AttachMode::After {
                             after_seq: params.get("afterSeq").and_then(Value::as_i64).unwrap_or(0),
@@ -322,21 +326,21 @@ impl Connection {
                 };
                 let conn = self.ctx.conn_id.clone();
                 let cmd = match method.as_str() {
-                    "session/prompt" => SessionCommand::Prompt {
+                    method::SESSION_PROMPT => SessionCommand::Prompt {
                         conn,
                         params,
                         responder,
                     },
-                    "session/fork" => SessionCommand::Fork {
+                    method::SESSION_FORK => SessionCommand::Fork {
                         client: self.client(&init, self.role_in(&sid)),
                         params,
                         responder,
                     },
-                    "session/close" => SessionCommand::Close {
+                    method::SESSION_CLOSE => SessionCommand::Close {
                         conn: Some(conn),
                         responder,
                     },
-                    "session/delete" => SessionCommand::Delete {
+                    method::SESSION_DELETE => SessionCommand::Delete {
                         conn: Some(conn),
                         responder,
                     },
@@ -370,7 +374,7 @@ impl Connection {
         match super::params::session_id(&params) {
             Some(sid) => {
                 let conn = self.ctx.conn_id.clone();
-                let cmd = if n.method == "session/cancel" {
+                let cmd = if n.method == method::SESSION_CANCEL {
                     SessionCommand::Cancel { conn: Some(conn) }
                 } else {
                     SessionCommand::RelayNotification {

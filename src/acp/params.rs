@@ -7,6 +7,7 @@
 //! types are checked here, not the whole schema: params are still relayed verbatim, and
 //! whatever a check does not mention (extensions, `_meta`) passes.
 
+use acpd_protocol::method;
 use serde_json::Value;
 
 use crate::session::roles::Role;
@@ -27,21 +28,21 @@ fn rules(method: &str) -> Option<&'static [(&'static str, Kind, bool)]> {
     use Kind::*;
     const SID: (&str, Kind, bool) = ("sessionId", String, true);
     Some(match method {
-        "session/new" => &[("cwd", AbsolutePath, true), ("mcpServers", Array, false)],
-        "session/load" | "session/resume" | "session/fork" => &[
+        method::SESSION_NEW => &[("cwd", AbsolutePath, true), ("mcpServers", Array, false)],
+        method::SESSION_LOAD | method::SESSION_RESUME | method::SESSION_FORK => &[
             SID,
             ("cwd", AbsolutePath, false),
             ("mcpServers", Array, false),
         ],
-        "session/list" => &[("cwd", AbsolutePath, false), ("cursor", String, false)],
-        "session/prompt" => &[SID, ("prompt", Blocks, true)],
-        "session/set_mode" => &[SID, ("modeId", String, true)],
-        "session/set_config_option" => &[SID, ("configId", String, true)],
-        "session/close"
-        | "session/delete"
-        | "session/cancel"
-        | "session/set_model"
-        | "_acpd/session/attach" => &[SID],
+        method::SESSION_LIST => &[("cwd", AbsolutePath, false), ("cursor", String, false)],
+        method::SESSION_PROMPT => &[SID, ("prompt", Blocks, true)],
+        method::SESSION_SET_MODE => &[SID, ("modeId", String, true)],
+        method::SESSION_SET_CONFIG_OPTION => &[SID, ("configId", String, true)],
+        method::SESSION_CLOSE
+        | method::SESSION_DELETE
+        | method::SESSION_CANCEL
+        | method::SESSION_SET_MODEL
+        | method::ACPD_SESSION_ATTACH => &[SID],
         _ => return None,
     })
 }
@@ -83,7 +84,7 @@ pub fn check(method: &str, params: &Value) -> Result<(), String> {
 /// `_acpd/session/attach` says (`role`, default controller).
 pub(super) fn attach_role(method: &str, params: &Value) -> Result<Role, String> {
     match params.get("role") {
-        _ if method != "_acpd/session/attach" => Ok(Role::Controller),
+        _ if method != method::ACPD_SESSION_ATTACH => Ok(Role::Controller),
         None | Some(Value::Null) => Ok(Role::Controller),
         Some(r) => r
             .as_str()

@@ -2,6 +2,7 @@
 //! WebSocket upgrade. Each request is authenticated like the upgrade (bearer header); a
 //! connection belongs to the principal that opened it and is unknown (404) to anyone else.
 
+use acpd_protocol::method;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -137,7 +138,7 @@ pub async fn post(
             Err(_) => plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n"),
         };
     }
-    if value.get("method").and_then(|m| m.as_str()) != Some("initialize") {
+    if value.get("method").and_then(|m| m.as_str()) != Some(method::INITIALIZE) {
         return plain(
             StatusCode::BAD_REQUEST,
             "missing Acp-Connection-Id header (only initialize opens a connection)\n",

@@ -6,6 +6,7 @@
 //! (a notification; as a request with an `id` it is answered `{}`), checked like a bearer
 //! token. Only then does the line stream become a `Link` (`acpd_wire::lines::pump_with`, with the write deadline).
 
+use acpd_protocol::method;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -17,7 +18,7 @@ use crate::acp::connection;
 use acpd_wire::code;
 
 /// The method of the first line that carries the token.
-pub const AUTH_METHOD: &str = "_acpd/auth";
+pub const AUTH_METHOD: &str = method::ACPD_AUTH;
 
 /// Longest first line read while a token is required (an auth line is tiny).
 const AUTH_LINE_MAX: usize = 64 * 1024;

@@ -1,6 +1,7 @@
 //! Clients coming and going: attach (new, load with replay, resume, attach after a seq,
 //! implicit), and the session's own end (`session/cancel`, `session/close`, `session/delete`).
 
+use acpd_protocol::method;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -152,7 +153,7 @@ impl Session {
         self.guard_cancel();
         // A cancel ends the session's activity: the prompts queued behind the turn too.
         self.answer_queued(Ok(json!({ "stopReason": "cancelled" })));
-        self.notify_agent("session/cancel", json!({}));
+        self.notify_agent(method::SESSION_CANCEL, json!({}));
         // The client must answer pending permission requests `cancelled`; acpd does it for
         // the clients it relayed them to, and withdraws them there.
         for p in self.pending.take_permissions() {
@@ -180,9 +181,9 @@ impl Session {
         }
         self.guard_reset(Ok(json!({ "stopReason": "cancelled" })));
         let method = if delete {
-            "session/delete"
+            method::SESSION_DELETE
         } else {
-            "session/close"
+            method::SESSION_CLOSE
         };
         if let AgentState::Bound { agent, agent_sid } = &self.agent.state {
             let supported = if delete {

@@ -2,6 +2,7 @@
 //! requests (queued for a client, relayed to one, expired), answers to in-band requests (a
 //! turn's end), its exit.
 
+use acpd_protocol::method;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -20,7 +21,7 @@ impl Session {
                     // The agent replaying its own history: acpd's journal already has it.
                     return;
                 }
-                if n.method() == "session/update" {
+                if n.method() == method::SESSION_UPDATE {
                     if self.turn.guard.late_update() {
                         // Late output of a turn acpd ended (`cancel.rs`).
                         return;
@@ -46,7 +47,7 @@ impl Session {
                 if self.turn.guard.late_update() {
                     // A request of a turn acpd ended (`cancel.rs`): no client is asked, and a
                     // permission is `cancelled`, as ACP has it after a cancel.
-                    let result = if req.method == "session/request_permission" {
+                    let result = if req.method == method::SESSION_REQUEST_PERMISSION {
                         Ok(json!({ "outcome": { "outcome": "cancelled" } }))
                     } else {
                         Err(ResponseError::new(

@@ -1,6 +1,7 @@
 //! The journal side of a session: appending `session/update`s (write-before-send), keeping
 //! the session row in step with the updates that change it, and starting retention passes.
 
+use acpd_protocol::method;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -16,7 +17,7 @@ impl Session {
     /// Journals one `session/update` acpd itself makes (the user's prompt blocks).
     pub(super) async fn journal(&mut self, params: Value, exclude: Option<ConnId>) {
         let n = RawNotification::from(Notification {
-            method: "session/update".into(),
+            method: method::SESSION_UPDATE.into(),
             params: Some(params),
         });
         self.journal_raw(&n, exclude).await;

@@ -9,6 +9,7 @@ pub mod paths;
 mod sandbox;
 mod shell;
 
+use acpd_protocol::method;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -327,7 +328,7 @@ async fn client_tool(env: &ToolEnv<'_>, name: &str, input: &Value) -> Result<Out
     let params = json!({ "toolCallId": env.tool_call_id, "name": name, "input": input });
     match env
         .client
-        .request("_acpd/tool_call", params, env.cancel)
+        .request(method::ACPD_TOOL_CALL, params, env.cancel)
         .await
     {
         Ok(r) => {
@@ -354,7 +355,7 @@ async fn client_tool(env: &ToolEnv<'_>, name: &str, input: &Value) -> Result<Out
         Err(ClientError::Cancelled) => {
             env.client
                 .notify(
-                    "_acpd/tool_call_cancel",
+                    method::ACPD_TOOL_CALL_CANCEL,
                     json!({ "toolCallId": env.tool_call_id }),
                 )
                 .await;
