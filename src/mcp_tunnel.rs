@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use acpd_wire::{PeerError, PeerHandle};
+use acpd_wire::{PeerError, PeerHandle, code};
 
 /// What acp-shim puts in `url` for a server it runs on the editor's machine.
 pub const SCHEME: &str = "acpd-mcp:";
@@ -236,7 +236,7 @@ async fn on_post(State(t): State<McpTunnels>, Path(secret): Path<String>, body: 
         return (StatusCode::NOT_FOUND, "no such MCP tunnel").into_response();
     };
     let Ok(message) = serde_json::from_slice::<Value>(&body) else {
-        let e = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "Parse error"}});
+        let e = crate::error::reply(&Value::Null, code::PARSE_ERROR, "Parse error");
         return (StatusCode::BAD_REQUEST, Json(e)).into_response();
     };
     let id = message.get("id").cloned();
@@ -247,7 +247,7 @@ async fn on_post(State(t): State<McpTunnels>, Path(secret): Path<String>, body: 
         }
         Err(why) => {
             tracing::info!(%why, "MCP tunnel call refused");
-            let e = json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603, "message": why}});
+            let e = crate::error::reply(&id.clone().into(), code::INTERNAL_ERROR, &why);
             return Json(e).into_response();
         }
     };
@@ -278,8 +278,7 @@ async fn on_post(State(t): State<McpTunnels>, Path(secret): Path<String>, body: 
         ),
     };
     tracing::info!(%server, %why, "MCP tunnel call failed");
-    Json(json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603, "message": why}}))
-        .into_response()
+    Json(crate::error::reply(&id, code::INTERNAL_ERROR, &why)).into_response()
 }
 
 #[cfg(test)]

@@ -52,9 +52,7 @@ pub struct AgentQuery {
 
 /// A JSON-RPC error with `id: null`, as the HTTP answer itself.
 fn rpc_error(status: StatusCode, code: i64, message: &str) -> Response {
-    let body = serde_json::json!({
-        "jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message},
-    });
+    let body = crate::error::reply(&serde_json::Value::Null, code, message);
     (status, axum::Json(body)).into_response()
 }
 

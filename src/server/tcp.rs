@@ -254,7 +254,7 @@ async fn serve_one(
 }
 
 async fn refuse(w: &mut tokio::net::tcp::OwnedWriteHalf, id: &Value, code: i64, message: &str) {
-    let err = json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } });
+    let err = crate::error::reply(id, code, message);
     let _ = w.write_all(format!("{err}\n").as_bytes()).await;
     let _ = w.shutdown().await;
 }

@@ -422,7 +422,7 @@ impl Forwarder {
                     let answer = client.peer.request(&req.method, req.params).await;
                     let answer = answer.map_err(|e| match e {
                         PeerError::Remote(r) => r,
-                        PeerError::Disconnected => ResponseError::internal("the client is gone"),
+                        PeerError::Disconnected => AcpError::ClientLeft("is gone").into(),
                     });
                     req.responder.respond(answer).await;
                     TaskDone::Relayed

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::{AgentState, Inflight, Session};
+use crate::error::AcpError;
 use crate::session::outbox::{Attached, Out};
 use crate::session::{AttachMode, Client};
 use acpd_store::SessionPatch;
@@ -42,11 +43,11 @@ impl Session {
         let (mode, responder) = match mode {
             AttachMode::After { after_seq, .. } if after_seq > current => {
                 if let Some(r) = responder {
-                    let e = acpd_wire::ResponseError::invalid_params(format!(
-                        "afterSeq {after_seq} is beyond the session's last seq {current}; nothing replayed; attach again from what you have (afterSeq <= {current}) or session/load"
-                    ))
-                    .with_data(json!({ "lastSeq": current }));
-                    self.reply(r, Err(e));
+                    let e = AcpError::AttachBeyondEnd {
+                        after_seq,
+                        last_seq: current,
+                    };
+                    self.reply(r, Err(e.into()));
                 }
                 (AttachMode::Implicit, None)
             }

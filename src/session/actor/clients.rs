@@ -215,7 +215,7 @@ impl Session {
         let outcome = result.as_ref().ok().and_then(|v| v.get("outcome")).cloned();
         let result = result.map_err(|e| match e {
             PeerError::Remote(e) => e,
-            PeerError::Disconnected => ResponseError::internal("the client went away"),
+            PeerError::Disconnected => AcpError::ClientLeft("went away").into(),
         });
         let timeout = self.shared.settings.pending_request_timeout;
         let step = self

@@ -40,7 +40,7 @@ impl Session {
             AgentEvent::Request(req) => {
                 if matches!(self.agent.state, AgentState::Restoring { .. }) {
                     // The agent's own request (answered on the agent's link, not a client's).
-                    let e = ResponseError::internal("the session is being restored");
+                    let e = AcpError::Restoring.into();
                     req.responder.respond_now(Err(e));
                     return;
                 }
@@ -50,10 +50,7 @@ impl Session {
                     let result = if req.method == method::SESSION_REQUEST_PERMISSION {
                         Ok(json!({ "outcome": { "outcome": "cancelled" } }))
                     } else {
-                        Err(ResponseError::new(
-                            acpd_wire::code::REQUEST_CANCELLED,
-                            "the turn was cancelled",
-                        ))
+                        Err(AcpError::TurnCancelled.into())
                     };
                     req.responder.respond_now(result);
                     return;

@@ -36,7 +36,7 @@ impl Session {
             return self.reply(responder, Err(e.into()));
         };
         if !agent_forks(agent) {
-            let e = ResponseError::method_not_found(method::SESSION_FORK);
+            let e = AcpError::MethodNotFound(method::SESSION_FORK.into()).into();
             return self.reply(responder, Err(e));
         }
         if params.get("cwd").is_none() {
