@@ -101,10 +101,18 @@ pub fn gate(first: FirstLine, token_required: bool) -> Gate {
         (FirstLine::Message, false) => Gate::PassThrough,
         (FirstLine::Message, true) => Gate::Refuse {
             code: code::AUTH_REQUIRED,
-            message: "authentication required: send {\"jsonrpc\":\"2.0\",\"method\":\"_acpd/auth\",\"params\":{\"token\":\"…\"}} first",
+            message: AUTH_REQUIRED.as_str(),
         },
     }
 }
+
+/// What a first line other than `_acpd/auth` is answered where a token is required.
+static AUTH_REQUIRED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "authentication required: send {{\"jsonrpc\":\"2.0\",\"method\":\"{}\",\"params\":{{\"token\":\"…\"}}}} first",
+        method::ACPD_AUTH
+    )
+});
 
 const HTTP_REFUSAL: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n\
 Content-Length: 55\r\nConnection: close\r\n\r\nthis port speaks newline-delimited JSON-RPC, not HTTP\r\n";

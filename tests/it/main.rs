@@ -74,5 +74,6 @@ mod tidy;
 mod transport_flow;
 mod transports;
 mod update_path;
+mod vocabulary;
 mod web_console;
 mod wire_edges;

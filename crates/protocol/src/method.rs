@@ -24,6 +24,14 @@ macro_rules! methods {
                 }
             }
 
+            /// The name as a JSON string (`"session/close"`, quotes included), to spot a
+            /// method in a line without parsing it.
+            pub const fn quoted(self) -> &'static str {
+                match self {
+                    $( Method::$variant => concat!("\"", $name, "\""), )*
+                }
+            }
+
             /// The method called `name`; `None` for a name acpd does not interpret.
             pub fn parse(name: &str) -> Option<Method> {
                 match name {
@@ -101,6 +109,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for m in Method::ALL {
             assert_eq!(Method::parse(m.as_str()), Some(*m));
+            assert_eq!(m.quoted(), format!("{:?}", m.as_str()));
             assert!(seen.insert(m.as_str()), "{m} twice");
         }
         assert_eq!(Method::parse("_vendor/thing"), None);

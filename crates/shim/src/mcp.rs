@@ -11,7 +11,7 @@
 //! cannot start or exits answers its callers with an error that names it. A session's servers
 //! stop when the editor closes or deletes the session, and all of them when the shim ends.
 
-use acpd_protocol::method;
+use acpd_protocol::{Method, method};
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 
@@ -104,8 +104,8 @@ impl LocalMcp {
     pub fn editor_to_daemon(&mut self, line: &str) -> Option<String> {
         // Prompts (which may be large) and everything else are not parsed here.
         let ours = line.contains("\"mcpServers\"")
-            || line.contains("\"session/close\"")
-            || line.contains("\"session/delete\"");
+            || line.contains(Method::SessionClose.quoted())
+            || line.contains(Method::SessionDelete.quoted());
         if self.policy == Policy::Remote || !ours {
             return None;
         }
