@@ -209,22 +209,29 @@ impl McpTunnels {
     }
 
     /// Where a POST to `secret` goes: the carrier's peer and token, or why not.
-    fn resolve(&self, secret: &str) -> Option<Result<(PeerHandle, String), String>> {
+    fn resolve(&self, secret: &str) -> Option<Result<(PeerHandle, String), Unreachable>> {
         let st = self.state.lock().expect("tunnel state");
         let route = st.routes.get(secret)?;
         let name = &route.name;
         let Some(carrier) = st.carriers.get(&route.session) else {
-            return Some(Err(format!(
-                "MCP server `{name}` runs on the editor's machine, and no editor connection that carries it is attached"
-            )));
+            return Some(Err(Unreachable::NoCarrier(name.clone())));
         };
         Some(match carrier.tokens.get(name) {
             Some(token) => Ok((carrier.peer.clone(), token.clone())),
-            None => Err(format!(
-                "the editor's connection no longer carries MCP server `{name}`"
-            )),
+            None => Err(Unreachable::NotCarried(name.clone())),
         })
     }
+}
+
+/// Why a tunnelled MCP server cannot be reached (told to the agent that called it).
+#[derive(Debug, thiserror::Error)]
+enum Unreachable {
+    #[error(
+        "MCP server `{0}` runs on the editor's machine, and no editor connection that carries it is attached"
+    )]
+    NoCarrier(String),
+    #[error("the editor's connection no longer carries MCP server `{0}`")]
+    NotCarried(String),
 }
 
 async fn not_allowed() -> StatusCode {
@@ -243,11 +250,11 @@ async fn on_post(State(t): State<McpTunnels>, Path(secret): Path<String>, body: 
     let (peer, server) = match route {
         Ok(r) => r,
         Err(why) if id.is_none() || message.get("method").is_none() => {
-            return (StatusCode::NOT_FOUND, why).into_response();
+            return (StatusCode::NOT_FOUND, why.to_string()).into_response();
         }
         Err(why) => {
             tracing::info!(%why, "MCP tunnel call refused");
-            let e = crate::error::reply(&id.clone().into(), code::INTERNAL_ERROR, &why);
+            let e = crate::error::reply(&id.clone().into(), code::INTERNAL_ERROR, &why.to_string());
             return Json(e).into_response();
         }
     };
@@ -313,7 +320,7 @@ mod tests {
         let Some(Err(why)) = t.resolve(secret) else {
             panic!("resolved without a carrier")
         };
-        assert!(why.contains("`git`"), "{why}");
+        assert!(why.to_string().contains("`git`"), "{why}");
         t.end("s1");
         assert!(t.resolve(secret).is_none());
         assert_eq!(tunnelled(&servers).count(), 1);

@@ -51,7 +51,7 @@ pub(super) async fn create(
     let policy = &shared.settings.mcp_policy;
     let (mut to_agent, mcp_refused) = match mcp::for_agent(profile, &params, policy, "(new)") {
         Ok(p) => p,
-        Err(why) => return Err((AcpError::InvalidParams(why), responder)),
+        Err(why) => return Err((AcpError::InvalidParams(why.to_string()), responder)),
     };
     let additional_dirs = to_agent
         .get("additionalDirectories")

@@ -15,7 +15,10 @@ fn root() -> PathBuf {
 const NOT_ACP: &[(&str, &str)] = &[
     // MCP's own handshake, in the scripted MCP servers (they speak MCP, not ACP).
     ("crates/scripted-agent/src/mcp_http.rs", "initialize"),
-    ("crates/scripted-agent/src/bin/scripted-mcp.rs", "initialize"),
+    (
+        "crates/scripted-agent/src/bin/scripted-mcp.rs",
+        "initialize",
+    ),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -89,7 +92,12 @@ fn lex(text: &str) -> Lexed {
             line += rest[..end].matches('\n').count();
             i += end;
         } else if let Some(open) = raw_string_open(rest).filter(|_| !ident(i)) {
-            let hashes = &rest[open - rest[..open].bytes().rev().take_while(|&c| c == b'#').count()..open];
+            let hashes = &rest[open
+                - rest[..open]
+                    .bytes()
+                    .rev()
+                    .take_while(|&c| c == b'#')
+                    .count()..open];
             let close = format!("\"{hashes}");
             let end = rest[open + 1..].find(&close).unwrap() + open + 1;
             let s = &rest[open + 1..end];
@@ -102,7 +110,11 @@ fn lex(text: &str) -> Lexed {
             let mut s = String::new();
             while rest.as_bytes()[j] != b'"' {
                 if rest.as_bytes()[j] == b'\\' {
-                    s.push_str(if &rest[j..j + 2] == "\\\"" { "\"" } else { &rest[j..j + 2] });
+                    s.push_str(if &rest[j..j + 2] == "\\\"" {
+                        "\""
+                    } else {
+                        &rest[j..j + 2]
+                    });
                     j += 2;
                 } else {
                     let c = rest[j..].chars().next().unwrap();
