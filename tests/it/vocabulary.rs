@@ -126,9 +126,9 @@ fn lex(text: &str) -> Lexed {
             strings.push((line, s.clone()));
             line += s.matches('\n').count();
             i += j + 1;
-        } else if rest.starts_with('\'') {
+        } else if let Some(after) = rest.strip_prefix('\'') {
             // A char literal ('x', '\'', '\u{..}') or a lifetime ('a).
-            let body = if rest[1..].starts_with('\\') { 3 } else { 1 };
+            let body = if after.starts_with('\\') { 3 } else { 1 };
             match rest[body..].find('\'') {
                 Some(e) if rest[1..body + e].chars().count() == 1 || (body == 3 && e <= 8) => {
                     i += body + e + 1
