@@ -24,8 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{EARLY_LIMIT, KILL_GRACE, Process, RouterCommand};
 use crate::agent::AgentEvent;
-use crate::error::AcpError;
-use acpd_wire::{Incoming, RawNotification};
+use acpd_wire::{Incoming, RawNotification, ResponseError};
 
 /// Events held for one session before the agent's stdout is no longer read (its own queue
 /// holds 1024 more).
@@ -421,7 +420,7 @@ impl Router {
                 Some(route) => self.deliver(&route, AgentEvent::Request(Box::new(r))),
                 None => {
                     tracing::debug!(agent = %self.agent, method = %r.method, "agent request with no session to route it to");
-                    let e = AcpError::MethodNotFound(r.method.clone()).into();
+                    let e = ResponseError::method_not_found(&r.method);
                     // Answered on the agent's link; a task, so the router never waits.
                     self.tasks.spawn(r.responder.respond(Err(e)));
                 }
