@@ -1,11 +1,13 @@
-//! `AcpError` and the one place that turns errors into JSON-RPC error replies.
+//! `AcpError` and the one place that turns errors into JSON-RPC error replies: every error
+//! object acpd sends is built here (`tests/it/vocabulary.rs` checks it), and so is every
+//! custom code.
 //!
 //! Internal failures are logged in full and answered with a generic message; nothing about
 //! the store or the host leaks to clients.
 
 use std::sync::Arc;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::agent::AgentError;
 
@@ -13,6 +15,10 @@ use crate::agent::AgentError;
 const STDERR_TARGET: &str = "acpd::agent_stderr";
 use acpd_store::StoreError;
 use acpd_wire::{PeerError, ResponseError, code};
+
+/// A request over the connection's rate limit, or beyond the requests it may have in flight
+/// (implementation-defined server error range).
+pub const RATE_LIMITED: i64 = -32005;
 
 /// A client's role does not allow the command (shared sessions: an observer steering, a
 /// grantee deleting, forking or sharing what it does not own).
@@ -61,8 +67,57 @@ pub enum AcpError {
         advertise_url: Option<String>,
         expires_in_ms: i64,
     },
+    /// The session moved to another replica while it ran here (its lease was taken).
+    #[error("session {0} moved to another replica")]
+    Moved(String),
+    /// A request over the connection's rate limit.
+    #[error("rate limit exceeded")]
+    RateLimited,
+    /// A request beyond the handler tasks or agent calls a connection may have running.
+    #[error("too many requests in flight")]
+    TooManyInFlight,
+    /// Notifications over the rate limit: the connection is closed with this.
+    #[error("rate limit exceeded by notifications")]
+    NotificationFlood,
+    /// A method nobody here (or no session's agent) serves.
+    #[error("method not found: {0}")]
+    MethodNotFound(String),
+    /// The store takes no writes (the database is away): the turn is stopped.
+    #[error("the session store is not taking writes")]
+    StoreOutage,
+    /// The store refused this update of the session: nothing after it can be kept.
+    #[error("the session store rejected update {0}")]
+    UpdateRejected(i64),
+    /// `_acpd/session/attach` after a seq the journal does not have yet.
+    #[error("afterSeq {after_seq} is beyond the session's last seq {last_seq}")]
+    AttachBeyondEnd { after_seq: i64, last_seq: i64 },
+    /// An agent's request while its session is being restored.
+    #[error("the session is being restored")]
+    Restoring,
+    /// An agent's request of a turn acpd already ended.
+    #[error("the turn was cancelled")]
+    TurnCancelled,
+    /// An agent's request no client answered within `pending_request_timeout`.
+    #[error("no client answered the request in time")]
+    NoAnswer,
+    /// The client an agent's request went to disconnected before answering (the words
+    /// differ with the path that noticed: `went away` in the session, `is gone` forwarded).
+    #[error("the client {0}")]
+    ClientLeft(&'static str),
     #[error("{0}")]
     Internal(String),
+}
+
+/// A JSON-RPC error reply as a JSON value, for the transports that answer before (or
+/// outside) a connection's peer: `id` is `null` when the input's id could not be read.
+pub fn reply(id: &Value, code: i64, message: &str) -> Value {
+    json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } })
+}
+
+/// `e` as an error reply with `id: null`, as one line of JSON text.
+pub fn reply_text(e: AcpError) -> String {
+    let e = ResponseError::from(e);
+    reply(&Value::Null, e.code, &e.message).to_string()
 }
 
 impl From<PeerError> for AcpError {
@@ -167,6 +222,41 @@ impl From<AcpError> for ResponseError {
                 "advertiseUrl": advertise_url,
                 "retryAfterMs": expires_in_ms.max(0),
             }})),
+            AcpError::Moved(id) => ResponseError::new(
+                OWNED_ELSEWHERE,
+                "this session moved to another replica; the next request opens it where it lives now",
+            )
+            .with_data(json!({ "acpd": { "sessionId": id, "moved": true } })),
+            AcpError::RateLimited => {
+                ResponseError::new(RATE_LIMITED, "Rate limit exceeded; slow down")
+            }
+            AcpError::TooManyInFlight => {
+                ResponseError::new(RATE_LIMITED, "Too many requests in flight; slow down")
+            }
+            AcpError::NotificationFlood => ResponseError::new(
+                RATE_LIMITED,
+                "Rate limit exceeded by notifications; connection closed",
+            ),
+            AcpError::MethodNotFound(m) => ResponseError::method_not_found(&m),
+            AcpError::StoreOutage => ResponseError::internal(
+                "the session store is not taking writes (the database is away), so nothing \
+                 more of this session can be kept; the turn is stopped and the session \
+                 reopens from its journal on the next request",
+            ),
+            AcpError::UpdateRejected(seq) => ResponseError::internal(format!(
+                "the session store rejected update {seq} of this session, so nothing \
+                 after it can be kept; the turn is stopped and the session reopens from its \
+                 journal on the next request"
+            )),
+            AcpError::AttachBeyondEnd { after_seq, last_seq } => ResponseError::invalid_params(format!(
+                "afterSeq {after_seq} is beyond the session's last seq {last_seq}; nothing replayed; attach again from what you have (afterSeq <= {last_seq}) or session/load"
+            ))
+            .with_data(json!({ "lastSeq": last_seq })),
+            e @ AcpError::Restoring => ResponseError::internal(e.to_string()),
+            e @ AcpError::TurnCancelled => ResponseError::new(code::REQUEST_CANCELLED, e.to_string()),
+            e @ (AcpError::NoAnswer | AcpError::ClientLeft(_)) => {
+                ResponseError::internal(e.to_string())
+            }
             AcpError::Internal(m) => {
                 tracing::error!(error = %m, "internal error");
                 ResponseError::internal("internal error")

@@ -19,6 +19,7 @@
 //! carrier, a closed connection or an error from the shim is a JSON-RPC error under the MCP
 //! request's id, never a hang. GET (a server-initiated stream) is 405.
 
+use acpd_protocol::method;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,7 +34,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use acpd_wire::{PeerError, PeerHandle};
+use acpd_wire::{PeerError, PeerHandle, code};
 
 /// What acp-shim puts in `url` for a server it runs on the editor's machine.
 pub const SCHEME: &str = "acpd-mcp:";
@@ -208,22 +209,29 @@ impl McpTunnels {
     }
 
     /// Where a POST to `secret` goes: the carrier's peer and token, or why not.
-    fn resolve(&self, secret: &str) -> Option<Result<(PeerHandle, String), String>> {
+    fn resolve(&self, secret: &str) -> Option<Result<(PeerHandle, String), Unreachable>> {
         let st = self.state.lock().expect("tunnel state");
         let route = st.routes.get(secret)?;
         let name = &route.name;
         let Some(carrier) = st.carriers.get(&route.session) else {
-            return Some(Err(format!(
-                "MCP server `{name}` runs on the editor's machine, and no editor connection that carries it is attached"
-            )));
+            return Some(Err(Unreachable::NoCarrier(name.clone())));
         };
         Some(match carrier.tokens.get(name) {
             Some(token) => Ok((carrier.peer.clone(), token.clone())),
-            None => Err(format!(
-                "the editor's connection no longer carries MCP server `{name}`"
-            )),
+            None => Err(Unreachable::NotCarried(name.clone())),
         })
     }
+}
+
+/// Why a tunnelled MCP server cannot be reached (told to the agent that called it).
+#[derive(Debug, thiserror::Error)]
+enum Unreachable {
+    #[error(
+        "MCP server `{0}` runs on the editor's machine, and no editor connection that carries it is attached"
+    )]
+    NoCarrier(String),
+    #[error("the editor's connection no longer carries MCP server `{0}`")]
+    NotCarried(String),
 }
 
 async fn not_allowed() -> StatusCode {
@@ -235,30 +243,34 @@ async fn on_post(State(t): State<McpTunnels>, Path(secret): Path<String>, body: 
         return (StatusCode::NOT_FOUND, "no such MCP tunnel").into_response();
     };
     let Ok(message) = serde_json::from_slice::<Value>(&body) else {
-        let e = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "Parse error"}});
+        let e = crate::error::reply(&Value::Null, code::PARSE_ERROR, "Parse error");
         return (StatusCode::BAD_REQUEST, Json(e)).into_response();
     };
     let id = message.get("id").cloned();
     let (peer, server) = match route {
         Ok(r) => r,
         Err(why) if id.is_none() || message.get("method").is_none() => {
-            return (StatusCode::NOT_FOUND, why).into_response();
+            return (StatusCode::NOT_FOUND, why.to_string()).into_response();
         }
         Err(why) => {
             tracing::info!(%why, "MCP tunnel call refused");
-            let e = json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603, "message": why}});
+            let e = crate::error::reply(&id.clone().into(), code::INTERNAL_ERROR, &why.to_string());
             return Json(e).into_response();
         }
     };
     let params = json!({ "server": server, "message": message });
     let Some(id) = id.filter(|_| message.get("method").is_some()) else {
         // A notification (or a response): nothing to wait for.
-        if peer.notify("_acpd/mcp/notify", Some(params)).await.is_err() {
+        if peer
+            .notify(method::ACPD_MCP_NOTIFY, Some(params))
+            .await
+            .is_err()
+        {
             return (StatusCode::NOT_FOUND, "the editor is gone").into_response();
         }
         return StatusCode::ACCEPTED.into_response();
     };
-    let call = peer.request("_acpd/mcp/message", Some(params));
+    let call = peer.request(method::ACPD_MCP_MESSAGE, Some(params));
     let why = match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(v)) => match v.get("message") {
             Some(m) => return Json(m.clone()).into_response(),
@@ -273,8 +285,7 @@ async fn on_post(State(t): State<McpTunnels>, Path(secret): Path<String>, body: 
         ),
     };
     tracing::info!(%server, %why, "MCP tunnel call failed");
-    Json(json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603, "message": why}}))
-        .into_response()
+    Json(crate::error::reply(&id, code::INTERNAL_ERROR, &why)).into_response()
 }
 
 #[cfg(test)]
@@ -309,7 +320,7 @@ mod tests {
         let Some(Err(why)) = t.resolve(secret) else {
             panic!("resolved without a carrier")
         };
-        assert!(why.contains("`git`"), "{why}");
+        assert!(why.to_string().contains("`git`"), "{why}");
         t.end("s1");
         assert!(t.resolve(secret).is_none());
         assert_eq!(tunnelled(&servers).count(), 1);

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use acpd_protocol::update_form;
 use acpd_store::{NewEntry, SessionRow, Store};
-use acpd_wire::update_form;
 use anyhow::{Result, ensure};
 use sqlx::{Connection, Executor, PgConnection};
 

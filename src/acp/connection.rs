@@ -7,6 +7,7 @@
 //! `session/prompt` before it. Anything slow (starting an agent, opening a session) runs as a
 //! handler task whose result comes back to the loop.
 
+use acpd_protocol::method;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -17,18 +18,17 @@ use tracing::Instrument;
 
 mod agent_call;
 mod grant;
+mod requests;
 use agent_call::AgentCalls;
 
-use super::rate::{RATE_LIMITED, RateLimit};
+use super::rate::RateLimit;
 use crate::agent::{AgentHandle, AgentKey, WeakAgentHandle};
 use crate::config::BusyPrompts;
 use crate::config::Config;
 use crate::error::AcpError;
 use crate::session::roles::Role;
 use crate::session::{AttachMode, Client, ConnId, SessionCommand, SessionHandle, SessionHub};
-use acpd_wire::{
-    Incoming, IncomingRequest, Link, Notification, PeerHandle, Responder, ResponseError,
-};
+use acpd_wire::{Incoming, Link, Notification, PeerHandle, Responder, ResponseError};
 
 /// Who is on the other end and what they may reach.
 #[derive(Clone)]
@@ -111,7 +111,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
 }
 
 /// Handler tasks (opening sessions, agent calls) one connection may have running; a request
-/// beyond them is answered `RATE_LIMITED`, a notification closes the connection.
+/// beyond them is answered `AcpError::TooManyInFlight`, a notification closes the connection.
 const MAX_HANDLERS: usize = 1024;
 
 /// Commands a connection holds for a session that is still being opened (beyond them the
@@ -190,168 +190,6 @@ impl Connection {
         }
     }
 
-    async fn on_request(&mut self, req: IncomingRequest) {
-        let IncomingRequest {
-            method,
-            params,
-            responder,
-            cancelled: _,
-        } = req;
-        let params = params.unwrap_or_else(|| json!({}));
-        tracing::debug!(%method, "request");
-        if !self.rate.admit() {
-            let e = ResponseError::new(RATE_LIMITED, "Rate limit exceeded; slow down");
-            return responder.respond(Err(e)).await;
-        }
-        if self.handlers.len() >= MAX_HANDLERS {
-            let e = ResponseError::new(RATE_LIMITED, "Too many requests in flight; slow down");
-            return responder.respond(Err(e)).await;
-        }
-        if method == "initialize" {
-            return self.initialize(params, responder);
-        }
-        let Some(init) = self.init.clone() else {
-            return responder
-                .respond(Err(AcpError::NotInitialized.into()))
-                .await;
-        };
-        if let Err(why) = super::params::check(&method, &params) {
-            return responder
-                .respond(Err(AcpError::InvalidParams(why).into()))
-                .await;
-        }
-        // The directories a session may use are checked before anything reaches the agent.
-        if matches!(
-            method.as_str(),
-            "session/new" | "session/load" | "session/resume" | "session/fork"
-        ) && let Err(why) =
-            super::params::check_roots(&self.ctx.config.fs_roots, &self.ctx.principal_name, &params)
-        {
-            return responder
-                .respond(Err(AcpError::InvalidParams(why).into()))
-                .await;
-        }
-        let hub = self.ctx.hub.clone();
-        let principal = self.ctx.principal.clone();
-        match method.as_str() {
-            "session/new" => {
-                let client = self.client(&init, Role::Controller);
-                let profile = self.ctx.profile.clone();
-                self.handlers.spawn(async move {
-                    match hub
-                        .create(&principal, &profile, client, params, responder)
-                        .await
-                    {
-                        Ok(h) => Done::Created(h),
-                        Err((e, r)) => {
-                            r.respond(Err(e.into())).await;
-                            Done::Nothing
-                        }
-                    }
-                });
-            }
-            "session/list" => {
-                let cwd = params.get("cwd").and_then(Value::as_str).map(str::to_owned);
-                let cursor = params
-                    .get("cursor")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned);
-                let profile =
-                    (!super::params::all_profiles(&params)).then(|| self.ctx.profile.clone());
-                let (agent, name) = (self.agent(init), self.ctx.profile.clone());
-                self.handlers.spawn(async move {
-                    // The agent's own list may have titles acpd's journal lacks.
-                    let agent = agent.await.ok().map(|a| (a, name));
-                    let list = hub
-                        .list(&principal, profile.as_deref(), cwd, cursor, agent)
-                        .await;
-                    responder.respond(list.map_err(Into::into)).await;
-                    Done::Nothing
-                });
-            }
-            "_acpd/session/share" => {
-                self.handlers.spawn(async move {
-                    super::share::answer(&hub, &principal, &params, responder).await;
-                    Done::Nothing
-                });
-            }
-            "session/load" | "session/resume" | "_acpd/session/attach" => {
-                let Some(sid) = super::params::session_id(&params) else {
-                    return responder
-                        .respond(Err(
-                            AcpError::InvalidParams("sessionId is required".into()).into()
-                        ))
-                        .await;
-                };
-                let role = match super::params::attach_role(&method, &params) {
-                    Ok(r) => r,
-                    Err(why) => {
-                        return responder
-                            .respond(Err(AcpError::InvalidParams(why).into()))
-                            .await;
-                    }
-                };
-                let mode = match method.as_str() {
-                    "session/load" => AttachMode::Load { params },
-                    "session/resume" => AttachMode::Resume { params },
-                    _ => match params.get("afterSeq").map(Value::as_i64) {
-                        None | Some(Some(0..)) => AttachMode::After {
-                            after_seq: params.get("afterSeq").and_then(Value::as_i64).unwrap_or(0),
-                            mcp_servers: params.get("mcpServers").cloned(),
-                        },
-                        Some(_) => {
-                            let e = AcpError::InvalidParams(
-                                "afterSeq must be a non-negative integer".into(),
-                            );
-                            return responder.respond(Err(e.into())).await;
-                        }
-                    },
-                };
-                self.roles.insert(sid.clone(), role);
-                let cmd = SessionCommand::Attach {
-                    client: self.client(&init, self.role_in(&sid)),
-                    mode,
-                    responder: Some(responder),
-                };
-                self.send_session(sid, cmd, &init).await;
-            }
-            _ => {
-                let Some(sid) = super::params::session_id(&params) else {
-                    // Not about a session: the agent's business (authenticate, logout, extensions).
-                    return self.call_agent(init, method, params, responder).await;
-                };
-                let conn = self.ctx.conn_id.clone();
-                let cmd = match method.as_str() {
-                    "session/prompt" => SessionCommand::Prompt {
-                        conn,
-                        params,
-                        responder,
-                    },
-                    "session/fork" => SessionCommand::Fork {
-                        client: self.client(&init, self.role_in(&sid)),
-                        params,
-                        responder,
-                    },
-                    "session/close" => SessionCommand::Close {
-                        conn: Some(conn),
-                        responder,
-                    },
-                    "session/delete" => SessionCommand::Delete {
-                        conn: Some(conn),
-                        responder,
-                    },
-                    _ => SessionCommand::Relay {
-                        conn,
-                        method,
-                        params,
-                        responder,
-                    },
-                };
-                self.send_session(sid, cmd, &init).await;
-            }
-        }
-    }
-
     async fn on_notification(&mut self, n: Notification) {
         // Notifications count against the rate too; one over it cannot be answered, so the
         // connection ends (dropping it silently could lose a `session/cancel`).
@@ -370,7 +208,7 @@ impl Connection {
         match super::params::session_id(&params) {
             Some(sid) => {
                 let conn = self.ctx.conn_id.clone();
-                let cmd = if n.method == "session/cancel" {
+                let cmd = if n.method == method::SESSION_CANCEL {
                     SessionCommand::Cancel { conn: Some(conn) }
                 } else {
                     SessionCommand::RelayNotification {
@@ -551,11 +389,8 @@ impl Connection {
     /// closes it (a WebSocket with 1008).
     async fn close_flooded(&self) {
         tracing::warn!(target: "acpd::audit", principal = %self.ctx.principal_name, "notifications over the rate limit; connection closed");
-        let e = json!({ "jsonrpc": "2.0", "id": null, "error": {
-            "code": RATE_LIMITED,
-            "message": "Rate limit exceeded by notifications; connection closed",
-        }});
-        let _ = self.peer.send_raw(e.to_string()).await;
+        let e = crate::error::reply_text(AcpError::NotificationFlood);
+        let _ = self.peer.send_raw(e).await;
         // The peer writes what it was given before it stops; a moment is enough for that.
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         self.peer.close();

@@ -7,9 +7,42 @@
 //! types are checked here, not the whole schema: params are still relayed verbatim, and
 //! whatever a check does not mention (extensions, `_meta`) passes.
 
+use acpd_protocol::method;
 use serde_json::Value;
 
+use crate::config::roots::OutsideRoots;
+use crate::error::AcpError;
 use crate::session::roles::Role;
+
+/// Why params were refused: the message of the -32602 they earn.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamsError {
+    #[error("{0}: params must be an object")]
+    NotAnObject(String),
+    #[error("{field} must be {what}")]
+    Field {
+        field: &'static str,
+        what: &'static str,
+    },
+    /// A required member is absent (the text names it and what it holds).
+    #[error("{0} is required")]
+    Missing(&'static str),
+    #[error("role must be \"controller\" or \"observer\"")]
+    AttachRole,
+    #[error("role must be \"controller\" or \"observer\" (or revoke: true)")]
+    ShareRole,
+    #[error("afterSeq must be a non-negative integer")]
+    AfterSeq,
+    /// A session directory outside the principal's roots.
+    #[error(transparent)]
+    Roots(#[from] OutsideRoots),
+}
+
+impl From<ParamsError> for AcpError {
+    fn from(e: ParamsError) -> AcpError {
+        AcpError::InvalidParams(e.to_string())
+    }
+}
 
 /// What a field must be.
 #[derive(Clone, Copy)]
@@ -27,33 +60,33 @@ fn rules(method: &str) -> Option<&'static [(&'static str, Kind, bool)]> {
     use Kind::*;
     const SID: (&str, Kind, bool) = ("sessionId", String, true);
     Some(match method {
-        "session/new" => &[("cwd", AbsolutePath, true), ("mcpServers", Array, false)],
-        "session/load" | "session/resume" | "session/fork" => &[
+        method::SESSION_NEW => &[("cwd", AbsolutePath, true), ("mcpServers", Array, false)],
+        method::SESSION_LOAD | method::SESSION_RESUME | method::SESSION_FORK => &[
             SID,
             ("cwd", AbsolutePath, false),
             ("mcpServers", Array, false),
         ],
-        "session/list" => &[("cwd", AbsolutePath, false), ("cursor", String, false)],
-        "session/prompt" => &[SID, ("prompt", Blocks, true)],
-        "session/set_mode" => &[SID, ("modeId", String, true)],
-        "session/set_config_option" => &[SID, ("configId", String, true)],
-        "session/close"
-        | "session/delete"
-        | "session/cancel"
-        | "session/set_model"
-        | "_acpd/session/attach" => &[SID],
+        method::SESSION_LIST => &[("cwd", AbsolutePath, false), ("cursor", String, false)],
+        method::SESSION_PROMPT => &[SID, ("prompt", Blocks, true)],
+        method::SESSION_SET_MODE => &[SID, ("modeId", String, true)],
+        method::SESSION_SET_CONFIG_OPTION => &[SID, ("configId", String, true)],
+        method::SESSION_CLOSE
+        | method::SESSION_DELETE
+        | method::SESSION_CANCEL
+        | method::SESSION_SET_MODEL
+        | method::ACPD_SESSION_ATTACH => &[SID],
         _ => return None,
     })
 }
 
 /// Checks `params` of `method`; the message of the -32602 it earns, if any. Methods acpd does
 /// not know pass unchecked.
-pub fn check(method: &str, params: &Value) -> Result<(), String> {
+pub fn check(method: &str, params: &Value) -> Result<(), ParamsError> {
     let Some(rules) = rules(method) else {
         return Ok(());
     };
     let Some(obj) = params.as_object() else {
-        return Err(format!("{method}: params must be an object"));
+        return Err(ParamsError::NotAnObject(method.to_owned()));
     };
     for &(field, kind, required) in rules {
         let ok = match (obj.get(field), kind) {
@@ -73,7 +106,7 @@ pub fn check(method: &str, params: &Value) -> Result<(), String> {
                 Kind::Array => "an array",
                 Kind::Blocks => "an array of content blocks",
             };
-            return Err(format!("{field} must be {what}"));
+            return Err(ParamsError::Field { field, what });
         }
     }
     Ok(())
@@ -81,28 +114,28 @@ pub fn check(method: &str, params: &Value) -> Result<(), String> {
 
 /// The role an attach asks for: `session/load|resume` attach a controller (the editor case);
 /// `_acpd/session/attach` says (`role`, default controller).
-pub(super) fn attach_role(method: &str, params: &Value) -> Result<Role, String> {
+pub(super) fn attach_role(method: &str, params: &Value) -> Result<Role, ParamsError> {
     match params.get("role") {
-        _ if method != "_acpd/session/attach" => Ok(Role::Controller),
+        _ if method != method::ACPD_SESSION_ATTACH => Ok(Role::Controller),
         None | Some(Value::Null) => Ok(Role::Controller),
         Some(r) => r
             .as_str()
             .and_then(Role::parse)
-            .ok_or_else(|| "role must be \"controller\" or \"observer\"".into()),
+            .ok_or(ParamsError::AttachRole),
     }
 }
 
 /// `_acpd/session/share {sessionId, with, role}` or `{sessionId, with, revoke: true}`:
 /// session id, grantee name, role (`None`: revoke).
-pub(super) fn share_request(params: &Value) -> Result<(String, String, Option<Role>), String> {
+pub(super) fn share_request(params: &Value) -> Result<(String, String, Option<Role>), ParamsError> {
     let sid = params
         .get("sessionId")
         .and_then(Value::as_str)
-        .ok_or("sessionId is required")?;
+        .ok_or(ParamsError::Missing("sessionId"))?;
     let with = params
         .get("with")
         .and_then(Value::as_str)
-        .ok_or("with (a principal name) is required")?;
+        .ok_or(ParamsError::Missing("with (a principal name)"))?;
     if params.get("revoke") == Some(&Value::Bool(true)) {
         return Ok((sid.to_owned(), with.to_owned(), None));
     }
@@ -110,7 +143,7 @@ pub(super) fn share_request(params: &Value) -> Result<(String, String, Option<Ro
         .get("role")
         .and_then(Value::as_str)
         .and_then(Role::parse)
-        .ok_or("role must be \"controller\" or \"observer\" (or revoke: true)")?;
+        .ok_or(ParamsError::ShareRole)?;
     Ok((sid.to_owned(), with.to_owned(), Some(role)))
 }
 
@@ -133,7 +166,7 @@ pub(super) fn check_roots(
     roots: &crate::config::roots::FsRoots,
     principal_name: &str,
     params: &Value,
-) -> Result<(), String> {
+) -> Result<(), ParamsError> {
     let Some(cwd) = params.get("cwd").and_then(Value::as_str) else {
         return Ok(()); // `check` already refused a missing one where it matters.
     };
@@ -149,7 +182,7 @@ pub(super) fn check_roots(
         .check_session(principal_name, cwd.as_ref(), &additional)
         .map_err(|e| {
             tracing::warn!(target: "acpd::audit", principal = %principal_name, reason = %e, "session directory refused");
-            e.to_string()
+            e.into()
         })
 }
 
@@ -219,7 +252,7 @@ mod tests {
             ),
         ];
         for (m, p, field) in bad {
-            let e = check(m, &p).expect_err(m);
+            let e = check(m, &p).expect_err(m).to_string();
             assert!(e.contains(field), "{m} {p}: {e}");
         }
     }

@@ -3,10 +3,6 @@
 
 use std::time::Instant;
 
-/// JSON-RPC error code for a request over the connection's rate limit (implementation-defined
-/// server error range).
-pub(super) const RATE_LIMITED: i64 = -32005;
-
 /// A token bucket: `rate` requests per second sustained, bursts of twice that.
 pub(super) struct RateLimit {
     rate: f64,

@@ -16,11 +16,7 @@ pub(super) async fn answer(
 ) {
     let (sid, with, role) = match super::params::share_request(params) {
         Ok(r) => r,
-        Err(why) => {
-            return responder
-                .respond(Err(AcpError::InvalidParams(why).into()))
-                .await;
-        }
+        Err(why) => return responder.respond(Err(AcpError::from(why).into())).await,
     };
     let req = ShareRequest {
         session_id: &sid,

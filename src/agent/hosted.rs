@@ -6,6 +6,7 @@
 //! session actors and forwards what the agent sends.
 //! The router (`hosted/router.rs`) never waits on one session.
 
+use acpd_protocol::method;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -135,7 +136,7 @@ pub(super) async fn connect(
     let init_params = initialize_params(client_init);
     let init = match tokio::time::timeout(
         INITIALIZE_TIMEOUT,
-        peer.request("initialize", Some(init_params)),
+        peer.request(method::INITIALIZE, Some(init_params)),
     )
     .await
     {

@@ -9,6 +9,7 @@
 //! the method's `args` and `env` (ACP auth methods), or the legacy
 //! `_meta["terminal-auth"] = {command, args, env}`.
 
+use acpd_protocol::method;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
@@ -190,7 +191,9 @@ async fn ask_initialize(profile: &AgentProfile) -> Result<Value, LoginError> {
         "clientInfo": { "name": "acpd-login", "version": env!("CARGO_PKG_VERSION") },
     });
     let result =
-        match tokio::time::timeout(ASK_TIMEOUT, peer.request("initialize", Some(params))).await {
+        match tokio::time::timeout(ASK_TIMEOUT, peer.request(method::INITIALIZE, Some(params)))
+            .await
+        {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(acpd_wire::PeerError::Remote(e))) => Err(format!("it answered {e}")),
             Ok(Err(acpd_wire::PeerError::Disconnected)) => Err("it closed its stdout".to_owned()),

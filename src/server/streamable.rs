@@ -2,6 +2,7 @@
 //! WebSocket upgrade. Each request is authenticated like the upgrade (bearer header); a
 //! connection belongs to the principal that opened it and is unknown (404) to anyone else.
 
+use acpd_protocol::method;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -51,9 +52,7 @@ pub struct AgentQuery {
 
 /// A JSON-RPC error with `id: null`, as the HTTP answer itself.
 fn rpc_error(status: StatusCode, code: i64, message: &str) -> Response {
-    let body = serde_json::json!({
-        "jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message},
-    });
+    let body = crate::error::reply(&serde_json::Value::Null, code, message);
     (status, axum::Json(body)).into_response()
 }
 
@@ -137,7 +136,7 @@ pub async fn post(
             Err(_) => plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n"),
         };
     }
-    if value.get("method").and_then(|m| m.as_str()) != Some("initialize") {
+    if value.get("method").and_then(|m| m.as_str()) != Some(method::INITIALIZE) {
         return plain(
             StatusCode::BAD_REQUEST,
             "missing Acp-Connection-Id header (only initialize opens a connection)\n",

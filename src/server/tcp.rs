@@ -6,6 +6,7 @@
 //! (a notification; as a request with an `id` it is answered `{}`), checked like a bearer
 //! token. Only then does the line stream become a `Link` (`acpd_wire::lines::pump_with`, with the write deadline).
 
+use acpd_protocol::method;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -17,7 +18,7 @@ use crate::acp::connection;
 use acpd_wire::code;
 
 /// The method of the first line that carries the token.
-pub const AUTH_METHOD: &str = "_acpd/auth";
+pub const AUTH_METHOD: &str = method::ACPD_AUTH;
 
 /// Longest first line read while a token is required (an auth line is tiny).
 const AUTH_LINE_MAX: usize = 64 * 1024;
@@ -100,10 +101,18 @@ pub fn gate(first: FirstLine, token_required: bool) -> Gate {
         (FirstLine::Message, false) => Gate::PassThrough,
         (FirstLine::Message, true) => Gate::Refuse {
             code: code::AUTH_REQUIRED,
-            message: "authentication required: send {\"jsonrpc\":\"2.0\",\"method\":\"_acpd/auth\",\"params\":{\"token\":\"…\"}} first",
+            message: AUTH_REQUIRED.as_str(),
         },
     }
 }
+
+/// What a first line other than `_acpd/auth` is answered where a token is required.
+static AUTH_REQUIRED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "authentication required: send {{\"jsonrpc\":\"2.0\",\"method\":\"{}\",\"params\":{{\"token\":\"…\"}}}} first",
+        method::ACPD_AUTH
+    )
+});
 
 const HTTP_REFUSAL: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n\
 Content-Length: 55\r\nConnection: close\r\n\r\nthis port speaks newline-delimited JSON-RPC, not HTTP\r\n";
@@ -257,7 +266,7 @@ async fn serve_one(
 }
 
 async fn refuse(w: &mut tokio::net::tcp::OwnedWriteHalf, id: &Value, code: i64, message: &str) {
-    let err = json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } });
+    let err = crate::error::reply(id, code, message);
     let _ = w.write_all(format!("{err}\n").as_bytes()).await;
     let _ = w.shutdown().await;
 }

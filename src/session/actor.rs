@@ -20,6 +20,7 @@ mod splice;
 mod to_agent;
 pub(super) use to_agent::next_tag;
 
+use acpd_protocol::method;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -463,7 +464,7 @@ impl Session {
         if self.running_prompts().is_empty() {
             self.turn.cancel_requested = false;
         }
-        match self.send_in_band("session/prompt", params).await {
+        match self.send_in_band(method::SESSION_PROMPT, params).await {
             Ok(tag) => {
                 self.agent.sent(tag, Inflight::Prompt { responder });
             }

@@ -10,6 +10,7 @@
 //! commands, mode, config options) once, the latest of each, after the history rather than
 //! where the agent first sent it.
 
+use acpd_protocol::method;
 use serde_json::Value;
 
 use acpd_store::JournalEntry;
@@ -152,7 +153,7 @@ impl TextChunk {
             return None;
         }
         let body: Value = serde_json::from_str(&entry.body).ok()?;
-        if body.get("method")?.as_str()? != "session/update" || body.get("id").is_some() {
+        if body.get("method")?.as_str()? != method::SESSION_UPDATE || body.get("id").is_some() {
             return None;
         }
         let params = body.get("params")?;

@@ -7,6 +7,7 @@
 //! attach, so it has the session before the answer can leave and whoever opens the id after
 //! the answer finds it live; nobody waits for the hub's loop to take that message.
 
+use acpd_protocol::method;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -50,7 +51,7 @@ pub(super) async fn create(
     let policy = &shared.settings.mcp_policy;
     let (mut to_agent, mcp_refused) = match mcp::for_agent(profile, &params, policy, "(new)") {
         Ok(p) => p,
-        Err(why) => return Err((AcpError::InvalidParams(why), responder)),
+        Err(why) => return Err((AcpError::InvalidParams(why.to_string()), responder)),
     };
     let additional_dirs = to_agent
         .get("additionalDirectories")
@@ -68,7 +69,7 @@ pub(super) async fn create(
         shared.mcp.carry(&id, &client.peer, &servers);
     }
     to_agent["mcpServers"] = shared.mcp.for_agent(&id, &servers).await;
-    let mut result = match agent.request("session/new", to_agent).await {
+    let mut result = match agent.request(method::SESSION_NEW, to_agent).await {
         Ok(r) => r,
         Err(e) => {
             shared.mcp.end(&id);

@@ -1,7 +1,7 @@
 //! How the daemon's journal stores a `session/update`: without its session id and seq, which
 //! the row's columns hold (`acpd_store::BodyForm`, journal format 3).
 //!
-//! An update acpd spliced (`actor/splice.rs`) is `acpd_wire::update_form`: a fixed head, the
+//! An update acpd spliced (`actor/splice.rs`) is `acpd_protocol::update_form`: a fixed head, the
 //! session id, the params' other members, a fixed tail around the seq. Only those members are
 //! stored (`,"update":{…}`: empty or starting with a comma, which no JSON text does, so a read
 //! tells them from a body stored whole); reads put head, id and tail back, byte for byte.
@@ -10,8 +10,8 @@
 
 use std::sync::Arc;
 
+use acpd_protocol::update_form::{self, Parts};
 use acpd_store::{BodyForm, StoreOptions};
-use acpd_wire::update_form::{self, Parts};
 
 /// The daemon's `BodyForm`; every `Store` the daemon opens uses it (`store_options`).
 #[derive(Debug, Default, Clone, Copy)]

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::config::BUILTIN_AGENT;
 use acpd_builtin::McpPolicy;
-use acpd_builtin::mcp_policy::filter_mcp_servers;
+use acpd_builtin::mcp_policy::{McpServersError, filter_mcp_servers};
 
 /// `params` as the agent of `profile` may see them, and why servers were dropped. An
 /// `mcpServers` that is not an array of objects is the error (a -32602 message).
@@ -22,7 +22,7 @@ pub(crate) fn for_agent(
     params: &Value,
     policy: &McpPolicy,
     session: &str,
-) -> Result<(Value, Vec<String>), String> {
+) -> Result<(Value, Vec<String>), McpServersError> {
     if profile == BUILTIN_AGENT {
         return Ok((params.clone(), vec![]));
     }

@@ -3,6 +3,7 @@
 //! (`roles::targets`); who answers is the `claim::Claim`'s decision. If every client asked
 //! goes away it waits for the next, up to a deadline, and it is always answered exactly once.
 
+use crate::error::AcpError;
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
@@ -57,9 +58,7 @@ impl Pending {
         let result = if self.method == PERMISSION {
             Ok(json!({ "outcome": { "outcome": "cancelled" } }))
         } else {
-            Err(ResponseError::internal(
-                "no client answered the request in time",
-            ))
+            Err(AcpError::NoAnswer.into())
         };
         // Never awaited: an agent that stops reading must not hold up its session.
         self.responder.respond_now(result);

@@ -24,6 +24,7 @@
 //! Checked by tests/it
 //! `replicas::mid_turn::clients_loading_mid_turn_through_non_owners_get_every_chunk_once_across_a_dropped_link`.
 
+use acpd_protocol::method;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -209,7 +210,7 @@ impl Forwarder {
                 tasks.spawn(pump);
                 let (peer, incoming, _waiter) = acpd_wire::spawn(link, cancel);
                 let init = (*client.init).clone();
-                peer.request("initialize", Some(init))
+                peer.request(method::INITIALIZE, Some(init))
                     .await
                     .map_err(|e| format!("initialize on the owner: {e}"))?;
                 Ok((peer, incoming))
@@ -259,10 +260,10 @@ impl Forwarder {
                 responder,
             } => {
                 let request = match mode {
-                    AttachMode::Load { params } => Some(("session/load", params)),
-                    AttachMode::Resume { params } => Some(("session/resume", params)),
+                    AttachMode::Load { params } => Some((method::SESSION_LOAD, params)),
+                    AttachMode::Resume { params } => Some((method::SESSION_RESUME, params)),
                     AttachMode::After { after_seq, .. } => Some((
-                        "_acpd/session/attach",
+                        method::ACPD_SESSION_ATTACH,
                         json!({
                             "sessionId": &*self.id,
                             "afterSeq": after_seq,
@@ -280,7 +281,10 @@ impl Forwarder {
             }
             SessionCommand::Prompt {
                 params, responder, ..
-            } => self.request("session/prompt", params, responder).await,
+            } => {
+                self.request(method::SESSION_PROMPT, params, responder)
+                    .await
+            }
             SessionCommand::Relay {
                 method,
                 params,
@@ -289,14 +293,14 @@ impl Forwarder {
             } => self.request(&method, params, responder).await,
             SessionCommand::Fork {
                 params, responder, ..
-            } => self.request("session/fork", params, responder).await,
+            } => self.request(method::SESSION_FORK, params, responder).await,
             SessionCommand::Close { responder, .. } => {
-                self.request("session/close", sid, responder).await
+                self.request(method::SESSION_CLOSE, sid, responder).await
             }
             SessionCommand::Delete { responder, .. } => {
-                self.request("session/delete", sid, responder).await
+                self.request(method::SESSION_DELETE, sid, responder).await
             }
-            SessionCommand::Cancel { .. } => self.notify("session/cancel", sid).await,
+            SessionCommand::Cancel { .. } => self.notify(method::SESSION_CANCEL, sid).await,
             SessionCommand::RelayNotification { method, params, .. } => {
                 self.notify(&method, params).await
             }
@@ -369,7 +373,12 @@ impl Forwarder {
         let params = json!({ "sessionId": &*self.id, "afterSeq": after, "role": role });
         // A failure means the link is dropping again; its end says so.
         let _ = peer
-            .request_in_band("_acpd/session/attach", Some(params), ROUTE, REATTACH_TAG)
+            .request_in_band(
+                method::ACPD_SESSION_ATTACH,
+                Some(params),
+                ROUTE,
+                REATTACH_TAG,
+            )
             .await;
     }
 
@@ -393,7 +402,7 @@ impl Forwarder {
                 if client.peer.send_raw(text).await.is_err() {
                     self.done = true;
                 }
-                if n.method() == "session/update"
+                if n.method() == method::SESSION_UPDATE
                     && let Some(seq) = about.seq
                 {
                     let restated = about
@@ -416,7 +425,7 @@ impl Forwarder {
                     let answer = client.peer.request(&req.method, req.params).await;
                     let answer = answer.map_err(|e| match e {
                         PeerError::Remote(r) => r,
-                        PeerError::Disconnected => ResponseError::internal("the client is gone"),
+                        PeerError::Disconnected => AcpError::ClientLeft("is gone").into(),
                     });
                     req.responder.respond(answer).await;
                     TaskDone::Relayed

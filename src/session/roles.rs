@@ -3,6 +3,7 @@
 //! which attached clients an agent request goes to. Pure: no I/O, no channels; the session
 //! actor and the connection ask and do what they are told.
 
+use acpd_protocol::method;
 use serde_json::Value;
 
 use super::ConnId;
@@ -61,8 +62,10 @@ pub enum GranteeStep {
 
 pub fn grantee_step(method: &str) -> GranteeStep {
     match method {
-        "session/delete" | "session/fork" | "_acpd/session/share" => GranteeStep::OwnerOnly,
-        "session/close" => GranteeStep::DetachOnly,
+        method::SESSION_DELETE | method::SESSION_FORK | method::ACPD_SESSION_SHARE => {
+            GranteeStep::OwnerOnly
+        }
+        method::SESSION_CLOSE => GranteeStep::DetachOnly,
         _ => GranteeStep::Send,
     }
 }
@@ -84,7 +87,7 @@ pub fn prompt_step(busy: bool, policy: BusyPrompts) -> PromptStep {
     }
 }
 
-pub const PERMISSION: &str = "session/request_permission";
+pub const PERMISSION: &str = method::SESSION_REQUEST_PERMISSION;
 
 /// An attached controller as routing sees it.
 pub struct Candidate<'a> {
@@ -98,8 +101,8 @@ pub struct Candidate<'a> {
 pub fn declares(method: &str, caps: &Value) -> bool {
     let flag = |p: &str| caps.pointer(p) == Some(&Value::Bool(true));
     match method {
-        "fs/read_text_file" => flag("/fs/readTextFile"),
-        "fs/write_text_file" => flag("/fs/writeTextFile"),
+        method::FS_READ_TEXT_FILE => flag("/fs/readTextFile"),
+        method::FS_WRITE_TEXT_FILE => flag("/fs/writeTextFile"),
         m if m.starts_with("terminal/") => flag("/terminal"),
         _ => true,
     }

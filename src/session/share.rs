@@ -2,6 +2,7 @@
 //! `acpd share` command line), opening a session as a grantee (the role capped by the grant),
 //! and a revocation reaching the live session, which cuts the grantee's clients off.
 
+use acpd_protocol::method;
 use serde_json::{Value, json};
 
 use super::roles::Role;
@@ -76,7 +77,7 @@ pub async fn share_in_store(
         // A grantee knows the session exists, but a grant is not ownership; to anyone else
         // it stays exactly like a missing one.
         return Err(match store.live_grant(&row.id, o).await? {
-            Some(_) => AcpError::NotOwner("_acpd/session/share".into()),
+            Some(_) => AcpError::NotOwner(method::ACPD_SESSION_SHARE.into()),
             None => not_found(),
         });
     }

@@ -8,6 +8,7 @@
 //! `cwd` (`cwds_to_ask`), within the same time budget. `SessionHub::list` is here too: the
 //! page from the store with those merged in.
 
+use acpd_protocol::method;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -152,7 +153,7 @@ async fn from_agent(
             if let Some(c) = &cursor {
                 params["cursor"] = json!(c);
             }
-            let Ok(page) = agent.request("session/list", params).await else {
+            let Ok(page) = agent.request(method::SESSION_LIST, params).await else {
                 return;
             };
             collect(&page, out);

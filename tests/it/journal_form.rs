@@ -67,12 +67,12 @@ async fn updates_are_stored_without_session_id_and_seq_and_load_back_exactly_eve
             .zip(*seq..*seq + *n)
             .map(|(members, seq)| {
                 let mut text = String::new();
-                let parts = acpd_wire::update_form::Parts {
+                let parts = acpd_protocol::update_form::Parts {
                     session_id: &sid,
                     members,
                     seq,
                 };
-                acpd_wire::update_form::join(parts, &mut text);
+                acpd_protocol::update_form::join(parts, &mut text);
                 text
             })
             .collect();

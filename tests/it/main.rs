@@ -77,5 +77,6 @@ mod tidy;
 mod transport_flow;
 mod transports;
 mod update_path;
+mod vocabulary;
 mod web_console;
 mod wire_edges;

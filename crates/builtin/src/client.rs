@@ -1,6 +1,7 @@
 //! The client as one session of the built-in agent sees it: `session/update` notifications
 //! out, and requests (permission, fs, terminal, client tools) that a cancel can withdraw.
 
+use acpd_protocol::method;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -58,7 +59,7 @@ impl ClientLink {
     /// notices through its cancellation, so the error is not worth a branch here.
     pub async fn update(&self, update: Value) {
         let params = json!({ "sessionId": &*self.session_id, "update": update });
-        let _ = self.peer.notify("session/update", Some(params)).await;
+        let _ = self.peer.notify(method::SESSION_UPDATE, Some(params)).await;
     }
 
     pub async fn notify(&self, method: &str, mut params: Value) {

@@ -20,6 +20,7 @@ mod tools;
 mod transcript;
 mod turn;
 
+use acpd_protocol::method;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -140,7 +141,7 @@ impl Agent {
             ..
         } = req;
         let params = params.unwrap_or_else(|| json!({}));
-        if method == "initialize" {
+        if method == method::INITIALIZE {
             let caps = ClientCaps::from_initialize(&params);
             self.shared = Some(Arc::new(Shared {
                 config: self.config.clone(),
@@ -159,9 +160,9 @@ impl Agent {
                 .await;
         };
         let cmd = match method.as_str() {
-            "authenticate" | "logout" => return responder.respond(Ok(json!({}))).await,
-            "session/new" => return self.new_session(shared, params, responder).await,
-            "session/load" | "session/resume" => {
+            method::AUTHENTICATE | method::LOGOUT => return responder.respond(Ok(json!({}))).await,
+            method::SESSION_NEW => return self.new_session(shared, params, responder).await,
+            method::SESSION_LOAD | method::SESSION_RESUME => {
                 let Some(sid) = sid_of(&params) else {
                     return responder
                         .respond(Err(ResponseError::invalid_params("sessionId is required")))
@@ -176,17 +177,17 @@ impl Agent {
                 let cmd = SessionCmd::Start {
                     responder,
                     result: json!({}),
-                    replay: method == "session/load",
+                    replay: method == method::SESSION_LOAD,
                     params,
                     mcp_servers,
                 };
                 return self.dispatch(&shared, sid, cmd).await;
             }
-            "session/prompt" => SessionCmd::Prompt {
+            method::SESSION_PROMPT => SessionCmd::Prompt {
                 params: params.clone(),
                 responder,
             },
-            "session/set_mode" => match params.get("modeId").and_then(Value::as_str) {
+            method::SESSION_SET_MODE => match params.get("modeId").and_then(Value::as_str) {
                 Some(m) => SessionCmd::SetMode {
                     mode: m.to_owned(),
                     responder,
@@ -197,7 +198,7 @@ impl Agent {
                         .await;
                 }
             },
-            "session/set_config_option" => {
+            method::SESSION_SET_CONFIG_OPTION => {
                 let id = params.get("configId").and_then(Value::as_str);
                 let value = params.get("value").and_then(Value::as_str);
                 match (id, value) {
@@ -214,13 +215,13 @@ impl Agent {
                     }
                 }
             }
-            "session/close" | "session/delete" => {
+            method::SESSION_CLOSE | method::SESSION_DELETE => {
                 let Some(sid) = sid_of(&params) else {
                     return responder
                         .respond(Err(ResponseError::invalid_params("sessionId is required")))
                         .await;
                 };
-                let delete = method == "session/delete";
+                let delete = method == method::SESSION_DELETE;
                 match self.live.get(&sid) {
                     Some(tx) => {
                         if let Err(mpsc::error::SendError(SessionCmd::Close {
@@ -262,7 +263,7 @@ impl Agent {
     }
 
     async fn on_notification(&mut self, n: Notification) {
-        if n.method == "session/cancel"
+        if n.method == method::SESSION_CANCEL
             && let Some(sid) = n.params.as_ref().and_then(sid_of)
             && let Some(tx) = self.live.get(&sid)
         {

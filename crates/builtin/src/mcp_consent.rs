@@ -3,6 +3,7 @@
 //! the policy says "ask". "Always" answers are kept in the session's `remembered` map under
 //! `mcp_stdio <command line>`, so they last as long as the session (and its state file).
 
+use acpd_protocol::method;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
@@ -82,7 +83,7 @@ pub async fn ask(
             ],
         });
         let answer = client
-            .request("session/request_permission", params, &never)
+            .request(method::SESSION_REQUEST_PERMISSION, params, &never)
             .await;
         let option = match &answer {
             Ok(a) if a.pointer("/outcome/outcome").and_then(Value::as_str) == Some("selected") => {

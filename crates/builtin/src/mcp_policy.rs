@@ -141,6 +141,15 @@ fn quote(word: &str) -> String {
     }
 }
 
+/// Why `mcpServers` was refused (the -32602 message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum McpServersError {
+    #[error("mcpServers must be an array")]
+    NotAnArray,
+    #[error("each of mcpServers must be an object")]
+    NotAnObject,
+}
+
 /// For hosted agents, before `session/new|load|resume` reaches them: `params` with the stdio
 /// servers that may not start removed (`refused`, and `to_ask` until the user consents and
 /// the call is made again with them in `consented`). An `mcpServers` that is not an array
@@ -149,7 +158,7 @@ pub fn filter_mcp_servers(
     params: &Value,
     policy: &McpPolicy,
     consented: &BTreeSet<String>,
-) -> Result<Filtered, String> {
+) -> Result<Filtered, McpServersError> {
     let mut out = Filtered {
         params: params.clone(),
         to_ask: vec![],
@@ -159,12 +168,12 @@ pub fn filter_mcp_servers(
         return Ok(out);
     };
     let Some(servers) = servers.as_array() else {
-        return Err("mcpServers must be an array".into());
+        return Err(McpServersError::NotAnArray);
     };
     let mut kept = vec![];
     for s in servers {
         if !s.is_object() {
-            return Err("each of mcpServers must be an object".into());
+            return Err(McpServersError::NotAnObject);
         }
         match policy.decide(s, consented) {
             McpDecision::Start => kept.push(s.clone()),

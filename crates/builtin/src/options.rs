@@ -120,38 +120,56 @@ pub fn config_options(config: &BuiltinConfig, s: &Settings) -> Value {
     Value::Array(out)
 }
 
-/// Applies `value` to option `id`; an error message for an unknown option or value.
+/// Why an option was not set (the -32602 message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionError {
+    #[error("unknown mode {0:?}")]
+    Mode(String),
+    #[error("unknown model {0:?}")]
+    Model(String),
+    #[error("unknown thought level {0:?}")]
+    ThoughtLevel(String),
+    #[error("unknown config option {0:?}")]
+    Option(String),
+    #[error("unknown value {value:?} for {option:?}")]
+    Value { option: String, value: String },
+}
+
+/// Applies `value` to option `id`; what is unknown, if anything.
 pub fn set_option(
     config: &BuiltinConfig,
     s: &mut Settings,
     id: &str,
     value: &str,
-) -> Result<(), String> {
+) -> Result<(), OptionError> {
     match id {
         "mode" => {
             if value != BUILD && value != PLAN {
-                return Err(format!("unknown mode {value:?}"));
+                return Err(OptionError::Mode(value.to_owned()));
             }
             s.mode = value.to_owned();
         }
         "model" => {
             if config.model(value).is_none() {
-                return Err(format!("unknown model {value:?}"));
+                return Err(OptionError::Model(value.to_owned()));
             }
             s.model = Some(value.to_owned());
         }
         "thought_level" => {
             if !THOUGHT_LEVELS.iter().any(|(v, _)| *v == value) {
-                return Err(format!("unknown thought level {value:?}"));
+                return Err(OptionError::ThoughtLevel(value.to_owned()));
             }
             s.thought_level = value.to_owned();
         }
         other => {
             let Some(o) = config.extra_options.iter().find(|o| o.id == other) else {
-                return Err(format!("unknown config option {other:?}"));
+                return Err(OptionError::Option(other.to_owned()));
             };
             if !o.values.iter().any(|v| v.value == value) {
-                return Err(format!("unknown value {value:?} for {other:?}"));
+                return Err(OptionError::Value {
+                    option: other.to_owned(),
+                    value: value.to_owned(),
+                });
             }
             s.extra.insert(other.to_owned(), value.to_owned());
         }

@@ -23,6 +23,7 @@ mod mcp_http;
 mod script;
 mod state;
 
+use acpd_protocol::method;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -115,7 +116,7 @@ fn dispatch(agent: &Arc<Agent>, msg: Value) {
     match (method, msg.get("id")) {
         (Some(method), Some(id)) => {
             let id = id.clone();
-            if method == "session/prompt" {
+            if method == method::SESSION_PROMPT {
                 prompt(agent, id, params);
             } else if method == "_scripted/hang" {
                 // Never answered: stands in for an agent that is stuck on a request.
@@ -125,7 +126,7 @@ fn dispatch(agent: &Arc<Agent>, msg: Value) {
             }
         }
         (Some(method), None) => {
-            if method == "session/cancel"
+            if method == method::SESSION_CANCEL
                 && let Some(sid) = params["sessionId"].as_str()
             {
                 agent.cancel(sid);
@@ -151,15 +152,15 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
         eprintln!("scripted-agent[{}]: {method}", std::process::id());
     }
     match method {
-        "initialize" => {
+        method::INITIALIZE => {
             *agent.client_caps.lock().unwrap() = params
                 .get("clientCapabilities")
                 .cloned()
                 .unwrap_or(Value::Null);
             Ok(initialize_result(&agent.flags))
         }
-        "authenticate" | "logout" => Ok(json!({})),
-        "session/new" => {
+        method::AUTHENTICATE | method::LOGOUT => Ok(json!({})),
+        method::SESSION_NEW => {
             start_mcp_servers(&params);
             let sid = agent.create_session();
             let cwd = params["cwd"].as_str().unwrap_or_default().to_owned();
@@ -187,7 +188,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             result["sessionId"] = json!(sid);
             Ok(result)
         }
-        "session/load" if !agent.flags.no_load => {
+        method::SESSION_LOAD if !agent.flags.no_load => {
             start_mcp_servers(&params);
             let sid = session_id(&params)?;
             let (history, result) =
@@ -196,7 +197,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             for item in history {
                 match item {
                     state::History::Update(update) => agent.out.notify(
-                        "session/update",
+                        method::SESSION_UPDATE,
                         json!({ "sessionId": sid, "update": update }),
                     ),
                     state::History::Stream {
@@ -220,7 +221,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             }
             Ok(result)
         }
-        "session/resume" if !agent.flags.no_resume => {
+        method::SESSION_RESUME if !agent.flags.no_resume => {
             start_mcp_servers(&params);
             let sid = session_id(&params)?;
             agent.ensure_session(&sid);
@@ -229,7 +230,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
                 s.setup_result()
             })
         }
-        "session/set_mode" => {
+        method::SESSION_SET_MODE => {
             let sid = session_id(&params)?;
             let mode = params["modeId"].as_str().unwrap_or_default().to_string();
             if !MODES.iter().any(|(id, _)| *id == mode) {
@@ -242,7 +243,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             );
             Ok(json!({}))
         }
-        "session/set_config_option" => {
+        method::SESSION_SET_CONFIG_OPTION => {
             let sid = session_id(&params)?;
             if params["configId"] != "verbosity" {
                 return Err(RpcError::invalid_params(format!(
@@ -266,7 +267,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             );
             Ok(json!({ "configOptions": options }))
         }
-        "session/fork" if agent.flags.fork => {
+        method::SESSION_FORK if agent.flags.fork => {
             let parent = session_id(&params)?;
             let cwd = params["cwd"].as_str().unwrap_or_default();
             let sid = agent.fork_session(&parent, cwd)?;
@@ -274,7 +275,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             result["sessionId"] = json!(sid);
             Ok(result)
         }
-        "session/list" if agent.flags.list_by_cwd => {
+        method::SESSION_LIST if agent.flags.list_by_cwd => {
             // qwen-code's list is of one project: the request's cwd, else its own directory.
             let cwd = match params["cwd"].as_str() {
                 Some(c) => c.to_owned(),
@@ -288,7 +289,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             }
             Ok(list)
         }
-        "session/list" if agent.flags.list => Ok(agent.list_sessions()),
+        method::SESSION_LIST if agent.flags.list => Ok(agent.list_sessions()),
         "_scripted/echo" => Ok(params),
         _ => Err(RpcError::method_not_found(method)),
     }

@@ -1,6 +1,7 @@
 //! The prompt script language: one command per line (or `;`-separated), run in order for one
 //! turn. Unknown first words make the whole line an `echo`, so free text still gets an answer.
 
+use acpd_protocol::method;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -349,7 +350,7 @@ async fn run_one(
         }
         Command::Read(path) => {
             let params = json!({ "sessionId": sid, "path": path });
-            let Some(result) = call(agent, sid, "fs/read_text_file", params, cancel).await? else {
+            let Some(result) = call(agent, sid, method::FS_READ_TEXT_FILE, params, cancel).await? else {
                 return Ok(());
             };
             let content = result.get("content").and_then(Value::as_str).unwrap_or("");
@@ -357,7 +358,7 @@ async fn run_one(
         }
         Command::Write { path, text } => {
             let params = json!({ "sessionId": sid, "path": path, "content": text });
-            if call(agent, sid, "fs/write_text_file", params, cancel).await?.is_some() {
+            if call(agent, sid, method::FS_WRITE_TEXT_FILE, params, cancel).await?.is_some() {
                 agent.say(sid, format!("wrote: {path}"));
             }
         }
@@ -475,7 +476,12 @@ async fn permission(
     }
     match agent
         .peer
-        .call(&agent.out, "session/request_permission", params, cancel)
+        .call(
+            &agent.out,
+            method::SESSION_REQUEST_PERMISSION,
+            params,
+            cancel,
+        )
         .await
     {
         CallOutcome::Ok(result) => {
@@ -521,7 +527,7 @@ async fn terminal(
     if let Some(cwd) = cwd {
         params["cwd"] = json!(cwd);
     }
-    let Some(created) = call(agent, sid, "terminal/create", params, cancel).await? else {
+    let Some(created) = call(agent, sid, method::TERMINAL_CREATE, params, cancel).await? else {
         return Ok(());
     };
     let Some(tid) = created["terminalId"].as_str().map(str::to_string) else {
@@ -533,8 +539,15 @@ async fn terminal(
     };
     let ids = json!({ "sessionId": sid, "terminalId": tid });
     let flow = async {
-        let exit = call(agent, sid, "terminal/wait_for_exit", ids.clone(), cancel).await?;
-        let output = call(agent, sid, "terminal/output", ids.clone(), cancel).await?;
+        let exit = call(
+            agent,
+            sid,
+            method::TERMINAL_WAIT_FOR_EXIT,
+            ids.clone(),
+            cancel,
+        )
+        .await?;
+        let output = call(agent, sid, method::TERMINAL_OUTPUT, ids.clone(), cancel).await?;
         if let (Some(exit), Some(output)) = (exit, output) {
             let code = exit.get("exitCode").cloned().unwrap_or(Value::Null);
             let text = output["output"].as_str().unwrap_or("");
@@ -546,14 +559,14 @@ async fn terminal(
     match flow {
         Ok(()) => {
             // Release is awaited on the normal path so a test sees it happen before the turn ends.
-            call(agent, sid, "terminal/release", ids, cancel).await?;
+            call(agent, sid, method::TERMINAL_RELEASE, ids, cancel).await?;
             Ok(())
         }
         Err(end) => {
             // Cancelled: the agent still must release, but waits for nothing any more.
             agent
                 .peer
-                .fire_and_forget(&agent.out, "terminal/release", ids);
+                .fire_and_forget(&agent.out, method::TERMINAL_RELEASE, ids);
             Err(end)
         }
     }

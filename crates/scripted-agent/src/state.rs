@@ -1,6 +1,7 @@
 //! What the scripted agent remembers: its sessions, each with the history it would replay on
 //! `session/load`, its mode and config values, and the running turn's cancellation token.
 
+use acpd_protocol::method;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -221,7 +222,7 @@ impl Agent {
             update["_meta"] = json!({ "scripted": { "n": session.chunk_n } });
         }
         self.out.notify(
-            "session/update",
+            method::SESSION_UPDATE,
             json!({ "sessionId": session_id, "update": update }),
         );
         session.history.push(History::Update(update));
@@ -322,7 +323,8 @@ impl ChunkLines {
     pub fn new(session_id: &str) -> ChunkLines {
         let sid = serde_json::to_string(session_id).expect("strings always serialize");
         let head = format!(
-            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":{sid},"update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":""#
+            r#"{{"jsonrpc":"2.0","method":"{m}","params":{{"sessionId":{sid},"update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":""#,
+            m = method::SESSION_UPDATE
         );
         ChunkLines {
             head: head.into_bytes(),

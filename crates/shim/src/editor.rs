@@ -8,11 +8,12 @@
 //! the old daemon. Requests the new daemon makes get ids of a new range, so a late answer to a
 //! request of the dead daemon can never be taken for an answer to a new one.
 
+use acpd_protocol::method;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use super::mcp::McpClaims;
-use acpd_wire::update_form;
+use acpd_protocol::update_form;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -154,21 +155,21 @@ impl Tracker {
                     .and_then(|p| p.session_id.as_deref())
                     .map(str::to_owned);
                 let kind = match method {
-                    "initialize" => {
+                    method::INITIALIZE => {
                         self.init = init_params(&line).map(|params| (id.clone(), params));
                         self.init_answered = false;
                         Kind::Initialize
                     }
-                    "session/prompt" => Kind::Prompt,
-                    "session/new" => Kind::New,
-                    "session/load" | "session/resume" | "_acpd/session/attach" => {
+                    method::SESSION_PROMPT => Kind::Prompt,
+                    method::SESSION_NEW => Kind::New,
+                    method::SESSION_LOAD | method::SESSION_RESUME | method::ACPD_SESSION_ATTACH => {
                         if let Some(sid) = sid {
                             self.closed.remove(&sid);
                             self.sessions.entry(sid).or_insert(0);
                         }
                         Kind::Other
                     }
-                    "session/close" | "session/delete" => {
+                    method::SESSION_CLOSE | method::SESSION_DELETE => {
                         if let Some(sid) = sid {
                             self.sessions.remove(&sid);
                             self.closed.insert(sid);
@@ -213,7 +214,7 @@ impl Tracker {
             };
         };
         match (p.method.as_deref(), p.id) {
-            (Some("session/update"), None) => {
+            (Some(method::SESSION_UPDATE), None) => {
                 let params = p.params.as_ref();
                 let sid = params.and_then(|p| p.session_id.as_deref());
                 let seq = params.and_then(|p| p.meta.as_ref()?.acpd.as_ref()?.seq);
@@ -307,11 +308,11 @@ impl Tracker {
         if let Some((id, params)) = self.init.clone() {
             if self.init_answered {
                 let pid = self.private_id();
-                r.resend.push(request(&pid, "initialize", &params));
+                r.resend.push(request(&pid, method::INITIALIZE, &params));
                 r.private.insert(pid);
             } else if !requeued_ids.contains(&id) {
                 // The editor's own initialize died unanswered: it goes again, as the editor's.
-                r.resend.push(request(&id, "initialize", &params));
+                r.resend.push(request(&id, method::INITIALIZE, &params));
                 requeued_ids.insert(id);
             }
         }
@@ -369,7 +370,7 @@ impl Tracker {
             params["mcpServers"] = servers.clone();
         }
         self.attaching.insert(pid.clone(), (sid, after));
-        let line = request(&pid, "_acpd/session/attach", &params.to_string());
+        let line = request(&pid, method::ACPD_SESSION_ATTACH, &params.to_string());
         (pid, line)
     }
 

@@ -1,7 +1,7 @@
 //! The fast path for the daemon's data frames. acpd writes every one as `{"s":S,"a":A,"m":M}`
 //! (`window::Window::next_frame`); splitting that form takes a look at its first bytes and its
 //! last, and `M` is written to stdout as the bytes that came in. An update in acpd's own form
-//! is read off its ends too (`acpd_wire::update_form`); any other `M` is tokenized once, by the
+//! is read off its ends too (`acpd_protocol::update_form`); any other `M` is tokenized once, by the
 //! one parse that reads what the shim needs from it (`editor::Tracker::note_daemon`).
 //! Frames in any other form go through `window::parse`.
 

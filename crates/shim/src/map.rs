@@ -17,6 +17,7 @@
 //! A path is under a prefix when it is the prefix or continues it with `/` (component-wise:
 //! `/a/bc` is not under `/a/b`); the longest prefix wins; a path under none passes unchanged.
 
+use acpd_protocol::method;
 use std::collections::HashSet;
 
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
@@ -145,9 +146,9 @@ impl PathMap {
             return None;
         }
         // The answer to a `session/list` carries cwds even when its request carries none.
-        if line.contains("session/list") {
+        if line.contains(method::SESSION_LIST) {
             let v: Value = serde_json::from_str(line).ok()?;
-            if v["method"] == "session/list"
+            if v["method"] == method::SESSION_LIST
                 && let Some(id) = v.get("id")
             {
                 self.lists.insert(id.to_string());
@@ -320,9 +321,12 @@ struct Walk<'a> {
 impl Walk<'_> {
     fn params(&mut self, method: &str, p: &mut Value) {
         match method {
-            "session/new" | "session/load" | "session/resume" | "session/fork" => self.dirs(p),
-            "session/list" => self.path(p.get_mut("cwd")),
-            "session/prompt" => {
+            method::SESSION_NEW
+            | method::SESSION_LOAD
+            | method::SESSION_RESUME
+            | method::SESSION_FORK => self.dirs(p),
+            method::SESSION_LIST => self.path(p.get_mut("cwd")),
+            method::SESSION_PROMPT => {
                 for b in p
                     .get_mut("prompt")
                     .and_then(Value::as_array_mut)
@@ -332,7 +336,7 @@ impl Walk<'_> {
                     self.block(b);
                 }
             }
-            "session/update" => {
+            method::SESSION_UPDATE => {
                 let Some(u) = p.get_mut("update") else { return };
                 match u.get("sessionUpdate").and_then(Value::as_str) {
                     Some("tool_call" | "tool_call_update") => self.tool_call(u),
@@ -344,13 +348,13 @@ impl Walk<'_> {
                     _ => {}
                 }
             }
-            "session/request_permission" => {
+            method::SESSION_REQUEST_PERMISSION => {
                 if let Some(t) = p.get_mut("toolCall") {
                     self.tool_call(t);
                 }
             }
-            "fs/read_text_file" | "fs/write_text_file" => self.path(p.get_mut("path")),
-            "terminal/create" => self.path(p.get_mut("cwd")),
+            method::FS_READ_TEXT_FILE | method::FS_WRITE_TEXT_FILE => self.path(p.get_mut("path")),
+            method::TERMINAL_CREATE => self.path(p.get_mut("cwd")),
             _ => {}
         }
     }

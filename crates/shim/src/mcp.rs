@@ -11,6 +11,7 @@
 //! cannot start or exits answers its callers with an error that names it. A session's servers
 //! stop when the editor closes or deletes the session, and all of them when the shim ends.
 
+use acpd_protocol::{Method, method};
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 
@@ -103,8 +104,8 @@ impl LocalMcp {
     pub fn editor_to_daemon(&mut self, line: &str) -> Option<String> {
         // Prompts (which may be large) and everything else are not parsed here.
         let ours = line.contains("\"mcpServers\"")
-            || line.contains("\"session/close\"")
-            || line.contains("\"session/delete\"");
+            || line.contains(Method::SessionClose.quoted())
+            || line.contains(Method::SessionDelete.quoted());
         if self.policy == Policy::Remote || !ours {
             return None;
         }
@@ -115,7 +116,7 @@ impl LocalMcp {
             .and_then(Value::as_str)
             .map(str::to_owned);
         match method.as_str() {
-            "session/close" | "session/delete" => {
+            method::SESSION_CLOSE | method::SESSION_DELETE => {
                 for t in sid
                     .and_then(|s| self.by_session.remove(&s))
                     .unwrap_or_default()
@@ -125,7 +126,9 @@ impl LocalMcp {
                 }
                 None
             }
-            "session/new" | "session/load" | "session/resume" if self.policy != Policy::Remote => {
+            method::SESSION_NEW | method::SESSION_LOAD | method::SESSION_RESUME
+                if self.policy != Policy::Remote =>
+            {
                 let servers = v.pointer_mut("/params/mcpServers")?.as_array_mut()?;
                 let stdio = |s: &Value| s.get("command").is_some_and(Value::is_string);
                 if !servers.iter().any(stdio) {
@@ -234,8 +237,8 @@ impl LocalMcp {
             .unwrap_or_default();
         let message = v.pointer("/params/message").cloned().unwrap_or(Value::Null);
         let msg = match (method, id) {
-            ("_acpd/mcp/message", Some(daemon_id)) => ToServer::Request { daemon_id, message },
-            ("_acpd/mcp/notify", None) => ToServer::Notify(message),
+            (method::ACPD_MCP_MESSAGE, Some(daemon_id)) => ToServer::Request { daemon_id, message },
+            (method::ACPD_MCP_NOTIFY, None) => ToServer::Notify(message),
             _ => return FromDaemon::Relay,
         };
         FromDaemon::Handled(self.send(server, msg))

@@ -1,6 +1,6 @@
 //! acpd's wire: JSON-RPC 2.0 messages, the `Peer` that runs one link, newline framing and the
-//! link-resumption window. Knows nothing of ACP, HTTP or SQL (but for `update_form`, the one
-//! form acpd writes an update in, which the shim reads); the daemon and acp-shim share it.
+//! link-resumption window. Knows nothing of ACP (that is `acpd-protocol`), HTTP or SQL; the
+//! daemon, acp-shim and the built-in agent share it.
 
 mod envelope;
 pub mod lines;
@@ -10,7 +10,6 @@ mod msg;
 mod out_frame;
 mod peer;
 pub mod resume;
-pub mod update_form;
 
 pub use envelope::RawNotification;
 pub use members::{Members, str_member};

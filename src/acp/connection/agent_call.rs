@@ -10,7 +10,6 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use super::{Connection, Done, MAX_HANDLERS};
-use crate::acp::rate::RATE_LIMITED;
 use crate::agent::{AgentHandle, WeakAgentHandle};
 use crate::error::AcpError;
 use acpd_wire::{PeerError, Responder, ResponseError};
@@ -77,8 +76,9 @@ impl Connection {
         responder: Responder,
     ) {
         let Ok(permit) = self.calls.in_flight.clone().try_acquire_owned() else {
-            let e = ResponseError::new(RATE_LIMITED, "Too many requests in flight; slow down");
-            return responder.respond(Err(e)).await;
+            return responder
+                .respond(Err(AcpError::TooManyInFlight.into()))
+                .await;
         };
         if let Some(agent) = self.calls.live() {
             if self.calls.touched.elapsed() >= TOUCH_EVERY {

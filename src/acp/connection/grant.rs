@@ -4,6 +4,7 @@
 //! clients only, and a `session/delete` attaches nothing first); `roles::grantee_step` is
 //! the decision.
 
+use acpd_protocol::method;
 use serde_json::json;
 
 use super::{Connection, Slot, reject};
@@ -22,9 +23,9 @@ pub(super) enum Kept {
 /// The ACP method a command came as, for the commands a grant may change.
 fn method_of(cmd: &SessionCommand) -> Option<&'static str> {
     Some(match cmd {
-        SessionCommand::Fork { .. } => "session/fork",
-        SessionCommand::Close { .. } => "session/close",
-        SessionCommand::Delete { .. } => "session/delete",
+        SessionCommand::Fork { .. } => method::SESSION_FORK,
+        SessionCommand::Close { .. } => method::SESSION_CLOSE,
+        SessionCommand::Delete { .. } => method::SESSION_DELETE,
         _ => return None,
     })
 }

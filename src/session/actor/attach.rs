@@ -1,11 +1,13 @@
 //! Clients coming and going: attach (new, load with replay, resume, attach after a seq,
 //! implicit), and the session's own end (`session/cancel`, `session/close`, `session/delete`).
 
+use acpd_protocol::method;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use super::{AgentState, Inflight, Session};
+use crate::error::AcpError;
 use crate::session::outbox::{Attached, Out};
 use crate::session::{AttachMode, Client};
 use acpd_store::SessionPatch;
@@ -41,11 +43,11 @@ impl Session {
         let (mode, responder) = match mode {
             AttachMode::After { after_seq, .. } if after_seq > current => {
                 if let Some(r) = responder {
-                    let e = acpd_wire::ResponseError::invalid_params(format!(
-                        "afterSeq {after_seq} is beyond the session's last seq {current}; nothing replayed; attach again from what you have (afterSeq <= {current}) or session/load"
-                    ))
-                    .with_data(json!({ "lastSeq": current }));
-                    self.reply(r, Err(e));
+                    let e = AcpError::AttachBeyondEnd {
+                        after_seq,
+                        last_seq: current,
+                    };
+                    self.reply(r, Err(e.into()));
                 }
                 (AttachMode::Implicit, None)
             }
@@ -152,7 +154,7 @@ impl Session {
         self.guard_cancel();
         // A cancel ends the session's activity: the prompts queued behind the turn too.
         self.answer_queued(Ok(json!({ "stopReason": "cancelled" })));
-        self.notify_agent("session/cancel", json!({}));
+        self.notify_agent(method::SESSION_CANCEL, json!({}));
         // The client must answer pending permission requests `cancelled`; acpd does it for
         // the clients it relayed them to, and withdraws them there.
         for p in self.pending.take_permissions() {
@@ -180,9 +182,9 @@ impl Session {
         }
         self.guard_reset(Ok(json!({ "stopReason": "cancelled" })));
         let method = if delete {
-            "session/delete"
+            method::SESSION_DELETE
         } else {
-            "session/close"
+            method::SESSION_CLOSE
         };
         if let AgentState::Bound { agent, agent_sid } = &self.agent.state {
             let supported = if delete {

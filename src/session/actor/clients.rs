@@ -3,6 +3,7 @@
 //! first valid answer, and presence. The decisions are `roles.rs` and `claim.rs`; this moves
 //! the messages.
 
+use acpd_protocol::method;
 use serde_json::{Value, json};
 
 use super::{Session, TaskDone};
@@ -13,8 +14,8 @@ use crate::session::roles::{self, Candidate, PERMISSION, PromptStep, Role};
 use crate::session::{Client, ConnId, SessionCommand};
 use acpd_wire::{PeerError, Responder, ResponseError};
 
-const PRESENCE: &str = "_acpd/session/presence";
-const RESOLVED: &str = "_acpd/session/request_resolved";
+const PRESENCE: &str = method::ACPD_SESSION_PRESENCE;
+const RESOLVED: &str = method::ACPD_SESSION_REQUEST_RESOLVED;
 
 impl Session {
     /// The command is one only a controller may send, and its client is attached as an
@@ -34,13 +35,13 @@ impl Session {
             return None;
         }
         let method = match cmd {
-            SessionCommand::Prompt { .. } => "session/prompt",
-            SessionCommand::Cancel { .. } => "session/cancel",
+            SessionCommand::Prompt { .. } => method::SESSION_PROMPT,
+            SessionCommand::Cancel { .. } => method::SESSION_CANCEL,
             SessionCommand::Relay { method, .. }
             | SessionCommand::RelayNotification { method, .. } => method,
-            SessionCommand::Fork { .. } => "session/fork",
-            SessionCommand::Close { .. } => "session/close",
-            SessionCommand::Delete { .. } => "session/delete",
+            SessionCommand::Fork { .. } => method::SESSION_FORK,
+            SessionCommand::Close { .. } => method::SESSION_CLOSE,
+            SessionCommand::Delete { .. } => method::SESSION_DELETE,
             SessionCommand::Attach { .. }
             | SessionCommand::Detach { .. }
             | SessionCommand::Revoke { .. } => return None,
@@ -214,7 +215,7 @@ impl Session {
         let outcome = result.as_ref().ok().and_then(|v| v.get("outcome")).cloned();
         let result = result.map_err(|e| match e {
             PeerError::Remote(e) => e,
-            PeerError::Disconnected => ResponseError::internal("the client went away"),
+            PeerError::Disconnected => AcpError::ClientLeft("went away").into(),
         });
         let timeout = self.shared.settings.pending_request_timeout;
         let step = self

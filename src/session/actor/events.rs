@@ -2,6 +2,7 @@
 //! requests (queued for a client, relayed to one, expired), answers to in-band requests (a
 //! turn's end), its exit.
 
+use acpd_protocol::method;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -20,7 +21,7 @@ impl Session {
                     // The agent replaying its own history: acpd's journal already has it.
                     return;
                 }
-                if n.method() == "session/update" {
+                if n.method() == method::SESSION_UPDATE {
                     if self.turn.guard.late_update() {
                         // Late output of a turn acpd ended (`cancel.rs`).
                         return;
@@ -39,20 +40,17 @@ impl Session {
             AgentEvent::Request(req) => {
                 if matches!(self.agent.state, AgentState::Restoring { .. }) {
                     // The agent's own request (answered on the agent's link, not a client's).
-                    let e = ResponseError::internal("the session is being restored");
+                    let e = AcpError::Restoring.into();
                     req.responder.respond_now(Err(e));
                     return;
                 }
                 if self.turn.guard.late_update() {
                     // A request of a turn acpd ended (`cancel.rs`): no client is asked, and a
                     // permission is `cancelled`, as ACP has it after a cancel.
-                    let result = if req.method == "session/request_permission" {
+                    let result = if req.method == method::SESSION_REQUEST_PERMISSION {
                         Ok(json!({ "outcome": { "outcome": "cancelled" } }))
                     } else {
-                        Err(ResponseError::new(
-                            acpd_wire::code::REQUEST_CANCELLED,
-                            "the turn was cancelled",
-                        ))
+                        Err(AcpError::TurnCancelled.into())
                     };
                     req.responder.respond_now(result);
                     return;

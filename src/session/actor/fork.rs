@@ -4,6 +4,7 @@
 //! each body rewritten), its row the parent's settings. It is listed, loaded, prompted and
 //! closed like any other. Agents without it answer -32601, and acpd's capabilities say so.
 
+use acpd_protocol::method;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -35,7 +36,7 @@ impl Session {
             return self.reply(responder, Err(e.into()));
         };
         if !agent_forks(agent) {
-            let e = ResponseError::method_not_found("session/fork");
+            let e = AcpError::MethodNotFound(method::SESSION_FORK.into()).into();
             return self.reply(responder, Err(e));
         }
         if params.get("cwd").is_none() {
@@ -56,7 +57,7 @@ impl Session {
             .mcp
             .for_agent(&self.id, &params["mcpServers"])
             .await;
-        match self.send_in_band("session/fork", to_agent).await {
+        match self.send_in_band(method::SESSION_FORK, to_agent).await {
             Ok(tag) => {
                 let fork = Inflight::Fork {
                     responder,

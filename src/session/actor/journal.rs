@@ -1,12 +1,14 @@
 //! The journal side of a session: appending `session/update`s (write-before-send), keeping
 //! the session row in step with the updates that change it, and starting retention passes.
 
+use acpd_protocol::method;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use super::splice::splice;
 use super::{Inflight, Session, TaskDone};
+use crate::error::AcpError;
 use crate::session::outbox::{CATCH_UP_PAGE, CatchUp, Out};
 use crate::session::{ConnId, now_ms};
 use acpd_store::{AppendError, AppendRoom, JournalEntry, NewEntry, SessionPatch, StoreError};
@@ -16,7 +18,7 @@ impl Session {
     /// Journals one `session/update` acpd itself makes (the user's prompt blocks).
     pub(super) async fn journal(&mut self, params: Value, exclude: Option<ConnId>) {
         let n = RawNotification::from(Notification {
-            method: "session/update".into(),
+            method: method::SESSION_UPDATE.into(),
             params: Some(params),
         });
         self.journal_raw(&n, exclude).await;
@@ -178,17 +180,9 @@ impl Session {
             let err = if mark.fenced {
                 moved_err(&self.id)
             } else if self.position.store_outage {
-                ResponseError::internal(
-                    "the session store is not taking writes (the database is away), so nothing \
-                     more of this session can be kept; the turn is stopped and the session \
-                     reopens from its journal on the next request",
-                )
+                AcpError::StoreOutage.into()
             } else {
-                ResponseError::internal(format!(
-                    "the session store rejected update {rejected} of this session, so nothing \
-                     after it can be kept; the turn is stopped and the session reopens from its \
-                     journal on the next request"
-                ))
+                AcpError::UpdateRejected(rejected).into()
             };
             // The updates after it will never be durable: they must never be sent.
             self.outbox.discard_updates_after(mark.durable, &err);
@@ -334,11 +328,7 @@ impl Session {
 
 /// What a turn or request of a session that moved to another replica is answered.
 fn moved_err(id: &str) -> ResponseError {
-    ResponseError::new(
-        crate::error::OWNED_ELSEWHERE,
-        "this session moved to another replica; the next request opens it where it lives now",
-    )
-    .with_data(json!({ "acpd": { "sessionId": id, "moved": true } }))
+    AcpError::Moved(id.to_owned()).into()
 }
 
 impl Session {

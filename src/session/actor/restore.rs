@@ -2,6 +2,7 @@
 //! `session/resume`, else `session/load` (its replay dropped), else `session/new`, each step an
 //! in-band request whose answer arrives in order with the agent's updates.
 
+use acpd_protocol::method;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -68,9 +69,9 @@ impl Session {
             params["additionalDirectories"] = Value::Array(dirs);
         }
         let method = match step {
-            Restore::Resume => "session/resume",
-            Restore::Load => "session/load",
-            Restore::New => "session/new",
+            Restore::Resume => method::SESSION_RESUME,
+            Restore::Load => method::SESSION_LOAD,
+            Restore::New => method::SESSION_NEW,
         };
         if step != Restore::New {
             params["sessionId"] = json!(old);

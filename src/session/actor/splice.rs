@@ -8,9 +8,11 @@
 //! which writes names plainly where JSON lets it; a name that must stay escaped (a quote, a
 //! backslash, a control character) and an empty object take an exact path through a tree.
 
+use acpd_protocol::method;
 use std::sync::{Arc, LazyLock};
 
-use acpd_wire::{Members, RawNotification, update_form};
+use acpd_protocol::update_form;
+use acpd_wire::{Members, RawNotification};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
@@ -53,7 +55,7 @@ fn fast(params: &str, members: Members, session_id: &str, seq: i64) -> Spliced {
     let kind = update.and_then(|u| acpd_wire::str_member(u, "sessionUpdate"));
     let kind = kind_of(kind.as_deref());
     let mut text = String::with_capacity(params.len() + session_id.len() + 96);
-    // `acpd_wire::update_form`: acp-shim reads the session id and seq off this head and tail.
+    // `acpd_protocol::update_form`: acp-shim reads the session id and seq off this head and tail.
     text.push_str(update_form::UPDATE_HEAD);
     push_json_str(&mut text, session_id);
     for (name, value) in members.iter() {
@@ -138,7 +140,7 @@ fn slow(params: &str, session_id: &str, seq: i64) -> Option<Spliced> {
         .filter(|_| OBSERVED.contains(&&*kind))
         .and_then(|u| serde_json::value::to_raw_value(u).ok());
     let text =
-        json!({ "jsonrpc": "2.0", "method": "session/update", "params": params }).to_string();
+        json!({ "jsonrpc": "2.0", "method": method::SESSION_UPDATE, "params": params }).to_string();
     Some(Spliced { text, kind, update })
 }
 

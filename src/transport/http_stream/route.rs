@@ -4,6 +4,7 @@
 //! `_acpd/session/attach` requests the connection itself makes to resume a session stream from
 //! the journal, which go to no stream. Pure.
 
+use acpd_protocol::method;
 use std::collections::HashMap;
 
 use serde::Deserialize;
@@ -79,7 +80,7 @@ impl Routes {
         let id = Value::String(format!("_acpd/http/attach/{}", self.next_attach));
         self.attaches.insert(id.to_string(), session.to_owned());
         serde_json::json!({
-            "jsonrpc": "2.0", "id": id, "method": "_acpd/session/attach",
+            "jsonrpc": "2.0", "id": id, "method": method::ACPD_SESSION_ATTACH,
             "params": { "sessionId": session, "afterSeq": after_seq },
         })
         .to_string()

@@ -3,6 +3,7 @@
 //! list_dir, glob and grep on the host. Host files are opened beneath the session's
 //! roots (`beneath`); `check` judges a call's path before anyone is asked for permission.
 
+use acpd_protocol::method;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -130,7 +131,7 @@ async fn read_text(env: &ToolEnv<'_>, route: &Route) -> Result<String, ToolError
         Route::Client(p) => {
             let r = env
                 .client
-                .request("fs/read_text_file", json!({ "path": p }), env.cancel)
+                .request(method::FS_READ_TEXT_FILE, json!({ "path": p }), env.cancel)
                 .await?;
             Ok(r.get("content")
                 .and_then(Value::as_str)
@@ -150,7 +151,7 @@ async fn write_text(env: &ToolEnv<'_>, route: &Route, content: &str) -> Result<(
         Route::Client(p) => {
             env.client
                 .request(
-                    "fs/write_text_file",
+                    method::FS_WRITE_TEXT_FILE,
                     json!({ "path": p, "content": content }),
                     env.cancel,
                 )

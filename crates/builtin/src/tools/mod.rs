@@ -9,6 +9,7 @@ pub mod paths;
 mod sandbox;
 mod shell;
 
+use acpd_protocol::method;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -122,44 +123,73 @@ pub const BUILTIN_TOOLS: [&str; 7] = [
     "shell",
 ];
 
+/// Why `_meta.acpd.clientTools` was refused (the -32602 message).
+#[derive(Debug, thiserror::Error)]
+pub enum ClientToolsError {
+    #[error("_meta.acpd.clientTools must be an array")]
+    NotAnArray,
+    /// Tool `index` of the list is not one acpd can offer.
+    #[error("_meta.acpd.clientTools[{index}]: {problem}")]
+    Tool { index: usize, problem: ToolProblem },
+    #[error("the tool-name pattern: {0}")]
+    Pattern(#[from] regex::Error),
+}
+
+/// What is wrong with one declared client tool.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolProblem {
+    #[error("name is required")]
+    NoName,
+    #[error("name must match ^[a-z][\\w-]{{0,63}}$")]
+    BadName,
+    #[error("name {0:?} is already taken")]
+    Taken(String),
+    #[error("a non-empty description is required")]
+    NoDescription,
+    #[error("inputSchema must be a JSON Schema whose type is \"object\"")]
+    BadSchema,
+    #[error("mutating must be a boolean")]
+    BadMutating,
+}
+
 /// Reads and validates `_meta.acpd.clientTools` of a session/new|load|resume.
-pub fn parse_client_tools(params: &Value) -> Result<Option<Vec<ClientTool>>, String> {
+pub fn parse_client_tools(params: &Value) -> Result<Option<Vec<ClientTool>>, ClientToolsError> {
     let Some(list) = params.pointer("/_meta/acpd/clientTools") else {
         return Ok(None);
     };
     let Some(list) = list.as_array() else {
-        return Err("_meta.acpd.clientTools must be an array".into());
+        return Err(ClientToolsError::NotAnArray);
     };
-    let name_re = regex::Regex::new(r"(?i)^[a-z][\w-]{0,63}$").map_err(|e| e.to_string())?;
+    let name_re = regex::Regex::new(r"(?i)^[a-z][\w-]{0,63}$")?;
     let mut out: Vec<ClientTool> = vec![];
     for (i, t) in list.iter().enumerate() {
-        let at = |m: &str| format!("_meta.acpd.clientTools[{i}]: {m}");
+        let at = |problem| ClientToolsError::Tool { index: i, problem };
         let name = t
             .get("name")
             .and_then(Value::as_str)
-            .ok_or_else(|| at("name is required"))?;
+            .ok_or_else(|| at(ToolProblem::NoName))?;
         if !name_re.is_match(name) {
-            return Err(at("name must match ^[a-z][\\w-]{0,63}$"));
+            return Err(at(ToolProblem::BadName));
         }
         let lower = name.to_ascii_lowercase();
         if BUILTIN_TOOLS.contains(&lower.as_str())
             || out.iter().any(|o| o.name.eq_ignore_ascii_case(name))
         {
-            return Err(at(&format!("name {name:?} is already taken")));
+            return Err(at(ToolProblem::Taken(name.to_owned())));
         }
         let description = t
             .get("description")
             .and_then(Value::as_str)
             .filter(|d| !d.trim().is_empty())
-            .ok_or_else(|| at("a non-empty description is required"))?;
+            .ok_or_else(|| at(ToolProblem::NoDescription))?;
         let schema = t
             .get("inputSchema")
             .filter(|s| s.get("type").and_then(Value::as_str) == Some("object"))
-            .ok_or_else(|| at("inputSchema must be a JSON Schema whose type is \"object\""))?;
+            .ok_or_else(|| at(ToolProblem::BadSchema))?;
         let mutating = match t.get("mutating") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(at("mutating must be a boolean")),
+            Some(_) => return Err(at(ToolProblem::BadMutating)),
         };
         out.push(ClientTool {
             name: name.to_owned(),
@@ -327,7 +357,7 @@ async fn client_tool(env: &ToolEnv<'_>, name: &str, input: &Value) -> Result<Out
     let params = json!({ "toolCallId": env.tool_call_id, "name": name, "input": input });
     match env
         .client
-        .request("_acpd/tool_call", params, env.cancel)
+        .request(method::ACPD_TOOL_CALL, params, env.cancel)
         .await
     {
         Ok(r) => {
@@ -354,7 +384,7 @@ async fn client_tool(env: &ToolEnv<'_>, name: &str, input: &Value) -> Result<Out
         Err(ClientError::Cancelled) => {
             env.client
                 .notify(
-                    "_acpd/tool_call_cancel",
+                    method::ACPD_TOOL_CALL_CANCEL,
                     json!({ "toolCallId": env.tool_call_id }),
                 )
                 .await;

@@ -3,6 +3,7 @@
 //! as `sh -c` on the host in the session's cwd, in its own process group so a cancel or a
 //! timeout kills everything it started.
 
+use acpd_protocol::method;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -43,7 +44,7 @@ async fn client_terminal(
     let created = env
         .client
         .request(
-            "terminal/create",
+            method::TERMINAL_CREATE,
             json!({
                 "command": "sh",
                 "args": ["-c", command],
@@ -72,7 +73,7 @@ async fn client_terminal(
     let waited = tokio::time::timeout(
         timeout,
         env.client.request(
-            "terminal/wait_for_exit",
+            method::TERMINAL_WAIT_FOR_EXIT,
             json!({ "terminalId": tid }),
             env.cancel,
         ),
@@ -96,17 +97,17 @@ async fn client_terminal(
     let (status, why) = match waited {
         Ok(Ok(s)) => (Some(s), None),
         Ok(Err(super::super::client::ClientError::Cancelled)) => {
-            cleanup("terminal/kill").await;
+            cleanup(method::TERMINAL_KILL).await;
             (None, Some(ToolError::Cancelled))
         }
         Ok(Err(e)) => (None, Some(ToolError::from(e))),
         Err(_) => {
-            cleanup("terminal/kill").await;
+            cleanup(method::TERMINAL_KILL).await;
             (None, None)
         }
     };
-    let output = cleanup("terminal/output").await;
-    cleanup("terminal/release").await;
+    let output = cleanup(method::TERMINAL_OUTPUT).await;
+    cleanup(method::TERMINAL_RELEASE).await;
     if let Some(e) = why {
         return Err(e);
     }

@@ -1,6 +1,7 @@
 //! Permission before a tool call: the configured policy, then what the user answered
 //! "always" to in this session, then a `session/request_permission` to the client.
 
+use acpd_protocol::method;
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
@@ -54,7 +55,7 @@ pub async fn permission(
     });
     let answer = match ctx
         .client
-        .request("session/request_permission", params, &ctx.cancel)
+        .request(method::SESSION_REQUEST_PERMISSION, params, &ctx.cancel)
         .await
     {
         Ok(a) => a,
