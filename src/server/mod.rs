@@ -483,6 +483,25 @@ async fn console_identity(
     })
 }
 
+/// Who is upgrading (the console's cookie, else a token) and the agent profile they asked for.
+#[allow(clippy::result_large_err)]
+async fn caller(
+    st: &AppState,
+    q: &AcpQuery,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<(auth::Identity, String), Response> {
+    let checked = match console_identity(st, headers, uri).await {
+        Some(checked) => checked,
+        None => st.auth.check(headers).await,
+    };
+    let identity = checked?;
+    let Some(profile) = st.config.profile(q.agent.as_deref()).map(str::to_owned) else {
+        return Err((StatusCode::NOT_FOUND, "unknown agent profile\n").into_response());
+    };
+    Ok((identity, profile))
+}
+
 /// The upgrade: authenticate, pick the agent profile, upgrade to WebSocket.
 async fn acp_upgrade(
     st: AppState,
@@ -492,16 +511,9 @@ async fn acp_upgrade(
     ws: WebSocketUpgrade,
     pass: Option<crate::transport::listen::Pass>,
 ) -> Response {
-    let checked = match console_identity(&st, &headers, uri).await {
-        Some(checked) => checked,
-        None => st.auth.check(&headers).await,
-    };
-    let identity = match checked {
-        Ok(p) => p,
+    let (identity, profile) = match caller(&st, &q, uri, &headers).await {
+        Ok(v) => v,
         Err(resp) => return resp,
-    };
-    let Some(profile) = st.config.profile(q.agent.as_deref()).map(str::to_owned) else {
-        return (StatusCode::NOT_FOUND, "unknown agent profile\n").into_response();
     };
     let conn_id = uuid::Uuid::new_v4().to_string();
     // Fired by a drain, or alone when the token is revoked: the connection ends and a plain
