@@ -162,25 +162,8 @@ impl Agent {
             "authenticate" | "logout" => return responder.respond(Ok(json!({}))).await,
             "session/new" => return self.new_session(shared, params, responder).await,
             "session/load" | "session/resume" => {
-                let Some(sid) = sid_of(&params) else {
-                    return responder
-                        .respond(Err(ResponseError::invalid_params("sessionId is required")))
-                        .await;
-                };
-                if let Err(m) = tools::parse_client_tools(&params) {
-                    return responder
-                        .respond(Err(ResponseError::invalid_params(m)))
-                        .await;
-                }
-                let mcp_servers = params.get("mcpServers").and_then(Value::as_array).cloned();
-                let cmd = SessionCmd::Start {
-                    responder,
-                    result: json!({}),
-                    replay: method == "session/load",
-                    params,
-                    mcp_servers,
-                };
-                return self.dispatch(&shared, sid, cmd).await;
+                let replay = method == "session/load";
+                return self.load_session(&shared, params, responder, replay).await;
             }
             "session/prompt" => SessionCmd::Prompt {
                 params: params.clone(),
@@ -215,30 +198,8 @@ impl Agent {
                 }
             }
             "session/close" | "session/delete" => {
-                let Some(sid) = sid_of(&params) else {
-                    return responder
-                        .respond(Err(ResponseError::invalid_params("sessionId is required")))
-                        .await;
-                };
                 let delete = method == "session/delete";
-                match self.live.get(&sid) {
-                    Some(tx) => {
-                        if let Err(mpsc::error::SendError(SessionCmd::Close {
-                            responder, ..
-                        })) = tx.send(SessionCmd::Close { responder, delete }).await
-                        {
-                            responder.respond(Ok(json!({}))).await;
-                        }
-                    }
-                    None => {
-                        if delete && let Err(e) = state::delete(&self.config.state_dir, &sid).await
-                        {
-                            tracing::warn!(session = %sid, error = %e, "cannot delete the session state");
-                        }
-                        responder.respond(Ok(json!({}))).await;
-                    }
-                }
-                return;
+                return self.close_session(params, responder, delete).await;
             }
             _ => {
                 return responder
@@ -257,6 +218,64 @@ impl Agent {
                         .respond(Err(ResponseError::invalid_params("sessionId is required")))
                         .await;
                 }
+            }
+        }
+    }
+
+    /// `session/load` (`replay`: the history goes to the client) or `session/resume`.
+    async fn load_session(
+        &mut self,
+        shared: &Arc<Shared>,
+        params: Value,
+        responder: acpd_wire::Responder,
+        replay: bool,
+    ) {
+        let Some(sid) = sid_of(&params) else {
+            return responder
+                .respond(Err(ResponseError::invalid_params("sessionId is required")))
+                .await;
+        };
+        if let Err(m) = tools::parse_client_tools(&params) {
+            return responder
+                .respond(Err(ResponseError::invalid_params(m)))
+                .await;
+        }
+        let mcp_servers = params.get("mcpServers").and_then(Value::as_array).cloned();
+        let cmd = SessionCmd::Start {
+            responder,
+            result: json!({}),
+            replay,
+            params,
+            mcp_servers,
+        };
+        self.dispatch(shared, sid, cmd).await
+    }
+
+    /// `session/close`, or `session/delete` (its state goes too).
+    async fn close_session(
+        &mut self,
+        params: Value,
+        responder: acpd_wire::Responder,
+        delete: bool,
+    ) {
+        let Some(sid) = sid_of(&params) else {
+            return responder
+                .respond(Err(ResponseError::invalid_params("sessionId is required")))
+                .await;
+        };
+        match self.live.get(&sid) {
+            Some(tx) => {
+                if let Err(mpsc::error::SendError(SessionCmd::Close { responder, .. })) =
+                    tx.send(SessionCmd::Close { responder, delete }).await
+                {
+                    responder.respond(Ok(json!({}))).await;
+                }
+            }
+            None => {
+                if delete && let Err(e) = state::delete(&self.config.state_dir, &sid).await {
+                    tracing::warn!(session = %sid, error = %e, "cannot delete the session state");
+                }
+                responder.respond(Ok(json!({}))).await;
             }
         }
     }
