@@ -52,18 +52,11 @@ pub(super) async fn create(
         Ok(p) => p,
         Err(why) => return Err((AcpError::InvalidParams(why), responder)),
     };
-    let additional_dirs = to_agent
-        .get("additionalDirectories")
-        .cloned()
-        .unwrap_or_else(|| json!([]))
-        .to_string();
+    let additional_dirs = list_of(&to_agent, "additionalDirectories").to_string();
     // The id comes first: the tunnelled servers' routes are the session's. What is stored
     // is their `acpd-mcp:` form; only the agent gets loopback URLs.
     let id = new_session_id();
-    let servers = to_agent
-        .get("mcpServers")
-        .cloned()
-        .unwrap_or_else(|| json!([]));
+    let servers = list_of(&to_agent, "mcpServers");
     if client.carries_mcp() {
         shared.mcp.carry(&id, &client.peer, &servers);
     }
@@ -78,15 +71,9 @@ pub(super) async fn create(
     if !mcp_refused.is_empty() {
         mark_refused(&mut result, mcp_refused);
     }
-    let Some(agent_sid) = result
-        .get("sessionId")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-    else {
-        return Err((
-            AcpError::Internal("the agent's session/new answer has no sessionId".into()),
-            responder,
-        ));
+    let agent_sid = match agent_session_id(&result) {
+        Ok(sid) => sid,
+        Err(e) => return Err((e, responder)),
     };
     let place = (cwd, additional_dirs);
     let row = new_row(
@@ -185,4 +172,16 @@ async fn attach_creator(
         }) => Err((AcpError::SessionGone, r)),
         Err(_) => unreachable!("the command given back is the one sent"),
     }
+}
+
+/// The agent's own id for the session, from its `session/new` answer.
+fn agent_session_id(result: &Value) -> Result<String, AcpError> {
+    let sid = result.get("sessionId").and_then(Value::as_str);
+    sid.map(str::to_owned)
+        .ok_or_else(|| AcpError::Internal("the agent's session/new answer has no sessionId".into()))
+}
+
+/// The list `params` has under `key`, else an empty one.
+fn list_of(params: &Value, key: &str) -> Value {
+    params.get(key).cloned().unwrap_or_else(|| json!([]))
 }
