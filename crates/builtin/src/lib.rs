@@ -141,14 +141,7 @@ impl Agent {
         } = req;
         let params = params.unwrap_or_else(|| json!({}));
         if method == "initialize" {
-            let caps = ClientCaps::from_initialize(&params);
-            self.shared = Some(Arc::new(Shared {
-                config: self.config.clone(),
-                peer: self.peer.clone(),
-                http: self.http.clone(),
-                model_http: self.model_http.clone(),
-                caps,
-            }));
+            self.initialize(&params);
             return responder.respond(Ok(initialize_result())).await;
         }
         let Some(shared) = self.shared.clone() else {
@@ -207,8 +200,13 @@ impl Agent {
                     .await;
             }
         };
-        match sid_of(&params) {
-            Some(sid) => self.dispatch(&shared, sid, cmd).await,
+        self.to_session(&shared, &params, cmd).await
+    }
+
+    /// Hands a command to the session `params` names (none named: the request is refused).
+    async fn to_session(&mut self, shared: &Arc<Shared>, params: &Value, cmd: SessionCmd) {
+        match sid_of(params) {
+            Some(sid) => self.dispatch(shared, sid, cmd).await,
             None => {
                 if let SessionCmd::Prompt { responder, .. }
                 | SessionCmd::SetMode { responder, .. }
@@ -220,6 +218,18 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// What the client's `initialize` says it can do, shared by the sessions to come.
+    fn initialize(&mut self, params: &Value) {
+        let caps = ClientCaps::from_initialize(params);
+        self.shared = Some(Arc::new(Shared {
+            config: self.config.clone(),
+            peer: self.peer.clone(),
+            http: self.http.clone(),
+            model_http: self.model_http.clone(),
+            caps,
+        }));
     }
 
     /// `session/load` (`replay`: the history goes to the client) or `session/resume`.
