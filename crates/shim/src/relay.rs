@@ -183,7 +183,19 @@ pub async fn run(
             break Exit::Clean;
         }
     };
-    // Everything already meant for the editor still goes out.
+    wind_down(r, stdout_tx, stdout_task, cancel, tasks).await;
+    exit
+}
+
+/// Everything already meant for the editor still goes out; then the shim's tasks end
+/// (bounded).
+async fn wind_down(
+    mut r: Relay,
+    stdout_tx: mpsc::Sender<OutLine>,
+    stdout_task: tokio::task::JoinHandle<()>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+) {
     for m in r.to_stdout.drain(..) {
         if stdout_tx.send(m).await.is_err() {
             break;
@@ -198,7 +210,6 @@ pub async fn run(
         tasks.wait().await;
     })
     .await;
-    exit
 }
 
 impl Relay {
