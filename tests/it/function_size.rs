@@ -201,7 +201,7 @@ impl<'ast> Visit<'ast> for Finder<'_> {
     }
 
     fn visit_item_trait(&mut self, t: &'ast syn::ItemTrait) {
-        let outer = std::mem::replace(&mut self.self_ty, Some(t.ident.to_string()));
+        let outer = self.self_ty.replace(t.ident.to_string());
         visit::visit_item_trait(self, t);
         self.self_ty = outer;
     }

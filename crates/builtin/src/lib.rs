@@ -200,11 +200,11 @@ impl Agent {
                     .await;
             }
         };
-        self.to_session(&shared, &params, cmd).await
+        self.hand_to_session(&shared, &params, cmd).await
     }
 
     /// Hands a command to the session `params` names (none named: the request is refused).
-    async fn to_session(&mut self, shared: &Arc<Shared>, params: &Value, cmd: SessionCmd) {
+    async fn hand_to_session(&mut self, shared: &Arc<Shared>, params: &Value, cmd: SessionCmd) {
         match sid_of(params) {
             Some(sid) => self.dispatch(shared, sid, cmd).await,
             None => {
