@@ -69,11 +69,20 @@ fn product_files() -> Vec<PathBuf> {
 /// `#[cfg(test)]` (or any cfg naming `test`), `#[test]`, `#[tokio::test]`.
 fn is_test(attrs: &[syn::Attribute]) -> bool {
     fn names_test(tokens: proc_macro2::TokenStream) -> bool {
-        tokens.into_iter().any(|t| match t {
-            proc_macro2::TokenTree::Ident(i) => i == "test",
-            proc_macro2::TokenTree::Group(g) => names_test(g.stream()),
-            _ => false,
-        })
+        use proc_macro2::TokenTree;
+        let mut tokens = tokens.into_iter();
+        while let Some(t) = tokens.next() {
+            match t {
+                // `not(test)` is product code.
+                TokenTree::Ident(i) if i == "not" => {
+                    tokens.next();
+                }
+                TokenTree::Ident(i) if i == "test" => return true,
+                TokenTree::Group(g) if names_test(g.stream()) => return true,
+                _ => {}
+            }
+        }
+        false
     }
     attrs.iter().any(|a| {
         let path = a.path();
@@ -304,14 +313,15 @@ fn product_functions_over_the_limit_state_a_reason() {
 }
 
 /// The rule must see what it claims to: a long function is found, a reason excuses it, test
-/// code is skipped.
+/// code is skipped, inline or out of line (and `cfg(not(test))` code is not).
 #[test]
 fn function_size_rule_sees_long_functions_and_reasons() {
     let body = "    let _ = 1;\n".repeat(LIMIT);
     let source = format!(
         "struct S;\nimpl S {{\n    fn long(&self) {{\n{body}    }}\n\n    // long: a flat table\n    \
          #[inline]\n    fn excused(&self) {{\n{body}    }}\n}}\n\nfn short() {{}}\n\n\
-         #[cfg(test)]\nmod tests {{\n    fn in_tests() {{\n{body}    }}\n}}\n"
+         #[cfg(test)]\nmod tests {{\n    fn in_tests() {{\n{body}    }}\n}}\n\n\
+         #[cfg(not(test))]\nfn product_only() {{\n{body}}}\n\n#[cfg(test)]\nmod more;\n"
     );
     let ast = syn::parse_file(&source).unwrap();
     let mut finder = Finder {
@@ -328,5 +338,7 @@ fn function_size_rule_sees_long_functions_and_reasons() {
         .iter()
         .map(|l| (l.name.as_str(), l.lines))
         .collect();
-    assert_eq!(found, [("S::long", LIMIT + 2)]);
+    assert_eq!(found, [("S::long", LIMIT + 2), ("product_only", LIMIT + 2)]);
+    // An out-of-line test module's file (more.rs or more/mod.rs) is left out.
+    assert_eq!(finder.test_modules, [PathBuf::from("src/example/more")]);
 }
