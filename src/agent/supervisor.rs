@@ -142,6 +142,46 @@ fn run(opts: &Options) -> Result<Option<WaitStatus>, String> {
     let me = Proc::current().ok_or("cannot read /proc/self/stat")?;
     rustix::process::set_child_subreaper(Pid::from_raw(me.pid))
         .map_err(|e| format!("PR_SET_CHILD_SUBREAPER: {e}"))?;
+    let agent = spawn_agent(opts, me)?;
+    release_stdio();
+    let record_path = write_record(opts, me, agent);
+    let mut status = None;
+    let end = watch(opts, agent, &signals, &mut status);
+    match &end {
+        End::Exited(_) => {}
+        End::Signal(sig) => say!("signal {sig}: stopping the agent"),
+        End::OwnerGone => say!("acpd is gone: stopping the agent"),
+    }
+    let mut members = || {
+        let procs = tree::all();
+        tree::descendants(&procs, me.pid)
+            .into_iter()
+            .filter(|p| procs.get(p).is_some_and(|s| !s.zombie))
+            .collect()
+    };
+    let stubborn = tree::kill_tree(&mut members, &[agent], opts.grace, true, &mut |pid, s| {
+        if pid == agent {
+            status = Some(s);
+        }
+    });
+    if stubborn > 0 {
+        say!(
+            "{stubborn} process(es) ignored SIGTERM for {} ms: SIGKILLed",
+            opts.grace.as_millis()
+        );
+    }
+    if let Some(p) = record_path {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(match end {
+        End::Exited(s) => Some(s),
+        _ => status,
+    })
+}
+
+/// Starts the agent in its own process group, marked as this tree's, with the signal mask
+/// cleared and a parent-death signal; returns its pid.
+fn spawn_agent(opts: &Options, me: Proc) -> Result<i32, String> {
     let marker = record::marker(me);
     let mut cmd = std::process::Command::new(&opts.program);
     cmd.args(&opts.args)
@@ -176,7 +216,11 @@ fn run(opts: &Options) -> Result<Option<WaitStatus>, String> {
     let agent = child.id() as i32;
     // The std handle is not used to wait: `tree::reap` collects every child, the agent too.
     drop(child);
-    release_stdio();
+    Ok(agent)
+}
+
+/// The tree's record in `--records` (acpd kills what it names after a crash); its path.
+fn write_record(opts: &Options, me: Proc, agent: i32) -> Option<std::path::PathBuf> {
     let record = Record {
         owner: Proc {
             pid: opts.owner,
@@ -185,8 +229,7 @@ fn run(opts: &Options) -> Result<Option<WaitStatus>, String> {
         supervisor: me,
         group: agent,
     };
-    let record_path = opts
-        .records
+    opts.records
         .as_ref()
         .and_then(|dir| match record.write(dir) {
             Ok(p) => Some(p),
@@ -194,56 +237,33 @@ fn run(opts: &Options) -> Result<Option<WaitStatus>, String> {
                 say!("cannot write the tree record in {dir:?}: {e}");
                 None
             }
-        });
+        })
+}
 
-    let mut status = None;
-    let end = loop {
+/// Waits for the agent to exit, a signal, or acpd to be gone; `status` takes the agent's exit.
+fn watch(
+    opts: &Options,
+    agent: i32,
+    signals: &libc::sigset_t,
+    status: &mut Option<WaitStatus>,
+) -> End {
+    loop {
         tree::reap(|pid, s| {
             if pid == agent {
-                status = Some(s);
+                *status = Some(s);
             }
         });
-        if let Some(s) = status {
+        if let Some(s) = *status {
             break End::Exited(s);
         }
         if owner_gone(opts.owner) {
             break End::OwnerGone;
         }
-        match wait_signal(&signals, Duration::from_millis(500)) {
+        match wait_signal(signals, Duration::from_millis(500)) {
             Some(libc::SIGCHLD) | None => {}
             Some(sig) => break End::Signal(sig),
         }
-    };
-    match &end {
-        End::Exited(_) => {}
-        End::Signal(sig) => say!("signal {sig}: stopping the agent"),
-        End::OwnerGone => say!("acpd is gone: stopping the agent"),
     }
-    let mut members = || {
-        let procs = tree::all();
-        tree::descendants(&procs, me.pid)
-            .into_iter()
-            .filter(|p| procs.get(p).is_some_and(|s| !s.zombie))
-            .collect()
-    };
-    let stubborn = tree::kill_tree(&mut members, &[agent], opts.grace, true, &mut |pid, s| {
-        if pid == agent {
-            status = Some(s);
-        }
-    });
-    if stubborn > 0 {
-        say!(
-            "{stubborn} process(es) ignored SIGTERM for {} ms: SIGKILLed",
-            opts.grace.as_millis()
-        );
-    }
-    if let Some(p) = record_path {
-        let _ = std::fs::remove_file(p);
-    }
-    Ok(match end {
-        End::Exited(s) => Some(s),
-        _ => status,
-    })
 }
 
 /// The supervisor keeps no copy of the agent's stdin/stdout: acpd sees their end when the

@@ -202,6 +202,28 @@ pub async fn serve(
     crate::metrics::install();
     let core = Core::start(config).await?;
     let auth = Auth::setup(&core.config, core.store.clone()).await?;
+    let state = app_state(&core, auth);
+    let gate = core.gate.clone();
+    if let Some(tcp) = tcp {
+        let addr = tcp.local_addr()?;
+        tracing::info!(%addr, "newline-delimited TCP listener: tcp://{addr}");
+        core.tasks.spawn(tcp::accept(
+            tcp,
+            state.clone(),
+            gate.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let app = app(&core, state, &shutdown).await?;
+    listen(listener, app, &core, shutdown).await?;
+    tracing::info!("listeners stopped; shutting down sessions");
+    core.shutdown().await;
+    Ok(())
+}
+
+/// The state every route shares: the connection registry, Streamable HTTP, the console and
+/// the resumable links, around the core.
+fn app_state(core: &Core, auth: Auth) -> AppState {
     let registry = registry::Registry::spawn(
         core.store.clone(),
         core.hub.clone(),
@@ -233,7 +255,7 @@ pub async fn serve(
             (auth.local_principal(), LOCAL_PRINCIPAL),
         )
     });
-    let state = AppState {
+    AppState {
         config: core.config.clone(),
         hub: core.hub.clone(),
         web: web.clone(),
@@ -253,18 +275,18 @@ pub async fn serve(
             core.tasks.clone(),
             core.drain.clone(),
         ),
-    };
-    let gate = core.gate.clone();
-    if let Some(tcp) = tcp {
-        let addr = tcp.local_addr()?;
-        tracing::info!(%addr, "newline-delimited TCP listener: tcp://{addr}");
-        core.tasks.spawn(tcp::accept(
-            tcp,
-            state.clone(),
-            gate.clone(),
-            shutdown.clone(),
-        ));
     }
+}
+
+/// The routes: `/acp` behind the origin guard, the peer link, health, the console, `/metrics`
+/// (here with a token, or on a listener of its own without).
+async fn app(
+    core: &Core,
+    state: AppState,
+    shutdown: &CancellationToken,
+) -> Result<Router, ServeError> {
+    let web = state.web.clone();
+    let gate = core.gate.clone();
     let mut origins = origin::Origins::new(core.config.allowed_origins.clone());
     if web.is_some() {
         origins = origins.with_console(core.config.tls.is_some(), core.config.no_auth);
@@ -305,6 +327,17 @@ pub async fn serve(
             declared_body_limit,
         ))
         .with_state(state);
+    Ok(app)
+}
+
+/// Serves `app` on the main listener (TLS or plain) until `shutdown` fires.
+async fn listen(
+    listener: TcpListener,
+    app: Router,
+    core: &Core,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let gate = core.gate.clone();
     if let Some(files) = core.config.tls.clone() {
         let tls = tls::TlsListener::new(listener, files)?;
         tracing::info!(addr = %tls.local_addr()?, "acpd listening: wss://{}/acp", tls.local_addr()?);
@@ -326,8 +359,6 @@ pub async fn serve(
         )
         .await?;
     }
-    tracing::info!("listeners stopped; shutting down sessions");
-    core.shutdown().await;
     Ok(())
 }
 
@@ -452,6 +483,25 @@ async fn console_identity(
     })
 }
 
+/// Who is upgrading (the console's cookie, else a token) and the agent profile they asked for.
+#[allow(clippy::result_large_err)]
+async fn caller(
+    st: &AppState,
+    q: &AcpQuery,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<(auth::Identity, String), Response> {
+    let checked = match console_identity(st, headers, uri).await {
+        Some(checked) => checked,
+        None => st.auth.check(headers).await,
+    };
+    let identity = checked?;
+    let Some(profile) = st.config.profile(q.agent.as_deref()).map(str::to_owned) else {
+        return Err((StatusCode::NOT_FOUND, "unknown agent profile\n").into_response());
+    };
+    Ok((identity, profile))
+}
+
 /// The upgrade: authenticate, pick the agent profile, upgrade to WebSocket.
 async fn acp_upgrade(
     st: AppState,
@@ -461,16 +511,9 @@ async fn acp_upgrade(
     ws: WebSocketUpgrade,
     pass: Option<crate::transport::listen::Pass>,
 ) -> Response {
-    let checked = match console_identity(&st, &headers, uri).await {
-        Some(checked) => checked,
-        None => st.auth.check(&headers).await,
-    };
-    let identity = match checked {
-        Ok(p) => p,
+    let (identity, profile) = match caller(&st, &q, uri, &headers).await {
+        Ok(v) => v,
         Err(resp) => return resp,
-    };
-    let Some(profile) = st.config.profile(q.agent.as_deref()).map(str::to_owned) else {
-        return (StatusCode::NOT_FOUND, "unknown agent profile\n").into_response();
     };
     let conn_id = uuid::Uuid::new_v4().to_string();
     // Fired by a drain, or alone when the token is revoked: the connection ends and a plain

@@ -224,25 +224,9 @@ pub async fn stream(
         Ok(h) => h,
         Err(resp) => return resp,
     };
-    let session = match headers.get(SESSION_HEADER).map(|v| v.to_str()) {
-        None => None,
-        Some(Ok(s)) if !s.is_empty() => Some(s.to_owned()),
-        Some(_) => {
-            return plain(
-                StatusCode::BAD_REQUEST,
-                "Acp-Session-Id: expected a session id\n",
-            );
-        }
-    };
-    let last = match headers.get("last-event-id").map(|v| v.to_str()) {
-        None => None,
-        Some(Ok(v)) if event_id(v.trim()) => Some(v.trim().to_owned()),
-        Some(_) => {
-            return plain(
-                StatusCode::BAD_REQUEST,
-                "Last-Event-ID: expected an event id of this endpoint (<n> or <seq>.<n>)\n",
-            );
-        }
+    let (session, last) = match stream_headers(&headers) {
+        Ok(v) => v,
+        Err(resp) => return resp,
     };
     // No ownership check here: a session stream carries only what this connection itself is
     // sent about the session (the answers to its own requests naming it, and the updates
@@ -265,29 +249,7 @@ pub async fn stream(
     let scoped = session.is_some();
     let open = match handle.attach(session, last).await {
         Ok(open) => open,
-        Err(StreamError::Closed) => {
-            return plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n");
-        }
-        Err(StreamError::TooMany) => {
-            return plain(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too many session streams on this connection\n",
-            );
-        }
-        // A session's: 409, which the SDK's client reads as "reattach this session"
-        // (session/load), leaving the connection and its other sessions alone.
-        Err(StreamError::Gone(_)) if scoped => {
-            return plain(
-                StatusCode::CONFLICT,
-                "Last-Event-ID: this connection cannot resume that session stream from there; session/load here, or open a new connection (initialize) and GET the session's stream with this Last-Event-ID there\n",
-            );
-        }
-        Err(StreamError::Gone(_)) => {
-            return plain(
-                StatusCode::GONE,
-                "Last-Event-ID: those events are not held any more; session/load what you need\n",
-            );
-        }
+        Err(e) => return stream_refused(e, scoped),
     };
     // Resuming from the journal: the connection attaches the session after the seq, as
     // `_acpd/session/attach` would; its answer goes to no stream.
@@ -311,6 +273,53 @@ pub async fn stream(
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(st.config.keepalive))
         .into_response()
+}
+
+/// A stream request's `Acp-Session-Id` and `Last-Event-ID` (each optional), or its 400.
+#[allow(clippy::result_large_err)]
+fn stream_headers(headers: &HeaderMap) -> Result<(Option<String>, Option<String>), Response> {
+    let session = match headers.get(SESSION_HEADER).map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(s)) if !s.is_empty() => Some(s.to_owned()),
+        Some(_) => {
+            return Err(plain(
+                StatusCode::BAD_REQUEST,
+                "Acp-Session-Id: expected a session id\n",
+            ));
+        }
+    };
+    let last = match headers.get("last-event-id").map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(v)) if event_id(v.trim()) => Some(v.trim().to_owned()),
+        Some(_) => {
+            return Err(plain(
+                StatusCode::BAD_REQUEST,
+                "Last-Event-ID: expected an event id of this endpoint (<n> or <seq>.<n>)\n",
+            ));
+        }
+    };
+    Ok((session, last))
+}
+
+/// The answer to a stream its connection would not open (`scoped`: a session's stream).
+fn stream_refused(e: StreamError, scoped: bool) -> Response {
+    match e {
+        StreamError::Closed => plain(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id\n"),
+        StreamError::TooMany => plain(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many session streams on this connection\n",
+        ),
+        // A session's: 409, which the SDK's client reads as "reattach this session"
+        // (session/load), leaving the connection and its other sessions alone.
+        StreamError::Gone(_) if scoped => plain(
+            StatusCode::CONFLICT,
+            "Last-Event-ID: this connection cannot resume that session stream from there; session/load here, or open a new connection (initialize) and GET the session's stream with this Last-Event-ID there\n",
+        ),
+        StreamError::Gone(_) => plain(
+            StatusCode::GONE,
+            "Last-Event-ID: those events are not held any more; session/load what you need\n",
+        ),
+    }
 }
 
 /// Whether `v` can be one of our SSE ids: `<n>` or `<seq>.<n>`.

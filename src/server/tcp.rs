@@ -9,6 +9,7 @@
 use acpd_protocol::method;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -158,64 +159,13 @@ async fn serve_one(
     let required = !st.config.no_auth;
     let max = st.config.limits.max_message_bytes;
     let limit = if required { AUTH_LINE_MAX } else { max };
-    let mut line = Vec::new();
-    let mut bounded = (&mut reader).take(limit as u64 + 1);
-    let read = bounded.read_until(b'\n', &mut line);
-    let read = tokio::time::timeout(st.config.limits.header_read_timeout, read);
-    let first = match tokio::select! {
-        r = read => r,
-        _ = pass.evicted() => {
-            tracing::debug!(%peer, "tcp: pending connection displaced by newer ones: closed");
-            return;
-        }
-    } {
-        Ok(Ok(0)) => return,
-        Ok(Ok(_)) if line.ends_with(b"\n") => {
-            line.pop();
-            classify(&line)
-        }
-        // Over the limit, or the stream ended inside the line.
-        Ok(Ok(_)) => FirstLine::NotJsonRpc,
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, error = %e, "tcp read failed");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "tcp: no first line in time; closed");
-            return;
-        }
+    let timeout = st.config.limits.header_read_timeout;
+    let Some((first, line)) = first_line(&mut reader, limit, timeout, &pass, peer).await else {
+        return;
     };
-    let local = || Identity {
-        principal: st.auth.local_principal().to_owned(),
-        name: super::auth::LOCAL_PRINCIPAL.to_owned(),
-        token_id: None,
-    };
-    let (identity, answer, replay) = match gate(first, required) {
-        Gate::RefuseHttp => {
-            tracing::warn!(target: "acpd::audit", %peer, "tcp: refused an HTTP request");
-            let _ = w.write_all(HTTP_REFUSAL).await;
-            let _ = w.shutdown().await;
-            return;
-        }
-        Gate::Refuse { code, message } => {
-            tracing::warn!(target: "acpd::audit", %peer, code, "tcp: refused the first line");
-            refuse(&mut w, &Value::Null, code, message).await;
-            return;
-        }
-        Gate::PassThrough => (local(), None, Some(line)),
-        Gate::AcceptAuthLine { id } => (local(), id, None),
-        Gate::CheckToken { token, id } => match st.auth.check_secret(&token).await {
-            Ok(identity) => (identity, id, None),
-            Err(denied) => {
-                let id = id.unwrap_or(Value::Null);
-                let (code, message) = match denied {
-                    Denied::Invalid => (code::AUTH_REQUIRED, "invalid token"),
-                    Denied::Unavailable => (code::INTERNAL_ERROR, "store unavailable"),
-                };
-                refuse(&mut w, &id, code, message).await;
-                return;
-            }
-        },
+    let Some((identity, answer, replay)) = admit(first, line, required, &st, &mut w, peer).await
+    else {
+        return;
     };
     if let Some(id) = answer {
         let ok = json!({ "jsonrpc": "2.0", "id": id, "result": {} });
@@ -263,6 +213,90 @@ async fn serve_one(
     let pump = tokio::spawn(pump);
     connection::run(link, ctx, cancel).await;
     let _ = pump.await;
+}
+
+/// The first line, read bounded in size (`limit`) and time, and what it is; `None` when the
+/// connection is to be closed (nothing sent, a read error, too slow, displaced).
+async fn first_line(
+    reader: &mut BufReader<OwnedReadHalf>,
+    limit: usize,
+    timeout: std::time::Duration,
+    pass: &crate::transport::listen::Pass,
+    peer: std::net::SocketAddr,
+) -> Option<(FirstLine, Vec<u8>)> {
+    let mut line = Vec::new();
+    let mut bounded = reader.take(limit as u64 + 1);
+    let read = bounded.read_until(b'\n', &mut line);
+    let read = tokio::time::timeout(timeout, read);
+    let first = match tokio::select! {
+        r = read => r,
+        _ = pass.evicted() => {
+            tracing::debug!(%peer, "tcp: pending connection displaced by newer ones: closed");
+            return None;
+        }
+    } {
+        Ok(Ok(0)) => return None,
+        Ok(Ok(_)) if line.ends_with(b"\n") => {
+            line.pop();
+            classify(&line)
+        }
+        // Over the limit, or the stream ended inside the line.
+        Ok(Ok(_)) => FirstLine::NotJsonRpc,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "tcp read failed");
+            return None;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "tcp: no first line in time; closed");
+            return None;
+        }
+    };
+    Some((first, line))
+}
+
+/// Applies the gate to the first line: the connection's identity, the id of an auth line to
+/// answer, the line to replay as its first message; `None` once refused (answered here).
+async fn admit(
+    first: FirstLine,
+    line: Vec<u8>,
+    required: bool,
+    st: &AppState,
+    w: &mut OwnedWriteHalf,
+    peer: std::net::SocketAddr,
+) -> Option<(Identity, Option<Value>, Option<Vec<u8>>)> {
+    let local = || Identity {
+        principal: st.auth.local_principal().to_owned(),
+        name: super::auth::LOCAL_PRINCIPAL.to_owned(),
+        token_id: None,
+    };
+    let admitted = match gate(first, required) {
+        Gate::RefuseHttp => {
+            tracing::warn!(target: "acpd::audit", %peer, "tcp: refused an HTTP request");
+            let _ = w.write_all(HTTP_REFUSAL).await;
+            let _ = w.shutdown().await;
+            return None;
+        }
+        Gate::Refuse { code, message } => {
+            tracing::warn!(target: "acpd::audit", %peer, code, "tcp: refused the first line");
+            refuse(w, &Value::Null, code, message).await;
+            return None;
+        }
+        Gate::PassThrough => (local(), None, Some(line)),
+        Gate::AcceptAuthLine { id } => (local(), id, None),
+        Gate::CheckToken { token, id } => match st.auth.check_secret(&token).await {
+            Ok(identity) => (identity, id, None),
+            Err(denied) => {
+                let id = id.unwrap_or(Value::Null);
+                let (code, message) = match denied {
+                    Denied::Invalid => (code::AUTH_REQUIRED, "invalid token"),
+                    Denied::Unavailable => (code::INTERNAL_ERROR, "store unavailable"),
+                };
+                refuse(w, &id, code, message).await;
+                return None;
+            }
+        },
+    };
+    Some(admitted)
 }
 
 async fn refuse(w: &mut tokio::net::tcp::OwnedWriteHalf, id: &Value, code: i64, message: &str) {

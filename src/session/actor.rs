@@ -180,6 +180,15 @@ struct Upkeep {
     journal: super::retention::Estimate,
 }
 
+/// What this session adds to the shared counts (released when it ends).
+#[derive(Default)]
+struct Counted {
+    /// Whether this session counts as detached (live, no client) in the gauge.
+    detached: bool,
+    /// Turns of this session counted in `shared.turns`.
+    turns: usize,
+}
+
 /// The session's state, grouped by what owns it.
 pub(super) struct Session {
     id: Arc<str>,
@@ -214,10 +223,7 @@ impl Session {
         serial: u64,
     ) {
         metrics::gauge!(crate::metrics::SESSIONS_LIVE).increment(1);
-        // Whether this session counts as detached (live, no client) in the gauge.
-        let mut detached = false;
-        // Turns of this session counted in `shared.turns`.
-        let mut turns = 0usize;
+        let mut counted = Counted::default();
         let shutdown = self.shared.shutdown.clone();
         let idle = self.shared.settings.idle_evict;
         let mut idle_since = Instant::now();
@@ -234,20 +240,7 @@ impl Session {
                 },
                 ev = events.recv(), if !self.position.holding() => {
                     if let Some(ev) = ev {
-                        self.position.burst_ms = Some(super::now_ms());
-                        self.on_agent_event(ev).await;
-                        // The events already queued go with it: one flush (and one pass of
-                        // this loop) per burst of updates, not per update.
-                        for _ in 1..EVENT_BURST {
-                            if self.position.holding() {
-                                break;
-                            }
-                            match events.try_recv() {
-                                Ok(ev) => self.on_agent_event(ev).await,
-                                Err(_) => break,
-                            }
-                        }
-                        self.position.burst_ms = None;
+                        self.on_agent_burst(ev, &mut events).await
                     }
                 }
                 Ok(()) = self.position.durable_rx.changed() => {}
@@ -278,35 +271,62 @@ impl Session {
             if !self.is_idle() {
                 idle_since = Instant::now();
             }
-            let now_turns = self
-                .agent
-                .inflight
-                .values()
-                .filter(|f| matches!(f, Inflight::Prompt { .. }))
-                .count();
-            if now_turns != turns {
-                use std::sync::atomic::Ordering::Relaxed;
-                self.shared.turns.fetch_add(now_turns, Relaxed);
-                self.shared.turns.fetch_sub(turns, Relaxed);
-                turns = now_turns;
-                self.status.send_modify(|s| s.running = now_turns > 0);
+            self.recount(&mut counted);
+        }
+        self.wind_down(counted, serial).await;
+    }
+
+    /// An agent event, and the events already queued behind it: one flush (and one pass of
+    /// the loop) per burst of updates, not per update.
+    async fn on_agent_burst(&mut self, first: AgentEvent, events: &mut mpsc::Receiver<AgentEvent>) {
+        self.position.burst_ms = Some(super::now_ms());
+        self.on_agent_event(first).await;
+        for _ in 1..EVENT_BURST {
+            if self.position.holding() {
+                break;
             }
-            let now_detached = self.outbox.clients_len() == 0;
-            if now_detached != detached {
-                detached = now_detached;
-                let g = metrics::gauge!(crate::metrics::SESSIONS_DETACHED);
-                if detached {
-                    g.increment(1)
-                } else {
-                    g.decrement(1)
-                }
+            match events.try_recv() {
+                Ok(ev) => self.on_agent_event(ev).await,
+                Err(_) => break,
             }
         }
+        self.position.burst_ms = None;
+    }
+
+    /// Brings the running-turns count, the status and the detached gauge up to date.
+    fn recount(&mut self, counted: &mut Counted) {
+        let now_turns = self
+            .agent
+            .inflight
+            .values()
+            .filter(|f| matches!(f, Inflight::Prompt { .. }))
+            .count();
+        if now_turns != counted.turns {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.shared.turns.fetch_add(now_turns, Relaxed);
+            self.shared.turns.fetch_sub(counted.turns, Relaxed);
+            counted.turns = now_turns;
+            self.status.send_modify(|s| s.running = now_turns > 0);
+        }
+        let now_detached = self.outbox.clients_len() == 0;
+        if now_detached != counted.detached {
+            counted.detached = now_detached;
+            let g = metrics::gauge!(crate::metrics::SESSIONS_DETACHED);
+            if counted.detached {
+                g.increment(1)
+            } else {
+                g.decrement(1)
+            }
+        }
+    }
+
+    /// The session's end: its counts, its last writes, its agent, its lease, the hub.
+    async fn wind_down(mut self, counted: Counted, serial: u64) {
         metrics::gauge!(crate::metrics::SESSIONS_LIVE).decrement(1);
         self.shared
             .turns
-            .fetch_sub(turns, std::sync::atomic::Ordering::Relaxed);
-        if detached {
+            .fetch_sub(counted.turns, std::sync::atomic::Ordering::Relaxed);
+        if counted.detached {
             metrics::gauge!(crate::metrics::SESSIONS_DETACHED).decrement(1);
         }
         // Row writes under way finish on their own; what is still queued is written here,

@@ -53,18 +53,11 @@ pub(super) async fn create(
         Ok(p) => p,
         Err(why) => return Err((AcpError::InvalidParams(why.to_string()), responder)),
     };
-    let additional_dirs = to_agent
-        .get("additionalDirectories")
-        .cloned()
-        .unwrap_or_else(|| json!([]))
-        .to_string();
+    let additional_dirs = list_of(&to_agent, "additionalDirectories").to_string();
     // The id comes first: the tunnelled servers' routes are the session's. What is stored
     // is their `acpd-mcp:` form; only the agent gets loopback URLs.
     let id = new_session_id();
-    let servers = to_agent
-        .get("mcpServers")
-        .cloned()
-        .unwrap_or_else(|| json!([]));
+    let servers = list_of(&to_agent, "mcpServers");
     if client.carries_mcp() {
         shared.mcp.carry(&id, &client.peer, &servers);
     }
@@ -77,30 +70,56 @@ pub(super) async fn create(
         }
     };
     if !mcp_refused.is_empty() {
-        if !result["_meta"].is_object() {
-            result["_meta"] = json!({});
-        }
-        if !result["_meta"]["acpd"].is_object() {
-            result["_meta"]["acpd"] = json!({});
-        }
-        result["_meta"]["acpd"]["mcpServersRefused"] = json!(mcp_refused);
+        mark_refused(&mut result, mcp_refused);
     }
-    let Some(agent_sid) = result
-        .get("sessionId")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-    else {
-        return Err((
-            AcpError::Internal("the agent's session/new answer has no sessionId".into()),
-            responder,
-        ));
+    let agent_sid = match agent_session_id(&result) {
+        Ok(sid) => sid,
+        Err(e) => return Err((e, responder)),
     };
+    let place = (cwd, additional_dirs);
+    let row = new_row(
+        id.clone(),
+        principal,
+        profile,
+        agent_sid.clone(),
+        place,
+        &result,
+        servers,
+    );
+    // Durable before anything can answer: one statement, one transaction.
+    if let Err(e) = shared.store.insert_session(&row).await {
+        return Err((e.into(), responder));
+    }
+    let epoch = match hub::lease_new(shared, &row.id).await {
+        Ok(epoch) => epoch,
+        Err(e) => return Err((e, responder)),
+    };
+    result["sessionId"] = Value::String(id);
+    let serial = shared.next_serial();
+    let lease = epoch.and_then(|e| Some(shared.cluster.as_ref()?.hold(Arc::from(&*row.id), e)));
+    let handle = actor::spawn(row, Some((agent, agent_sid)), shared.clone(), serial, lease);
+    // Queued before the attach, so before the answer exists.
+    reservation.started(handle.clone(), serial).await;
+    attach_creator(handle, client, result, responder).await
+}
+
+/// The new session's row: the agent's answer (`result`) gives what it starts with (its modes
+/// and options); `servers` are its MCP servers as stored.
+fn new_row(
+    id: String,
+    principal: &str,
+    profile: &str,
+    agent_sid: String,
+    (cwd, additional_dirs): (String, String),
+    result: &Value,
+    servers: Value,
+) -> SessionRow {
     let now = now_ms();
-    let row = SessionRow {
-        id: id.clone(),
+    SessionRow {
+        id,
         principal_id: principal.to_owned(),
         agent: profile.to_owned(),
-        agent_session_id: Some(agent_sid.clone()),
+        agent_session_id: Some(agent_sid),
         cwd,
         additional_dirs,
         title: None,
@@ -121,21 +140,27 @@ pub(super) async fn create(
         last_seq: 0,
         owner_instance: None,
         lease_until_ms: None,
-    };
-    // Durable before anything can answer: one statement, one transaction.
-    if let Err(e) = shared.store.insert_session(&row).await {
-        return Err((e.into(), responder));
     }
-    let epoch = match hub::lease_new(shared, &row.id).await {
-        Ok(epoch) => epoch,
-        Err(e) => return Err((e, responder)),
-    };
-    result["sessionId"] = Value::String(id);
-    let serial = shared.next_serial();
-    let lease = epoch.and_then(|e| Some(shared.cluster.as_ref()?.hold(Arc::from(&*row.id), e)));
-    let handle = actor::spawn(row, Some((agent, agent_sid)), shared.clone(), serial, lease);
-    // Queued before the attach, so before the answer exists.
-    reservation.started(handle.clone(), serial).await;
+}
+
+/// Tells the client which of its MCP servers the policy kept from the agent.
+fn mark_refused(result: &mut Value, mcp_refused: Vec<String>) {
+    if !result["_meta"].is_object() {
+        result["_meta"] = json!({});
+    }
+    if !result["_meta"]["acpd"].is_object() {
+        result["_meta"]["acpd"] = json!({});
+    }
+    result["_meta"]["acpd"]["mcpServersRefused"] = json!(mcp_refused);
+}
+
+/// The creator attaches (its answer, `result`, goes out from the actor).
+async fn attach_creator(
+    handle: SessionHandle,
+    client: Client,
+    result: Value,
+    responder: Responder,
+) -> Result<SessionHandle, Failed> {
     let cmd = SessionCommand::Attach {
         client,
         mode: AttachMode::New { result },
@@ -148,4 +173,16 @@ pub(super) async fn create(
         }) => Err((AcpError::SessionGone, r)),
         Err(_) => unreachable!("the command given back is the one sent"),
     }
+}
+
+/// The agent's own id for the session, from its `session/new` answer.
+fn agent_session_id(result: &Value) -> Result<String, AcpError> {
+    let sid = result.get("sessionId").and_then(Value::as_str);
+    sid.map(str::to_owned)
+        .ok_or_else(|| AcpError::Internal("the agent's session/new answer has no sessionId".into()))
+}
+
+/// The list `params` has under `key`, else an empty one.
+fn list_of(params: &Value, key: &str) -> Value {
+    params.get(key).cloned().unwrap_or_else(|| json!([]))
 }

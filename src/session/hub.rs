@@ -298,38 +298,8 @@ impl HubTask {
                 advertise_url,
                 expires_in_ms,
             } => {
-                tracing::info!(session = %id, %owner, expires_in_ms, "session is live on another replica");
-                // Forwarded to the owner when it says where it is: one forwarder per opener.
-                if let Some(url) = advertise_url
-                    .as_ref()
-                    .filter(|_| self.shared.cluster.is_some())
-                {
-                    for (principal, profile, reply) in waiters {
-                        let to = super::remote::Owner {
-                            id: owner.clone(),
-                            url: url.clone(),
-                            expires_in_ms,
-                        };
-                        let h = super::remote::spawn(
-                            &id,
-                            &principal,
-                            profile.as_deref(),
-                            to,
-                            self.shared.clone(),
-                        );
-                        let _ = reply.send(Ok(h));
-                    }
-                    return;
-                }
-                for (_, _, reply) in waiters {
-                    let _ = reply.send(Err(AcpError::OwnedElsewhere {
-                        session: id.clone(),
-                        owner: owner.clone(),
-                        advertise_url: advertise_url.clone(),
-                        expires_in_ms,
-                    }));
-                }
-                return;
+                let owner = (owner, advertise_url, expires_in_ms);
+                return self.live_elsewhere(&id, waiters, owner);
             }
         };
         let row = match row {
@@ -372,6 +342,47 @@ impl HubTask {
         {
             let (_, settled) = acpd_store::watermark(0);
             c.release(Arc::from(id.as_str()), epoch, settled, 0);
+        }
+    }
+
+    /// Another replica holds the session: each opener gets a forwarder to it (once it says
+    /// where it is), or the error that says who has it.
+    fn live_elsewhere(
+        &self,
+        id: &str,
+        waiters: Vec<OpenWaiter>,
+        (owner, advertise_url, expires_in_ms): (String, Option<String>, i64),
+    ) {
+        tracing::info!(session = %id, %owner, expires_in_ms, "session is live on another replica");
+        // Forwarded to the owner when it says where it is: one forwarder per opener.
+        if let Some(url) = advertise_url
+            .as_ref()
+            .filter(|_| self.shared.cluster.is_some())
+        {
+            for (principal, profile, reply) in waiters {
+                let to = super::remote::Owner {
+                    id: owner.clone(),
+                    url: url.clone(),
+                    expires_in_ms,
+                };
+                let h = super::remote::spawn(
+                    id,
+                    &principal,
+                    profile.as_deref(),
+                    to,
+                    self.shared.clone(),
+                );
+                let _ = reply.send(Ok(h));
+            }
+            return;
+        }
+        for (_, _, reply) in waiters {
+            let _ = reply.send(Err(AcpError::OwnedElsewhere {
+                session: id.to_owned(),
+                owner: owner.clone(),
+                advertise_url: advertise_url.clone(),
+                expires_in_ms,
+            }));
         }
     }
 

@@ -1,9 +1,11 @@
 //! WebSocket transport per the ACP "Streamable HTTP & WebSocket" RFD: one JSON-RPC message
 //! per text frame, binary frames ignored, pings answered, a close frame on shutdown.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
+use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -66,86 +68,38 @@ pub fn pump(
         // `None` once the client said goodbye or the connection stopped reading; writing goes
         // on until acpd's side is done.
         let mut in_tx = Some(in_tx);
-        let mut input_done = false;
-        let mut client_left = false;
-        // A frame read but not yet taken by the link: while it waits, nothing more is read.
-        let mut held: Option<InFrame> = None;
+        let mut input = Input {
+            done: false,
+            client_left: false,
+            held: None,
+        };
         // Looked up once: a registry lookup hashes the name on every call.
         let bytes_in = metrics::counter!(crate::metrics::BYTES_IN_TOTAL);
         let bytes_out = metrics::counter!(crate::metrics::BYTES_OUT_TOTAL);
         let close = loop {
-            if input_done {
+            if input.done {
                 in_tx = None;
             }
-            tokio::select! {
-                _ = cancel.cancelled() => break Some(CloseReason::SHUTDOWN),
-                permit = reserve(in_tx.as_ref()), if held.is_some() => match permit {
-                    Some(p) => { if let Some(f) = held.take() { p.send(f) } }
-                    // The connection is gone; what it still queued is written, then the close.
-                    None => {
-                        held = None;
-                        input_done = true;
-                    }
-                },
-                msg = stream.next(), if in_tx.is_some() && held.is_none() => match msg {
-                    Some(Ok(Message::Text(t))) if t.len() > max_message_bytes => {
-                        bytes_in.increment(t.len() as u64);
-                        held = Some(InFrame::TooLarge(t.len()));
-                    }
-                    Some(Ok(Message::Text(t))) => {
-                        bytes_in.increment(t.len() as u64);
-                        held = Some(InFrame::Text(t.to_string()));
-                    }
-                    Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => {}
-                    Some(Ok(Message::Close(_))) | None => {
-                        input_done = true;
-                        client_left = true;
-                    }
-                    Some(Err(e)) if is_too_big(&e) => {
-                        tracing::info!(error = %e, "websocket frame over the size limit; closing");
-                        break Some(CloseReason::TOO_BIG);
-                    }
-                    Some(Err(e)) => {
-                        tracing::debug!(error = %e, "websocket read failed");
-                        break None;
-                    }
-                },
+            let step = tokio::select! {
+                _ = cancel.cancelled() => ControlFlow::Break(End::Close(Some(CloseReason::SHUTDOWN))),
+                permit = reserve(in_tx.as_ref()), if input.held.is_some() => {
+                    input.on_room(permit)
+                }
+                msg = stream.next(), if in_tx.is_some() && input.held.is_none() => {
+                    input.on_read(msg, max_message_bytes, &bytes_in)
+                }
                 out = out_rx.recv() => match out {
                     Some(text) => {
-                        let write = tokio::time::timeout(deadline, write_burst(&mut sink, text, &mut out_rx, &bytes_out));
-                        let written = tokio::select! {
-                            _ = cancel.cancelled() => break Some(CloseReason::SHUTDOWN),
-                            w = write => w,
-                        };
-                        match written {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => {
-                                tracing::debug!(error = %e, "websocket write failed");
-                                break None;
-                            }
-                            Err(_) => {
-                                tracing::info!(?deadline, "websocket write deadline passed (the client takes no bytes); closing");
-                                return;
-                            }
-                        }
+                        write_out(&mut sink, text, &mut out_rx, &bytes_out, deadline, &cancel).await
                     }
-                    // The link ended on acpd's side: shutting down, or the client was cut off
-                    // (too slow, token revoked) while it was still there.
-                    None if cancel.is_cancelled() => break Some(CloseReason::SHUTDOWN),
-                    None if !client_left => break Some(CloseReason::CUT_OFF),
-                    None => break Some(CloseReason { code: close_code::NORMAL, reason: "" }),
+                    None => ControlFlow::Break(End::Close(Some(link_ended(&cancel, input.client_left)))),
                 },
-                _ = ping.tick() => {
-                    let sent = tokio::time::timeout(deadline, sink.send(Message::Ping(Default::default())));
-                    match sent.await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => break None,
-                        Err(_) => {
-                            tracing::info!(?deadline, "websocket write deadline passed on a ping (the client takes no bytes); closing");
-                            return;
-                        }
-                    }
-                }
+                _ = ping.tick() => on_ping(&mut sink, deadline).await,
+            };
+            match step {
+                ControlFlow::Continue(()) => {}
+                ControlFlow::Break(End::Close(close)) => break close,
+                ControlFlow::Break(End::Abandon) => return,
             }
         };
         // Bounded: a client that takes no bytes cannot hold the pump (or the drain) here.
@@ -163,6 +117,135 @@ pub fn pump(
         let _ = tokio::time::timeout(deadline.min(CLOSE_WAIT), goodbye).await;
     };
     (link, fut)
+}
+
+/// Why a pump ends: with a close frame (`None`: the socket failed, only the closing handshake
+/// is tried), or abandoned (a write deadline passed: the client takes no bytes).
+enum End {
+    Close(Option<CloseReason>),
+    Abandon,
+}
+
+type Step = ControlFlow<End>;
+
+/// The pump's input side.
+struct Input {
+    /// The client said goodbye or the connection stopped reading: nothing more is read.
+    done: bool,
+    client_left: bool,
+    /// A frame read but not yet taken by the link: while it waits, nothing more is read.
+    held: Option<InFrame>,
+}
+
+impl Input {
+    /// Room in the link for the held frame.
+    fn on_room(&mut self, permit: Option<mpsc::Permit<'_, InFrame>>) -> Step {
+        match permit {
+            Some(p) => {
+                if let Some(f) = self.held.take() {
+                    p.send(f)
+                }
+            }
+            // The connection is gone; what it still queued is written, then the close.
+            None => {
+                self.held = None;
+                self.done = true;
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn on_read(
+        &mut self,
+        msg: Option<Result<Message, axum::Error>>,
+        max_message_bytes: usize,
+        bytes_in: &metrics::Counter,
+    ) -> Step {
+        match msg {
+            Some(Ok(Message::Text(t))) if t.len() > max_message_bytes => {
+                bytes_in.increment(t.len() as u64);
+                self.held = Some(InFrame::TooLarge(t.len()));
+            }
+            Some(Ok(Message::Text(t))) => {
+                bytes_in.increment(t.len() as u64);
+                self.held = Some(InFrame::Text(t.to_string()));
+            }
+            Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => {}
+            Some(Ok(Message::Close(_))) | None => {
+                self.done = true;
+                self.client_left = true;
+            }
+            Some(Err(e)) if is_too_big(&e) => {
+                tracing::info!(error = %e, "websocket frame over the size limit; closing");
+                return ControlFlow::Break(End::Close(Some(CloseReason::TOO_BIG)));
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "websocket read failed");
+                return ControlFlow::Break(End::Close(None));
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// Writes `text` and the burst queued behind it, within the write deadline.
+async fn write_out(
+    sink: &mut SplitSink<WebSocket, Message>,
+    text: acpd_wire::OutFrame,
+    out_rx: &mut mpsc::Receiver<acpd_wire::OutFrame>,
+    bytes_out: &metrics::Counter,
+    deadline: Duration,
+    cancel: &CancellationToken,
+) -> Step {
+    let write = tokio::time::timeout(deadline, write_burst(sink, text, out_rx, bytes_out));
+    let written = tokio::select! {
+        _ = cancel.cancelled() => return ControlFlow::Break(End::Close(Some(CloseReason::SHUTDOWN))),
+        w = write => w,
+    };
+    match written {
+        Ok(Ok(())) => ControlFlow::Continue(()),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "websocket write failed");
+            ControlFlow::Break(End::Close(None))
+        }
+        Err(_) => {
+            tracing::info!(
+                ?deadline,
+                "websocket write deadline passed (the client takes no bytes); closing"
+            );
+            ControlFlow::Break(End::Abandon)
+        }
+    }
+}
+
+/// The link ended on acpd's side: shutting down, or the client was cut off (too slow, token
+/// revoked) while it was still there.
+fn link_ended(cancel: &CancellationToken, client_left: bool) -> CloseReason {
+    if cancel.is_cancelled() {
+        CloseReason::SHUTDOWN
+    } else if !client_left {
+        CloseReason::CUT_OFF
+    } else {
+        CloseReason {
+            code: close_code::NORMAL,
+            reason: "",
+        }
+    }
+}
+
+async fn on_ping(sink: &mut SplitSink<WebSocket, Message>, deadline: Duration) -> Step {
+    let sent = tokio::time::timeout(deadline, sink.send(Message::Ping(Default::default())));
+    match sent.await {
+        Ok(Ok(())) => ControlFlow::Continue(()),
+        Ok(Err(_)) => ControlFlow::Break(End::Close(None)),
+        Err(_) => {
+            tracing::info!(
+                ?deadline,
+                "websocket write deadline passed on a ping (the client takes no bytes); closing"
+            );
+            ControlFlow::Break(End::Abandon)
+        }
+    }
 }
 
 /// A lingering close, after acpd's close frame went out: what the client still sends is read

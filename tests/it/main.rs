@@ -31,6 +31,7 @@ mod editor_mcp;
 mod editor_paths;
 mod fork;
 mod fs_roots;
+mod function_size;
 mod grants;
 mod handshake;
 mod hostile;

@@ -256,6 +256,97 @@ struct FileModel {
 pub const MUTATING_DEFAULT: [&str; 3] = ["shell", "write_file", "edit"];
 const GENERATED_OPTIONS: [&str; 3] = ["mode", "model", "thought_level"];
 
+/// The `[builtin.models]` (else the models the environment names) and the default one.
+fn models(
+    file_models: BTreeMap<String, FileModel>,
+    file_default: Option<String>,
+) -> Result<(Vec<ModelSpec>, Option<String>), BuiltinConfigError> {
+    let mut models: Vec<ModelSpec> = file_models
+        .into_iter()
+        .map(|(id, m)| ModelSpec {
+            name: m.name.unwrap_or_else(|| id.clone()),
+            id,
+            provider: m.provider,
+            model: m.model,
+            base_url: m.base_url,
+            api_key: m.api_key,
+            api_key_env: m.api_key_env,
+            context_window: m.context_window,
+            max_tokens: m.max_tokens.unwrap_or(8192),
+            reasoning: m.reasoning,
+            images: m.images.unwrap_or(true),
+        })
+        .collect();
+    if models.is_empty() {
+        models = env_models();
+    }
+    let default_model = file_default
+        .or_else(|| {
+            std::env::var("ACPD_MODEL").ok().and_then(|m| {
+                models
+                    .iter()
+                    .find(|s| s.id == m || format!("{}/{}", kind_name(s.provider), s.model) == m)
+                    .map(|s| s.id.clone())
+            })
+        })
+        .or_else(|| models.first().map(|m| m.id.clone()));
+    if let Some(d) = &default_model
+        && !models.iter().any(|m| &m.id == d)
+    {
+        return Err(BuiltinConfigError::Invalid(format!(
+            "default_model {d:?} is not in [builtin.models]"
+        )));
+    }
+    Ok((models, default_model))
+}
+
+/// The extra config options: one per id (the generated ones' ids are taken), each with values.
+fn extra_options(options: Vec<ExtraOption>) -> Result<Vec<ExtraOption>, BuiltinConfigError> {
+    let mut extra_options = Vec::new();
+    for o in options {
+        if GENERATED_OPTIONS.contains(&o.id.as_str())
+            || extra_options.iter().any(|e: &ExtraOption| e.id == o.id)
+        {
+            tracing::warn!(id = %o.id, "[builtin] config option id collides with another; dropped");
+            continue;
+        }
+        if o.values.is_empty() {
+            return Err(BuiltinConfigError::Invalid(format!(
+                "config option {:?} has no values",
+                o.id
+            )));
+        }
+        extra_options.push(o);
+    }
+    Ok(extra_options)
+}
+
+/// The sandbox's extra paths: absolute, and clear of acpd's data directory.
+fn check_sandbox_paths(
+    read: &[std::path::PathBuf],
+    write: &[std::path::PathBuf],
+    data_dir: &Path,
+) -> Result<(), BuiltinConfigError> {
+    if let Some(p) = read.iter().chain(write).find(|p| !p.is_absolute()) {
+        return Err(BuiltinConfigError::Invalid(format!(
+            "shell_sandbox paths must be absolute: {}",
+            p.display()
+        )));
+    }
+    // The sandbox's extras cannot open acpd's data directory to the shell.
+    if let Some(p) = read
+        .iter()
+        .chain(write)
+        .find(|p| p.starts_with(data_dir) || data_dir.starts_with(p))
+    {
+        return Err(BuiltinConfigError::Invalid(format!(
+            "shell_sandbox path {} would reach acpd's data directory",
+            p.display()
+        )));
+    }
+    Ok(())
+}
+
 impl BuiltinConfig {
     /// Reads `table` (the `[builtin]` section), falling back to the environment for models.
     pub fn parse(
@@ -266,46 +357,7 @@ impl BuiltinConfig {
             .clone()
             .try_into()
             .map_err(|e: toml::de::Error| BuiltinConfigError::Parse(e.message().to_owned()))?;
-        let mut models: Vec<ModelSpec> = file
-            .models
-            .into_iter()
-            .map(|(id, m)| ModelSpec {
-                name: m.name.unwrap_or_else(|| id.clone()),
-                id,
-                provider: m.provider,
-                model: m.model,
-                base_url: m.base_url,
-                api_key: m.api_key,
-                api_key_env: m.api_key_env,
-                context_window: m.context_window,
-                max_tokens: m.max_tokens.unwrap_or(8192),
-                reasoning: m.reasoning,
-                images: m.images.unwrap_or(true),
-            })
-            .collect();
-        if models.is_empty() {
-            models = env_models();
-        }
-        let default_model = file
-            .default_model
-            .or_else(|| {
-                std::env::var("ACPD_MODEL").ok().and_then(|m| {
-                    models
-                        .iter()
-                        .find(|s| {
-                            s.id == m || format!("{}/{}", kind_name(s.provider), s.model) == m
-                        })
-                        .map(|s| s.id.clone())
-                })
-            })
-            .or_else(|| models.first().map(|m| m.id.clone()));
-        if let Some(d) = &default_model
-            && !models.iter().any(|m| &m.id == d)
-        {
-            return Err(BuiltinConfigError::Invalid(format!(
-                "default_model {d:?} is not in [builtin.models]"
-            )));
-        }
+        let (models, default_model) = models(file.models, file.default_model)?;
         let permissions_off = match file.permissions.mode.as_deref() {
             None | Some("default") => false,
             Some("off") => true,
@@ -320,22 +372,7 @@ impl BuiltinConfig {
             .map(|t| ((*t).to_owned(), ToolPolicy::Ask))
             .collect();
         tool_policy.extend(file.permissions.tools);
-        let mut extra_options = Vec::new();
-        for o in file.config_options {
-            if GENERATED_OPTIONS.contains(&o.id.as_str())
-                || extra_options.iter().any(|e: &ExtraOption| e.id == o.id)
-            {
-                tracing::warn!(id = %o.id, "[builtin] config option id collides with another; dropped");
-                continue;
-            }
-            if o.values.is_empty() {
-                return Err(BuiltinConfigError::Invalid(format!(
-                    "config option {:?} has no values",
-                    o.id
-                )));
-            }
-            extra_options.push(o);
-        }
+        let extra_options = extra_options(file.config_options)?;
         let secs = |v: Option<u64>, d: u64| Duration::from_secs(v.unwrap_or(d));
         if file.request_timeout_secs.is_some() {
             tracing::warn!(
@@ -343,29 +380,11 @@ impl BuiltinConfig {
                  a model request now ends when nothing arrives for read_timeout_secs"
             );
         }
-        if let Some(p) = file
-            .shell_sandbox_read
-            .iter()
-            .chain(&file.shell_sandbox_write)
-            .find(|p| !p.is_absolute())
-        {
-            return Err(BuiltinConfigError::Invalid(format!(
-                "shell_sandbox paths must be absolute: {}",
-                p.display()
-            )));
-        }
-        // The sandbox's extras cannot open acpd's data directory to the shell.
-        if let Some(p) = file
-            .shell_sandbox_read
-            .iter()
-            .chain(&file.shell_sandbox_write)
-            .find(|p| p.starts_with(data_dir) || data_dir.starts_with(p))
-        {
-            return Err(BuiltinConfigError::Invalid(format!(
-                "shell_sandbox path {} would reach acpd's data directory",
-                p.display()
-            )));
-        }
+        check_sandbox_paths(
+            &file.shell_sandbox_read,
+            &file.shell_sandbox_write,
+            data_dir,
+        )?;
         let host_shell = file.host_shell.unwrap_or(true);
         let shell_denied = tool_policy.get("shell") == Some(&ToolPolicy::Deny);
         let mcp_policy = crate::McpPolicy::new(

@@ -20,7 +20,6 @@ mod tools;
 mod transcript;
 mod turn;
 
-use acpd_protocol::method;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,6 +29,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use acpd_protocol::method;
 use acpd_wire::{Incoming, IncomingRequest, Link, Notification, PeerHandle, ResponseError, code};
 use client::ClientCaps;
 pub use config::{BuiltinConfig, BuiltinConfigError};
@@ -142,14 +142,7 @@ impl Agent {
         } = req;
         let params = params.unwrap_or_else(|| json!({}));
         if method == method::INITIALIZE {
-            let caps = ClientCaps::from_initialize(&params);
-            self.shared = Some(Arc::new(Shared {
-                config: self.config.clone(),
-                peer: self.peer.clone(),
-                http: self.http.clone(),
-                model_http: self.model_http.clone(),
-                caps,
-            }));
+            self.initialize(&params);
             return responder.respond(Ok(initialize_result())).await;
         }
         let Some(shared) = self.shared.clone() else {
@@ -163,25 +156,8 @@ impl Agent {
             method::AUTHENTICATE | method::LOGOUT => return responder.respond(Ok(json!({}))).await,
             method::SESSION_NEW => return self.new_session(shared, params, responder).await,
             method::SESSION_LOAD | method::SESSION_RESUME => {
-                let Some(sid) = sid_of(&params) else {
-                    return responder
-                        .respond(Err(ResponseError::invalid_params("sessionId is required")))
-                        .await;
-                };
-                if let Err(m) = tools::parse_client_tools(&params) {
-                    return responder
-                        .respond(Err(ResponseError::invalid_params(m)))
-                        .await;
-                }
-                let mcp_servers = params.get("mcpServers").and_then(Value::as_array).cloned();
-                let cmd = SessionCmd::Start {
-                    responder,
-                    result: json!({}),
-                    replay: method == method::SESSION_LOAD,
-                    params,
-                    mcp_servers,
-                };
-                return self.dispatch(&shared, sid, cmd).await;
+                let replay = method == method::SESSION_LOAD;
+                return self.load_session(&shared, params, responder, replay).await;
             }
             method::SESSION_PROMPT => SessionCmd::Prompt {
                 params: params.clone(),
@@ -216,30 +192,8 @@ impl Agent {
                 }
             }
             method::SESSION_CLOSE | method::SESSION_DELETE => {
-                let Some(sid) = sid_of(&params) else {
-                    return responder
-                        .respond(Err(ResponseError::invalid_params("sessionId is required")))
-                        .await;
-                };
                 let delete = method == method::SESSION_DELETE;
-                match self.live.get(&sid) {
-                    Some(tx) => {
-                        if let Err(mpsc::error::SendError(SessionCmd::Close {
-                            responder, ..
-                        })) = tx.send(SessionCmd::Close { responder, delete }).await
-                        {
-                            responder.respond(Ok(json!({}))).await;
-                        }
-                    }
-                    None => {
-                        if delete && let Err(e) = state::delete(&self.config.state_dir, &sid).await
-                        {
-                            tracing::warn!(session = %sid, error = %e, "cannot delete the session state");
-                        }
-                        responder.respond(Ok(json!({}))).await;
-                    }
-                }
-                return;
+                return self.close_session(params, responder, delete).await;
             }
             _ => {
                 return responder
@@ -247,8 +201,13 @@ impl Agent {
                     .await;
             }
         };
-        match sid_of(&params) {
-            Some(sid) => self.dispatch(&shared, sid, cmd).await,
+        self.hand_to_session(&shared, &params, cmd).await
+    }
+
+    /// Hands a command to the session `params` names (none named: the request is refused).
+    async fn hand_to_session(&mut self, shared: &Arc<Shared>, params: &Value, cmd: SessionCmd) {
+        match sid_of(params) {
+            Some(sid) => self.dispatch(shared, sid, cmd).await,
             None => {
                 if let SessionCmd::Prompt { responder, .. }
                 | SessionCmd::SetMode { responder, .. }
@@ -258,6 +217,76 @@ impl Agent {
                         .respond(Err(ResponseError::invalid_params("sessionId is required")))
                         .await;
                 }
+            }
+        }
+    }
+
+    /// What the client's `initialize` says it can do, shared by the sessions to come.
+    fn initialize(&mut self, params: &Value) {
+        let caps = ClientCaps::from_initialize(params);
+        self.shared = Some(Arc::new(Shared {
+            config: self.config.clone(),
+            peer: self.peer.clone(),
+            http: self.http.clone(),
+            model_http: self.model_http.clone(),
+            caps,
+        }));
+    }
+
+    /// `session/load` (`replay`: the history goes to the client) or `session/resume`.
+    async fn load_session(
+        &mut self,
+        shared: &Arc<Shared>,
+        params: Value,
+        responder: acpd_wire::Responder,
+        replay: bool,
+    ) {
+        let Some(sid) = sid_of(&params) else {
+            return responder
+                .respond(Err(ResponseError::invalid_params("sessionId is required")))
+                .await;
+        };
+        if let Err(m) = tools::parse_client_tools(&params) {
+            return responder
+                .respond(Err(ResponseError::invalid_params(m)))
+                .await;
+        }
+        let mcp_servers = params.get("mcpServers").and_then(Value::as_array).cloned();
+        let cmd = SessionCmd::Start {
+            responder,
+            result: json!({}),
+            replay,
+            params,
+            mcp_servers,
+        };
+        self.dispatch(shared, sid, cmd).await
+    }
+
+    /// `session/close`, or `session/delete` (its state goes too).
+    async fn close_session(
+        &mut self,
+        params: Value,
+        responder: acpd_wire::Responder,
+        delete: bool,
+    ) {
+        let Some(sid) = sid_of(&params) else {
+            return responder
+                .respond(Err(ResponseError::invalid_params("sessionId is required")))
+                .await;
+        };
+        match self.live.get(&sid) {
+            Some(tx) => {
+                if let Err(mpsc::error::SendError(SessionCmd::Close { responder, .. })) =
+                    tx.send(SessionCmd::Close { responder, delete }).await
+                {
+                    responder.respond(Ok(json!({}))).await;
+                }
+            }
+            None => {
+                if delete && let Err(e) = state::delete(&self.config.state_dir, &sid).await {
+                    tracing::warn!(session = %sid, error = %e, "cannot delete the session state");
+                }
+                responder.respond(Ok(json!({}))).await;
             }
         }
     }

@@ -23,9 +23,9 @@ mod mcp_http;
 mod script;
 mod state;
 
-use acpd_protocol::method;
 use std::sync::Arc;
 
+use acpd_protocol::method;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -160,67 +160,8 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             Ok(initialize_result(&agent.flags))
         }
         method::AUTHENTICATE | method::LOGOUT => Ok(json!({})),
-        method::SESSION_NEW => {
-            start_mcp_servers(&params);
-            let sid = agent.create_session();
-            let cwd = params["cwd"].as_str().unwrap_or_default().to_owned();
-            let dirs = params["additionalDirectories"].clone();
-            agent.with_session(&sid, |s| {
-                s.cwd = cwd;
-                s.dirs = dirs;
-                s.mcp_servers = params["mcpServers"].clone();
-            })?;
-            // Sent before the response on purpose: the daemon must hold it until the client
-            // knows the session (Zed drops updates for sessions it has not registered yet).
-            // `_meta.scripted.quiet`: the answer alone (the benchmark's session/new round
-            // trip is one message each way on every path; a relay that leaves Nagle on
-            // would stall a second one for a delayed ACK).
-            if params.pointer("/_meta/scripted/quiet") != Some(&json!(true)) {
-                agent.emit(
-                    &sid,
-                    json!({
-                        "sessionUpdate": "available_commands_update",
-                        "availableCommands": [{ "name": "echo", "description": "Echo text" }],
-                    }),
-                );
-            }
-            let mut result = agent.with_session(&sid, |s| s.setup_result())?;
-            result["sessionId"] = json!(sid);
-            Ok(result)
-        }
-        method::SESSION_LOAD if !agent.flags.no_load => {
-            start_mcp_servers(&params);
-            let sid = session_id(&params)?;
-            let (history, result) =
-                agent.with_session(&sid, |s| (s.history.clone(), s.setup_result()))?;
-            let lines = state::ChunkLines::new(&sid);
-            for item in history {
-                match item {
-                    state::History::Update(update) => agent.out.notify(
-                        method::SESSION_UPDATE,
-                        json!({ "sessionId": sid, "update": update }),
-                    ),
-                    state::History::Stream {
-                        first,
-                        count,
-                        size,
-                        n,
-                    } => {
-                        // In bursts, like the live stream (without waiting for the budget:
-                        // this handler answers inline).
-                        let mut k = 0;
-                        while k < count {
-                            let m = (count - k).min(1024);
-                            agent
-                                .out
-                                .burst(lines.render(first + k, m, size, n + k), None);
-                            k += m;
-                        }
-                    }
-                }
-            }
-            Ok(result)
-        }
+        method::SESSION_NEW => new_session(agent, params),
+        method::SESSION_LOAD if !agent.flags.no_load => load_session(agent, &params),
         method::SESSION_RESUME if !agent.flags.no_resume => {
             start_mcp_servers(&params);
             let sid = session_id(&params)?;
@@ -243,30 +184,7 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
             );
             Ok(json!({}))
         }
-        method::SESSION_SET_CONFIG_OPTION => {
-            let sid = session_id(&params)?;
-            if params["configId"] != "verbosity" {
-                return Err(RpcError::invalid_params(format!(
-                    "unknown config option {}",
-                    params["configId"]
-                )));
-            }
-            let value = params["value"].as_str().unwrap_or_default().to_string();
-            if !VERBOSITY.iter().any(|(v, _)| *v == value) {
-                return Err(RpcError::invalid_params(format!(
-                    "unknown verbosity {value:?}"
-                )));
-            }
-            let options = agent.with_session(&sid, |s| {
-                s.verbosity = value;
-                s.config_options()
-            })?;
-            agent.emit(
-                &sid,
-                json!({ "sessionUpdate": "config_option_update", "configOptions": options }),
-            );
-            Ok(json!({ "configOptions": options }))
-        }
+        method::SESSION_SET_CONFIG_OPTION => set_config_option(agent, &params),
         method::SESSION_FORK if agent.flags.fork => {
             let parent = session_id(&params)?;
             let cwd = params["cwd"].as_str().unwrap_or_default();
@@ -293,6 +211,96 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
         "_scripted/echo" => Ok(params),
         _ => Err(RpcError::method_not_found(method)),
     }
+}
+
+/// A new session: its place, its MCP servers; its commands announced (unless quiet).
+fn new_session(agent: &Arc<Agent>, params: Value) -> Result<Value, RpcError> {
+    start_mcp_servers(&params);
+    let sid = agent.create_session();
+    let cwd = params["cwd"].as_str().unwrap_or_default().to_owned();
+    let dirs = params["additionalDirectories"].clone();
+    agent.with_session(&sid, |s| {
+        s.cwd = cwd;
+        s.dirs = dirs;
+        s.mcp_servers = params["mcpServers"].clone();
+    })?;
+    // Sent before the response on purpose: the daemon must hold it until the client
+    // knows the session (Zed drops updates for sessions it has not registered yet).
+    // `_meta.scripted.quiet`: the answer alone (the benchmark's session/new round
+    // trip is one message each way on every path; a relay that leaves Nagle on
+    // would stall a second one for a delayed ACK).
+    if params.pointer("/_meta/scripted/quiet") != Some(&json!(true)) {
+        agent.emit(
+            &sid,
+            json!({
+                "sessionUpdate": "available_commands_update",
+                "availableCommands": [{ "name": "echo", "description": "Echo text" }],
+            }),
+        );
+    }
+    let mut result = agent.with_session(&sid, |s| s.setup_result())?;
+    result["sessionId"] = json!(sid);
+    Ok(result)
+}
+
+/// A loaded session: its history replayed as updates, then the answer.
+fn load_session(agent: &Arc<Agent>, params: &Value) -> Result<Value, RpcError> {
+    start_mcp_servers(params);
+    let sid = session_id(params)?;
+    let (history, result) = agent.with_session(&sid, |s| (s.history.clone(), s.setup_result()))?;
+    let lines = state::ChunkLines::new(&sid);
+    for item in history {
+        match item {
+            state::History::Update(update) => agent.out.notify(
+                method::SESSION_UPDATE,
+                json!({ "sessionId": sid, "update": update }),
+            ),
+            state::History::Stream {
+                first,
+                count,
+                size,
+                n,
+            } => {
+                // In bursts, like the live stream (without waiting for the budget:
+                // this handler answers inline).
+                let mut k = 0;
+                while k < count {
+                    let m = (count - k).min(1024);
+                    agent
+                        .out
+                        .burst(lines.render(first + k, m, size, n + k), None);
+                    k += m;
+                }
+            }
+        }
+    }
+    Ok(result)
+}
+
+/// The one config option, `verbosity`.
+fn set_config_option(agent: &Arc<Agent>, params: &Value) -> Result<Value, RpcError> {
+    let sid = session_id(params)?;
+    if params["configId"] != "verbosity" {
+        return Err(RpcError::invalid_params(format!(
+            "unknown config option {}",
+            params["configId"]
+        )));
+    }
+    let value = params["value"].as_str().unwrap_or_default().to_string();
+    if !VERBOSITY.iter().any(|(v, _)| *v == value) {
+        return Err(RpcError::invalid_params(format!(
+            "unknown verbosity {value:?}"
+        )));
+    }
+    let options = agent.with_session(&sid, |s| {
+        s.verbosity = value;
+        s.config_options()
+    })?;
+    agent.emit(
+        &sid,
+        json!({ "sessionUpdate": "config_option_update", "configOptions": options }),
+    );
+    Ok(json!({ "configOptions": options }))
 }
 
 /// Runs the command of every stdio server in `params.mcpServers`, as an agent would (its

@@ -77,6 +77,7 @@ pub fn parse(text: &str) -> Result<Vec<Command>, String> {
         .collect()
 }
 
+// long: one arm per script word (a flat table from the word to its `Command`).
 fn parse_line(line: &str) -> Result<Command, String> {
     let (word, rest) = match line.split_once(char::is_whitespace) {
         Some((w, r)) => (w, r.trim()),
@@ -226,6 +227,8 @@ pub async fn run(
     }
 }
 
+// long: one arm per script command (a flat match over `Command`); the longer ones are functions
+// of their own.
 async fn run_one(
     agent: &Arc<Agent>,
     sid: &str,
@@ -234,22 +237,7 @@ async fn run_one(
 ) -> Flow {
     match command {
         Command::Echo(text) => agent.say(sid, text),
-        Command::Stream { count, size } => {
-            // Bursts of pre-serialized lines, each one write; the output budget makes the
-            // stream wait for its reader instead of piling up.
-            let line = size + 220;
-            let per_burst = (BURST_BYTES / line).max(1) as u64;
-            let mut i = 0;
-            while i < count {
-                let n = per_burst.min(count - i);
-                let permit = tokio::select! {
-                    p = agent.out.reserve(line * n as usize) => p,
-                    _ = cancel.cancelled() => return Err(cancelled()),
-                };
-                agent.stream(sid, i, n, size, permit);
-                i += n;
-            }
-        }
+        Command::Stream { count, size } => stream(agent, sid, count, size, cancel).await?,
         Command::Thought(text) => agent.emit(
             sid,
             json!({ "sessionUpdate": "agent_thought_chunk", "content": { "type": "text", "text": text } }),
@@ -272,82 +260,15 @@ async fn run_one(
             announce_tool(agent, sid, &id, "Run a scripted action", "other");
             permission(agent, sid, id, None, cancel).await?
         }
-        Command::Locate(path) => {
-            let id = format!("tool-{}", next_tool(agent, sid));
-            let uri = format!("file://{path}");
-            agent.emit(
-                sid,
-                json!({
-                    "sessionUpdate": "tool_call", "toolCallId": id, "title": format!("Edit {path}"),
-                    "kind": "edit", "status": "pending",
-                    "locations": [{ "path": path, "line": 1 }],
-                    "content": [
-                        { "type": "diff", "path": path, "oldText": "old", "newText": "new" },
-                        { "type": "content", "content": { "type": "resource_link", "name": "file", "uri": uri } },
-                    ],
-                }),
-            );
-            agent.emit(
-                sid,
-                json!({
-                    "sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed",
-                    "locations": [{ "path": path }],
-                }),
-            );
-            agent.emit(
-                sid,
-                json!({
-                    "sessionUpdate": "agent_message_chunk",
-                    "content": { "type": "resource_link", "name": "file", "uri": uri },
-                }),
-            );
-        }
+        Command::Locate(path) => locate(agent, sid, &path),
         Command::Where => {
             let (cwd, dirs) = agent
                 .with_session(sid, |s| (s.cwd.clone(), s.dirs.clone()))
                 .unwrap_or_default();
             agent.say(sid, format!("cwd: {cwd} dirs: {dirs}"));
         }
-        Command::Mcp { server, tool, text } => {
-            let servers = agent
-                .with_session(sid, |s| s.mcp_servers.clone())
-                .unwrap_or_default();
-            let url = servers
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|s| s["name"] == server.as_str() && s["type"] == "http")
-                .and_then(|s| s["url"].as_str())
-                .map(str::to_owned);
-            let said = match url {
-                None => format!("mcp error: no http server {server}"),
-                Some(url) => {
-                    let call = crate::mcp_http::call_tool(&url, &tool, &text);
-                    tokio::select! {
-                        r = call => match r {
-                            Ok((tools, out)) => format!("mcp: tools={} result={out}", tools.join(",")),
-                            Err(e) => format!("mcp error: {e}"),
-                        },
-                        _ = cancel.cancelled() => return Err(cancelled()),
-                    }
-                }
-            };
-            agent.say(sid, said);
-        }
-        Command::Links => {
-            let blocks = agent
-                .with_session(sid, |s| s.last_prompt.clone())
-                .unwrap_or_default();
-            let uris: Vec<&str> = blocks
-                .iter()
-                .filter_map(|b| match b["type"].as_str() {
-                    Some("resource_link") => b["uri"].as_str(),
-                    Some("resource") => b["resource"]["uri"].as_str(),
-                    _ => None,
-                })
-                .collect();
-            agent.say(sid, format!("links: {}", uris.join(" ")));
-        }
+        Command::Mcp { server, tool, text } => mcp(agent, sid, &server, &tool, &text, cancel).await?,
+        Command::Links => links(agent, sid),
         Command::Read(path) => {
             let params = json!({ "sessionId": sid, "path": path });
             let Some(result) = call(agent, sid, method::FS_READ_TEXT_FILE, params, cancel).await? else {
@@ -409,6 +330,114 @@ async fn run_one(
         Command::Error { code, message } => return Err(TurnEnd::Error(RpcError::new(code, message))),
     }
     Ok(())
+}
+
+/// `stream N S`: bursts of pre-serialized lines, each one write; the output budget makes the
+/// stream wait for its reader instead of piling up.
+async fn stream(
+    agent: &Arc<Agent>,
+    sid: &str,
+    count: u64,
+    size: usize,
+    cancel: &CancellationToken,
+) -> Flow {
+    let line = size + 220;
+    let per_burst = (BURST_BYTES / line).max(1) as u64;
+    let mut i = 0;
+    while i < count {
+        let n = per_burst.min(count - i);
+        let permit = tokio::select! {
+            p = agent.out.reserve(line * n as usize) => p,
+            _ = cancel.cancelled() => return Err(cancelled()),
+        };
+        agent.stream(sid, i, n, size, permit);
+        i += n;
+    }
+    Ok(())
+}
+
+/// `locate PATH`: a tool call with a location, a diff and a link, then a link in the message.
+fn locate(agent: &Arc<Agent>, sid: &str, path: &str) {
+    let id = format!("tool-{}", next_tool(agent, sid));
+    let uri = format!("file://{path}");
+    agent.emit(
+        sid,
+        json!({
+            "sessionUpdate": "tool_call", "toolCallId": id, "title": format!("Edit {path}"),
+            "kind": "edit", "status": "pending",
+            "locations": [{ "path": path, "line": 1 }],
+            "content": [
+                { "type": "diff", "path": path, "oldText": "old", "newText": "new" },
+                { "type": "content", "content": { "type": "resource_link", "name": "file", "uri": uri } },
+            ],
+        }),
+    );
+    agent.emit(
+        sid,
+        json!({
+            "sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed",
+            "locations": [{ "path": path }],
+        }),
+    );
+    agent.emit(
+        sid,
+        json!({
+            "sessionUpdate": "agent_message_chunk",
+            "content": { "type": "resource_link", "name": "file", "uri": uri },
+        }),
+    );
+}
+
+/// `mcp SERVER TOOL TEXT`: calls a tool of the session's HTTP MCP server and says the result.
+async fn mcp(
+    agent: &Arc<Agent>,
+    sid: &str,
+    server: &str,
+    tool: &str,
+    text: &str,
+    cancel: &CancellationToken,
+) -> Flow {
+    let servers = agent
+        .with_session(sid, |s| s.mcp_servers.clone())
+        .unwrap_or_default();
+    let url = servers
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["name"] == server && s["type"] == "http")
+        .and_then(|s| s["url"].as_str())
+        .map(str::to_owned);
+    let said = match url {
+        None => format!("mcp error: no http server {server}"),
+        Some(url) => {
+            let call = crate::mcp_http::call_tool(&url, tool, text);
+            tokio::select! {
+                r = call => match r {
+                    Ok((tools, out)) => format!("mcp: tools={} result={out}", tools.join(",")),
+                    Err(e) => format!("mcp error: {e}"),
+                },
+                _ = cancel.cancelled() => return Err(cancelled()),
+            }
+        }
+    };
+    agent.say(sid, said);
+    Ok(())
+}
+
+/// `links`: says the links of the last prompt.
+fn links(agent: &Arc<Agent>, sid: &str) {
+    let blocks = agent
+        .with_session(sid, |s| s.last_prompt.clone())
+        .unwrap_or_default();
+    let uris: Vec<&str> = blocks
+        .iter()
+        .filter_map(|b| match b["type"].as_str() {
+            Some("resource_link") => b["uri"].as_str(),
+            Some("resource") => b["resource"]["uri"].as_str(),
+            _ => None,
+        })
+        .collect();
+    agent.say(sid, format!("links: {}", uris.join(" ")));
 }
 
 fn next_tool(agent: &Agent, sid: &str) -> u64 {

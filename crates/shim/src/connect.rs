@@ -80,51 +80,8 @@ pub async fn connect(t: &Target, resume: Option<(&str, u64)>) -> Result<Connecte
 }
 
 async fn connect_inner(t: &Target, resume: Option<(&str, u64)>) -> Result<Connected, ConnectError> {
-    let tcp = TcpStream::connect((t.host.as_str(), t.port))
-        .await
-        .map_err(|e| {
-            ConnectError::Unreachable(format!("cannot connect to {}:{}: {e}", t.host, t.port))
-        })?;
-    let _ = tcp.set_nodelay(true);
-    let stream: Box<dyn Io> = match &t.tls {
-        None => Box::new(tcp),
-        Some(config) => {
-            let name = ServerName::try_from(t.host.clone())
-                .map_err(|e| ConnectError::Tls(format!("invalid server name {}: {e}", t.host)))?;
-            let tls = tokio_rustls::TlsConnector::from(config.clone())
-                .connect(name, tcp)
-                .await
-                .map_err(
-                    |e| match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                        Some(tls) => ConnectError::Tls(tls.to_string()),
-                        // A reset or EOF during the handshake is the network, not TLS.
-                        None => ConnectError::Unreachable(format!("TLS handshake: {e}")),
-                    },
-                )?;
-            Box::new(tls)
-        }
-    };
-    let mut req = t
-        .uri
-        .clone()
-        .into_client_request()
-        .map_err(|e| ConnectError::Protocol(e.to_string()))?;
-    let h = req.headers_mut();
-    h.insert(
-        "sec-websocket-protocol",
-        HeaderValue::from_static(SUBPROTOCOL),
-    );
-    if let Some(token) = &t.token {
-        let v = HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| ConnectError::Protocol("the token is not a valid header value".into()))?;
-        h.insert("authorization", v);
-    }
-    if let Some((id, last)) = resume {
-        let v = HeaderValue::from_str(id)
-            .map_err(|_| ConnectError::Protocol("bad connection id".into()))?;
-        h.insert(RESUME_HEADER, v);
-        h.insert(LAST_SEQ_HEADER, HeaderValue::from(last));
-    }
+    let stream = open_stream(t).await?;
+    let req = upgrade_request(t, resume)?;
     // Messages are bounded by the daemon; the shim accepts what the daemon may send.
     // tungstenite zero-fills its whole read buffer before every read: at the default 128 KiB
     // that memset was the shim's largest cost when streaming small updates.
@@ -163,6 +120,63 @@ async fn connect_inner(t: &Target, resume: Option<(&str, u64)>) -> Result<Connec
         peer_received,
         max_message,
     })
+}
+
+/// The TCP connection to acpd, under TLS when the target says so.
+async fn open_stream(t: &Target) -> Result<Box<dyn Io>, ConnectError> {
+    let tcp = TcpStream::connect((t.host.as_str(), t.port))
+        .await
+        .map_err(|e| {
+            ConnectError::Unreachable(format!("cannot connect to {}:{}: {e}", t.host, t.port))
+        })?;
+    let _ = tcp.set_nodelay(true);
+    Ok(match &t.tls {
+        None => Box::new(tcp),
+        Some(config) => {
+            let name = ServerName::try_from(t.host.clone())
+                .map_err(|e| ConnectError::Tls(format!("invalid server name {}: {e}", t.host)))?;
+            let tls = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(name, tcp)
+                .await
+                .map_err(
+                    |e| match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                        Some(tls) => ConnectError::Tls(tls.to_string()),
+                        // A reset or EOF during the handshake is the network, not TLS.
+                        None => ConnectError::Unreachable(format!("TLS handshake: {e}")),
+                    },
+                )?;
+            Box::new(tls)
+        }
+    })
+}
+
+/// The upgrade request: the resumable subprotocol, the token, the link to resume.
+fn upgrade_request(
+    t: &Target,
+    resume: Option<(&str, u64)>,
+) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, ConnectError> {
+    let mut req = t
+        .uri
+        .clone()
+        .into_client_request()
+        .map_err(|e| ConnectError::Protocol(e.to_string()))?;
+    let h = req.headers_mut();
+    h.insert(
+        "sec-websocket-protocol",
+        HeaderValue::from_static(SUBPROTOCOL),
+    );
+    if let Some(token) = &t.token {
+        let v = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| ConnectError::Protocol("the token is not a valid header value".into()))?;
+        h.insert("authorization", v);
+    }
+    if let Some((id, last)) = resume {
+        let v = HeaderValue::from_str(id)
+            .map_err(|_| ConnectError::Protocol("bad connection id".into()))?;
+        h.insert(RESUME_HEADER, v);
+        h.insert(LAST_SEQ_HEADER, HeaderValue::from(last));
+    }
+    Ok(req)
 }
 
 fn classify(e: tokio_tungstenite::tungstenite::Error) -> ConnectError {

@@ -273,7 +273,26 @@ fn target(cli: &Cli) -> Result<connect::Target, Exit> {
     if token.is_some() && !secure && !loopback {
         tracing::warn!("sending the token over plain ws:// to a non-loopback host; use wss://");
     }
-    let tls = if secure {
+    let tls = tls_config(cli, secure)?;
+    let keepalive = Duration::from_millis(cli.keepalive_ms.max(50));
+    Ok(connect::Target {
+        uri,
+        host,
+        port,
+        tls,
+        token,
+        // Bounded so a blackholed daemon is retried, not waited on forever.
+        handshake_timeout: (keepalive * 3).clamp(Duration::from_secs(1), Duration::from_secs(10)),
+    })
+}
+
+/// The TLS client config for a wss:// URL: `--ca`, else `--pin-sha256`, else the web PKI.
+fn tls_config(
+    cli: &Cli,
+    secure: bool,
+) -> Result<Option<std::sync::Arc<rustls::ClientConfig>>, Exit> {
+    let usage = |m: String| Exit::Usage(m);
+    Ok(if secure {
         let trust = match (&cli.ca, &cli.pin_sha256) {
             (Some(ca), _) => tls::Trust::CaFile(ca.clone()),
             (None, Some(pin)) => {
@@ -290,16 +309,6 @@ fn target(cli: &Cli) -> Result<connect::Target, Exit> {
             return Err(usage("--ca and --pin-sha256 need a wss:// URL".into()));
         }
         None
-    };
-    let keepalive = Duration::from_millis(cli.keepalive_ms.max(50));
-    Ok(connect::Target {
-        uri,
-        host,
-        port,
-        tls,
-        token,
-        // Bounded so a blackholed daemon is retried, not waited on forever.
-        handshake_timeout: (keepalive * 3).clamp(Duration::from_secs(1), Duration::from_secs(10)),
     })
 }
 

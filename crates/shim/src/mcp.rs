@@ -371,41 +371,14 @@ async fn serve(
             _ = kill.cancelled() => break format!("MCP server `{name}` was stopped"),
             m = rx.recv() => {
                 let Some(m) = m else { break format!("MCP server `{name}` was stopped") };
-                let message = match m {
-                    ToServer::Request { daemon_id, message } => {
-                        pending.insert(message["id"].to_string(), daemon_id);
-                        message
-                    }
-                    ToServer::Notify(message) => message,
-                };
-                let mut line = message.to_string();
-                line.push('\n');
-                if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
+                if to_server(m, &mut stdin, &mut pending).await.is_err() {
                     break format!("MCP server `{name}` stopped reading its input");
                 }
             }
             l = lines.next_line() => {
                 let Ok(Some(l)) = l else { break format!("MCP server `{name}` exited") };
                 let Ok(v) = serde_json::from_str::<Value>(&l) else { continue };
-                let id = v.get("id").map(Value::to_string);
-                match (v.get("method"), id) {
-                    (None, Some(id)) => {
-                        if let Some(daemon_id) = pending.remove(&id) {
-                            let _ = replies.send(answer(&daemon_id, v)).await;
-                        }
-                    }
-                    // The server asks the client (sampling, roots): the tunnel carries no
-                    // server-initiated requests.
-                    (Some(_), Some(id)) => {
-                        let refusal = format!(
-                            "{}\n",
-                            json!({"jsonrpc": "2.0", "id": serde_json::from_str::<Value>(&id).unwrap_or(Value::Null),
-                                "error": {"code": -32601, "message": "not supported through acpd's MCP tunnel"}})
-                        );
-                        let _ = stdin.write_all(refusal.as_bytes()).await;
-                    }
-                    _ => {}
-                }
+                from_server(v, &mut pending, &replies, &mut stdin).await;
             }
         }
     };
@@ -422,6 +395,54 @@ async fn serve(
     drop(stdin);
     let _ = child.start_kill();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), child.wait()).await;
+}
+
+/// A message for the server, written to its stdin (a request's id remembered).
+async fn to_server(
+    m: ToServer,
+    stdin: &mut tokio::process::ChildStdin,
+    pending: &mut HashMap<String, String>,
+) -> std::io::Result<()> {
+    let message = match m {
+        ToServer::Request { daemon_id, message } => {
+            pending.insert(message["id"].to_string(), daemon_id);
+            message
+        }
+        ToServer::Notify(message) => message,
+    };
+    let mut line = message.to_string();
+    line.push('\n');
+    stdin.write_all(line.as_bytes()).await?;
+    stdin.flush().await
+}
+
+/// A message from the server: an answer goes to the daemon's request it answers; a request
+/// of its own is refused.
+async fn from_server(
+    v: Value,
+    pending: &mut HashMap<String, String>,
+    replies: &mpsc::Sender<String>,
+    stdin: &mut tokio::process::ChildStdin,
+) {
+    let id = v.get("id").map(Value::to_string);
+    match (v.get("method"), id) {
+        (None, Some(id)) => {
+            if let Some(daemon_id) = pending.remove(&id) {
+                let _ = replies.send(answer(&daemon_id, v)).await;
+            }
+        }
+        // The server asks the client (sampling, roots): the tunnel carries no
+        // server-initiated requests.
+        (Some(_), Some(id)) => {
+            let refusal = format!(
+                "{}\n",
+                json!({"jsonrpc": "2.0", "id": serde_json::from_str::<Value>(&id).unwrap_or(Value::Null),
+                    "error": {"code": -32601, "message": "not supported through acpd's MCP tunnel"}})
+            );
+            let _ = stdin.write_all(refusal.as_bytes()).await;
+        }
+        _ => {}
+    }
 }
 
 #[cfg(test)]

@@ -121,32 +121,15 @@ pub async fn run(
     let stdout_task = tokio::spawn(write_stdout(stdout_rx));
     let (events_tx, mut events) = mpsc::channel::<SockEvent>(64);
     let (mcp_tx, mut mcp_rx) = mpsc::channel::<String>(64);
-    let mut r = Relay {
-        target: Arc::new(target),
-        keepalive,
-        tasks: tasks.clone(),
-        cancel: cancel.clone(),
-        window: Window::new(),
-        conn_id: None,
-        tracker: Tracker::new(),
+    let mut r = Relay::new(
+        target,
         paths,
-        mcp: LocalMcp::new(mcp_policy, mcp_tx, tasks.clone(), cancel.clone()),
-        socket: None,
-        sock_no: 0,
-        events: events_tx,
-        ever_connected: false,
-        backoff: reconnect_backoff(),
+        LocalMcp::new(mcp_policy, mcp_tx, tasks.clone(), cancel.clone()),
+        keepalive,
         max_line,
-        daemon_max: acpd_wire::resume::DEFAULT_MAX_MESSAGE,
-        retry_at: None,
-        connecting: None,
-        to_stdout: VecDeque::new(),
-        held: VecDeque::new(),
-        recovering: HashSet::new(),
-        last_heard: Instant::now(),
-        last_ping: Instant::now(),
-        pings: 0,
-    };
+        (tasks.clone(), cancel.clone()),
+        events_tx,
+    );
     r.start_connect();
     let mut stdin_open = true;
     let mut closing_since: Option<Instant> = None;
@@ -194,30 +177,25 @@ pub async fn run(
         if let Err(e) = result {
             break e;
         }
-        if let Some(since) = closing_since {
-            let flushed = !r.window.has_unwritten() && r.held.is_empty() && r.recovering.is_empty();
-            // The editor's last requests are answered before the link goes (bounded).
-            let answered = r.tracker.owed() == 0 || since.elapsed() > ANSWER_WAIT;
-            if flushed
-                && answered
-                && let Some(s) = r.socket.as_mut()
-            {
-                // A normal close tells acpd the link is done (no grace period to wait out).
-                s.closing = true;
-                let _ = s.writer.try_send(WsOut::Close(1000));
-                break Exit::Clean;
-            }
-            let too_long = (!flushed && since.elapsed() > CLOSE_WAIT)
-                || since.elapsed() > ANSWER_WAIT + CLOSE_WAIT;
-            if (r.socket.is_none() && r.connecting.is_none()) || too_long {
-                if r.window.has_unwritten() || !r.held.is_empty() {
-                    tracing::warn!("stdin closed while messages were still unsent to acpd");
-                }
-                break Exit::Clean;
-            }
+        if let Some(since) = closing_since
+            && r.closing_done(since)
+        {
+            break Exit::Clean;
         }
     };
-    // Everything already meant for the editor still goes out.
+    wind_down(r, stdout_tx, stdout_task, cancel, tasks).await;
+    exit
+}
+
+/// Everything already meant for the editor still goes out; then the shim's tasks end
+/// (bounded).
+async fn wind_down(
+    mut r: Relay,
+    stdout_tx: mpsc::Sender<OutLine>,
+    stdout_task: tokio::task::JoinHandle<()>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+) {
     for m in r.to_stdout.drain(..) {
         if stdout_tx.send(m).await.is_err() {
             break;
@@ -232,10 +210,73 @@ pub async fn run(
         tasks.wait().await;
     })
     .await;
-    exit
 }
 
 impl Relay {
+    fn new(
+        target: Target,
+        paths: PathMap,
+        mcp: LocalMcp,
+        keepalive: Duration,
+        max_line: usize,
+        (tasks, cancel): (TaskTracker, CancellationToken),
+        events: mpsc::Sender<SockEvent>,
+    ) -> Relay {
+        Relay {
+            target: Arc::new(target),
+            keepalive,
+            tasks,
+            cancel,
+            window: Window::new(),
+            conn_id: None,
+            tracker: Tracker::new(),
+            paths,
+            mcp,
+            socket: None,
+            sock_no: 0,
+            events,
+            ever_connected: false,
+            backoff: reconnect_backoff(),
+            max_line,
+            daemon_max: acpd_wire::resume::DEFAULT_MAX_MESSAGE,
+            retry_at: None,
+            connecting: None,
+            to_stdout: VecDeque::new(),
+            held: VecDeque::new(),
+            recovering: HashSet::new(),
+            last_heard: Instant::now(),
+            last_ping: Instant::now(),
+            pings: 0,
+        }
+    }
+
+    /// Whether the shim, its stdin closed `since` then, is done: its last messages are written
+    /// and its editor's last requests answered (each bounded), or there is no link left.
+    fn closing_done(&mut self, since: Instant) -> bool {
+        let flushed =
+            !self.window.has_unwritten() && self.held.is_empty() && self.recovering.is_empty();
+        // The editor's last requests are answered before the link goes (bounded).
+        let answered = self.tracker.owed() == 0 || since.elapsed() > ANSWER_WAIT;
+        if flushed
+            && answered
+            && let Some(s) = self.socket.as_mut()
+        {
+            // A normal close tells acpd the link is done (no grace period to wait out).
+            s.closing = true;
+            let _ = s.writer.try_send(WsOut::Close(1000));
+            return true;
+        }
+        let too_long = (!flushed && since.elapsed() > CLOSE_WAIT)
+            || since.elapsed() > ANSWER_WAIT + CLOSE_WAIT;
+        if (self.socket.is_none() && self.connecting.is_none()) || too_long {
+            if self.window.has_unwritten() || !self.held.is_empty() {
+                tracing::warn!("stdin closed while messages were still unsent to acpd");
+            }
+            return true;
+        }
+        false
+    }
+
     fn on_editor(&mut self, line: Line) {
         // Never put what cannot be relayed inside a frame: answer the editor here, as a server
         // would, and go on.

@@ -128,6 +128,103 @@ pub(crate) fn claim_sqlite(url: &str) -> Result<Option<std::fs::File>, StoreErro
     Ok(Some(file))
 }
 
+/// An in-memory SQLite database: one connection, kept forever.
+async fn connect_sqlite_memory(opts: SqliteConnectOptions) -> Result<SqlitePool, StoreError> {
+    // An in-memory database lives as long as one of its connections: keep exactly
+    // one, forever, for reads and writes. One connection also avoids shared-cache
+    // table locks, which fail immediately instead of honouring the busy timeout.
+    SqlitePoolOptions::new()
+        .max_connections(1)
+        .min_connections(1)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(opts)
+        .await
+        .map_err(db)
+}
+
+/// A SQLite file in WAL mode: a pool of readers and the one writer.
+async fn connect_sqlite_file(
+    opts: SqliteConnectOptions,
+    max_connections: u32,
+) -> Result<(SqlitePool, SqlitePool), StoreError> {
+    if let Some(dir) = opts
+        .get_filename()
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("creating {}: {e}", dir.display())))?;
+    }
+    // WAL lets readers run beside the journal writer. synchronous=NORMAL in WAL mode
+    // fsyncs at checkpoints, not at every commit: a commit survives an acpd crash
+    // but the last commits before a power loss or OS crash may be rolled back, so
+    // the durable watermark means "survives the process", not "survives the machine".
+    // That trade buys an order of magnitude in commit rate.
+    let opts = opts
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal);
+    // Checkpoints run on a task of their own (`checkpoint.rs`), never inside a
+    // commit that someone waits for.
+    let opts = opts.pragma("wal_autocheckpoint", "0");
+    // When the WAL starts over a file past `WAL_FILE_LIMIT` is truncated to it: a
+    // burst leaves no WAL of its size on disk, and a steady stream rewrites blocks
+    // the file has rather than extending it again after every restart.
+    let opts = opts.pragma("journal_size_limit", WAL_FILE_LIMIT.to_string());
+    // No ping before each acquire: a connection to a local file does not go stale
+    // the way a server's does, and the ping is one more round trip to sqlx's SQLite
+    // thread in front of every group commit.
+    let file_pool = || {
+        SqlitePoolOptions::new()
+            .test_before_acquire(false)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+    };
+    let readers = file_pool()
+        .max_connections(max_connections)
+        .connect_with(opts.clone())
+        .await
+        .map_err(db)?;
+    // The writer is kept for the daemon's life: its prepared statements (the
+    // journal's inserts among them) stay cached.
+    let writer = file_pool()
+        .max_connections(1)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_with(opts)
+        .await
+        .map_err(db)?;
+    Ok((readers, writer))
+}
+
+/// A Postgres pool; `idle_tx` as in `Pool::connect`.
+async fn connect_postgres(
+    url: &str,
+    max_connections: u32,
+    idle_tx: Option<Duration>,
+) -> Result<Pool, StoreError> {
+    let mut opts = PgConnectOptions::from_str(url)
+        .map_err(|e| StoreError::InvalidUrl(format!("{}: {e}", redact(url))))?;
+    if let Some(t) = idle_tx {
+        let ms = t.as_millis().to_string();
+        opts = opts.options([("idle_in_transaction_session_timeout", ms.as_str())]);
+    }
+    // test_before_acquire (the default) pings idle connections, so connections killed
+    // by a server restart are replaced instead of failing the next query. (Pinging only
+    // connections idle for a second saved a round trip per statement, but let every
+    // query right after a restart fail once: the store tests that kill connections
+    // mid-stream caught a read failing.)
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .test_before_acquire(true)
+        .connect_with(opts)
+        .await
+        .map(Pool::Postgres)
+        .map_err(db)
+}
+
 impl Pool {
     /// Connects to the store named by `url` without touching its schema.
     /// `idle_tx`: Postgres ends a session whose transaction sits idle longer (replicas).
@@ -147,89 +244,14 @@ impl Pool {
                 .foreign_keys(true)
                 .busy_timeout(SQLITE_BUSY_TIMEOUT);
             let (readers, writer) = if in_memory {
-                // An in-memory database lives as long as one of its connections: keep exactly
-                // one, forever, for reads and writes. One connection also avoids shared-cache
-                // table locks, which fail immediately instead of honouring the busy timeout.
-                let pool = SqlitePoolOptions::new()
-                    .max_connections(1)
-                    .min_connections(1)
-                    .idle_timeout(None)
-                    .max_lifetime(None)
-                    .acquire_timeout(ACQUIRE_TIMEOUT)
-                    .connect_with(opts)
-                    .await
-                    .map_err(db)?;
+                let pool = connect_sqlite_memory(opts).await?;
                 (pool.clone(), pool)
             } else {
-                if let Some(dir) = opts
-                    .get_filename()
-                    .parent()
-                    .filter(|d| !d.as_os_str().is_empty())
-                {
-                    tokio::fs::create_dir_all(dir).await.map_err(|e| {
-                        StoreError::Unavailable(format!("creating {}: {e}", dir.display()))
-                    })?;
-                }
-                // WAL lets readers run beside the journal writer. synchronous=NORMAL in WAL mode
-                // fsyncs at checkpoints, not at every commit: a commit survives an acpd crash
-                // but the last commits before a power loss or OS crash may be rolled back, so
-                // the durable watermark means "survives the process", not "survives the machine".
-                // That trade buys an order of magnitude in commit rate.
-                let opts = opts
-                    .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(SqliteSynchronous::Normal);
-                // Checkpoints run on a task of their own (`checkpoint.rs`), never inside a
-                // commit that someone waits for.
-                let opts = opts.pragma("wal_autocheckpoint", "0");
-                // When the WAL starts over a file past `WAL_FILE_LIMIT` is truncated to it: a
-                // burst leaves no WAL of its size on disk, and a steady stream rewrites blocks
-                // the file has rather than extending it again after every restart.
-                let opts = opts.pragma("journal_size_limit", WAL_FILE_LIMIT.to_string());
-                // No ping before each acquire: a connection to a local file does not go stale
-                // the way a server's does, and the ping is one more round trip to sqlx's SQLite
-                // thread in front of every group commit.
-                let file_pool = || {
-                    SqlitePoolOptions::new()
-                        .test_before_acquire(false)
-                        .acquire_timeout(ACQUIRE_TIMEOUT)
-                };
-                let readers = file_pool()
-                    .max_connections(max_connections)
-                    .connect_with(opts.clone())
-                    .await
-                    .map_err(db)?;
-                // The writer is kept for the daemon's life: its prepared statements (the
-                // journal's inserts among them) stay cached.
-                let writer = file_pool()
-                    .max_connections(1)
-                    .idle_timeout(None)
-                    .max_lifetime(None)
-                    .connect_with(opts)
-                    .await
-                    .map_err(db)?;
-                (readers, writer)
+                connect_sqlite_file(opts, max_connections).await?
             };
             Ok(Pool::Sqlite(readers, writer))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let mut opts = PgConnectOptions::from_str(url)
-                .map_err(|e| StoreError::InvalidUrl(format!("{}: {e}", redact(url))))?;
-            if let Some(t) = idle_tx {
-                let ms = t.as_millis().to_string();
-                opts = opts.options([("idle_in_transaction_session_timeout", ms.as_str())]);
-            }
-            // test_before_acquire (the default) pings idle connections, so connections killed
-            // by a server restart are replaced instead of failing the next query. (Pinging only
-            // connections idle for a second saved a round trip per statement, but let every
-            // query right after a restart fail once: the store tests that kill connections
-            // mid-stream caught a read failing.)
-            PgPoolOptions::new()
-                .max_connections(max_connections)
-                .acquire_timeout(ACQUIRE_TIMEOUT)
-                .test_before_acquire(true)
-                .connect_with(opts)
-                .await
-                .map(Pool::Postgres)
-                .map_err(db)
+            connect_postgres(url, max_connections, idle_tx).await
         } else {
             Err(StoreError::InvalidUrl(format!(
                 "{}: expected sqlite://PATH, sqlite::memory: or postgres://...",

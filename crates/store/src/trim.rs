@@ -45,6 +45,8 @@ pub(super) async fn journal_size(pool: &Pool, session_id: &str) -> Result<(i64, 
 
 /// Drops a session's oldest entries until at most `max_entries` and `max_bytes` (0: no cap)
 /// remain; returns how many went.
+// long: one transaction written once for both backends inside `on_write!`, whose pieces would
+// each need the backend's own transaction type.
 pub(super) async fn trim_journal(
     pool: &Pool,
     form: &dyn BodyForm,

@@ -162,16 +162,7 @@ impl Router {
                     break status;
                 }
                 cmd = commands.recv() => match cmd {
-                    Some(RouterCommand::Register { route, agent_session_id, events }) => {
-                        self.register(route, agent_session_id, events)
-                    }
-                    Some(RouterCommand::Active { route }) => self.last_route = Some(route),
-                    Some(RouterCommand::Unregister { route }) => {
-                        if let Some(r) = self.routes.remove(&route) {
-                            self.forget_agent_sid(&route, r.agent_sid);
-                        }
-                        self.over.remove(&route);
-                    }
+                    Some(cmd) => self.on_command(cmd),
                     // Every handle is gone: nobody can use this agent any more.
                     None => {
                         process.kill().await;
@@ -183,30 +174,8 @@ impl Router {
                 }
                 _ = stall_check.tick(), if !self.over.is_empty() => self.detach_stalled(),
                 msg = incoming.recv(), if self.over.is_empty() => match msg {
-                    // What else is ready goes with it: one pass of this loop per burst.
-                    Some(m) => {
-                        self.route(m);
-                        for _ in 1..ROUTE_BURST {
-                            if !self.over.is_empty() {
-                                break;
-                            }
-                            match incoming.try_recv() {
-                                Ok(m) => self.route(m),
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                    // stdout closed: wait for the exit status on the next turn.
-                    None => {
-                        let status = match tokio::time::timeout(KILL_GRACE, process.wait()).await {
-                            Ok(s) => s,
-                            Err(_) => {
-                                process.kill().await;
-                                "closed its stdout".to_owned()
-                            }
-                        };
-                        break status;
-                    }
+                    Some(m) => self.route_burst(m, &mut incoming),
+                    None => break stdout_closed(&mut process).await,
                 },
             }
         };
@@ -215,6 +184,43 @@ impl Router {
         metrics::gauge!(crate::metrics::AGENT_PROCESSES).decrement(1);
         exited.cancel();
         io_cancel.cancel();
+        self.tell_sessions(status);
+    }
+
+    fn on_command(&mut self, cmd: RouterCommand) {
+        match cmd {
+            RouterCommand::Register {
+                route,
+                agent_session_id,
+                events,
+            } => self.register(route, agent_session_id, events),
+            RouterCommand::Active { route } => self.last_route = Some(route),
+            RouterCommand::Unregister { route } => {
+                if let Some(r) = self.routes.remove(&route) {
+                    self.forget_agent_sid(&route, r.agent_sid);
+                }
+                self.over.remove(&route);
+            }
+        }
+    }
+
+    /// Routes a message from the agent, and what else is ready with it: one pass of the loop
+    /// per burst.
+    fn route_burst(&mut self, first: Incoming, incoming: &mut mpsc::Receiver<Incoming>) {
+        self.route(first);
+        for _ in 1..ROUTE_BURST {
+            if !self.over.is_empty() {
+                break;
+            }
+            match incoming.try_recv() {
+                Ok(m) => self.route(m),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// The agent ended with `status`: every session hears of it.
+    fn tell_sessions(&mut self, status: String) {
         self.waits.abort_all();
         // Each session gets what is held for it, then the news; a task each, so no session
         // waits for another.
@@ -503,4 +509,16 @@ fn session_id_of(params: &Value) -> Option<String> {
         .get("sessionId")
         .and_then(Value::as_str)
         .map(str::to_owned)
+}
+
+/// The agent closed its stdout: its exit status, waited for a little (bounded: it may live on
+/// with its stdout closed).
+async fn stdout_closed(process: &mut Process) -> String {
+    match tokio::time::timeout(KILL_GRACE, process.wait()).await {
+        Ok(s) => s,
+        Err(_) => {
+            process.kill().await;
+            "closed its stdout".to_owned()
+        }
+    }
 }

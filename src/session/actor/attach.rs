@@ -70,24 +70,7 @@ impl Session {
                 after_seq,
                 mcp_servers,
             } => {
-                // acp-shim re-attaching after a daemon restart: it serves the session's
-                // tunnelled servers again.
-                if let Some(m) = mcp_servers.filter(|_| client.carries_mcp()) {
-                    self.shared.mcp.carry(&self.id, &client.peer, &m);
-                }
-                let upto = self.outbox.replay_upto(&conn, after_seq);
-                let mut clients: Vec<Value> = self
-                    .outbox
-                    .clients()
-                    .filter(|c| c.conn != conn)
-                    .map(Client::describe)
-                    .collect();
-                clients.push(client.describe());
-                let result = json!({
-                    "lastSeq": upto,
-                    "role": client.role.as_str(),
-                    "clients": clients,
-                });
+                let result = self.after_result(&client, after_seq, mcp_servers);
                 (after_seq, Some(result), true, Duration::ZERO)
             }
         };
@@ -111,6 +94,35 @@ impl Session {
         for id in self.pending.ids() {
             self.dispatch(id);
         }
+    }
+
+    /// The answer to `_acpd/session/attach` (after a seq): the journal's end as this client
+    /// will have it, its role and who else is attached.
+    fn after_result(
+        &mut self,
+        client: &Client,
+        after_seq: i64,
+        mcp_servers: Option<Value>,
+    ) -> Value {
+        // acp-shim re-attaching after a daemon restart: it serves the session's
+        // tunnelled servers again.
+        if let Some(m) = mcp_servers.filter(|_| client.carries_mcp()) {
+            self.shared.mcp.carry(&self.id, &client.peer, &m);
+        }
+        let conn = &client.conn;
+        let upto = self.outbox.replay_upto(conn, after_seq);
+        let mut clients: Vec<Value> = self
+            .outbox
+            .clients()
+            .filter(|c| c.conn != *conn)
+            .map(Client::describe)
+            .collect();
+        clients.push(client.describe());
+        json!({
+            "lastSeq": upto,
+            "role": client.role.as_str(),
+            "clients": clients,
+        })
     }
 
     /// A load/resume carries the client's cwd and MCP servers; they are the ones to use now,

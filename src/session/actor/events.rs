@@ -2,7 +2,6 @@
 //! requests (queued for a client, relayed to one, expired), answers to in-band requests (a
 //! turn's end), its exit.
 
-use acpd_protocol::method;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -11,95 +10,101 @@ use crate::agent::AgentEvent;
 use crate::error::AcpError;
 use crate::session::outbox::Out;
 use crate::session::pending::Pending;
-use acpd_wire::{Responder, ResponseError};
+use acpd_protocol::method;
+use acpd_wire::{IncomingRequest, RawNotification, Responder, ResponseError};
 
 impl Session {
     pub(super) async fn on_agent_event(&mut self, ev: AgentEvent) {
         match ev {
-            AgentEvent::Notification(n) => {
-                if matches!(self.agent.state, AgentState::Restoring { .. }) {
-                    // The agent replaying its own history: acpd's journal already has it.
-                    return;
-                }
-                if n.method() == method::SESSION_UPDATE {
-                    if self.turn.guard.late_update() {
-                        // Late output of a turn acpd ended (`cancel.rs`).
-                        return;
-                    }
-                    self.journal_raw(&n, None).await;
-                } else {
-                    let params = with_session_id(n.params_value().unwrap_or(Value::Null), &self.id);
-                    let text = json!({ "jsonrpc": "2.0", "method": n.method(), "params": params })
-                        .to_string();
-                    self.outbox.push(Out::Raw {
-                        text: text.into(),
-                        except: None,
-                    });
-                }
-            }
-            AgentEvent::Request(req) => {
-                if matches!(self.agent.state, AgentState::Restoring { .. }) {
-                    // The agent's own request (answered on the agent's link, not a client's).
-                    let e = AcpError::Restoring.into();
-                    req.responder.respond_now(Err(e));
-                    return;
-                }
-                if self.turn.guard.late_update() {
-                    // A request of a turn acpd ended (`cancel.rs`): no client is asked, and a
-                    // permission is `cancelled`, as ACP has it after a cancel.
-                    let result = if req.method == method::SESSION_REQUEST_PERMISSION {
-                        Ok(json!({ "outcome": { "outcome": "cancelled" } }))
-                    } else {
-                        Err(AcpError::TurnCancelled.into())
-                    };
-                    req.responder.respond_now(result);
-                    return;
-                }
-                let params = req.params.unwrap_or(Value::Null);
-                // Rewrite the agent's session id; a request without one stays without.
-                let params = if params.get("sessionId").is_some() {
-                    with_session_id(params, &self.id)
-                } else {
-                    params
-                };
-                let deadline = Instant::now() + self.shared.settings.pending_request_timeout;
-                if self.outbox.clients_len() == 0 {
-                    tracing::info!(session = %self.id, method = %req.method, "agent request waits for a client to attach");
-                }
-                let id =
-                    self.pending
-                        .insert(Pending::new(req.method, params, req.responder, deadline));
-                self.outbox.push(Out::Request(id));
-            }
-            AgentEvent::Response { tag, result } => {
-                let result = *result;
-                match self.agent.answered(tag) {
-                    Some(Inflight::Prompt { responder }) => {
-                        let result = match self.judge_answer(tag, result).await {
-                            Some(Err(_)) if self.turn.cancel_requested => {
-                                Ok(json!({ "stopReason": "cancelled" }))
-                            }
-                            Some(r) => r,
-                            None => return,
-                        };
-                        self.end_turn(responder, result);
-                    }
-                    Some(Inflight::Relay { responder }) => {
-                        self.outbox.push(Out::Reply { responder, result })
-                    }
-                    Some(Inflight::Fork {
-                        responder,
-                        client,
-                        params,
-                    }) => self.fork_answered(responder, client, params, result),
-                    Some(Inflight::Restore(step)) => self.restore_done(step, result).await,
-                    // The late answer of a turn acpd answered itself.
-                    None => {
-                        let _ = self.judge_answer(tag, result).await;
-                    }
-                }
-            }
+            AgentEvent::Notification(n) => self.on_agent_notification(n).await,
+            AgentEvent::Request(req) => self.on_agent_request(*req),
+            AgentEvent::Response { tag, result } => self.on_agent_response(tag, *result).await,
             AgentEvent::Exited { status } => self.agent_exited(status).await,
+        }
+    }
+
+    async fn on_agent_notification(&mut self, n: RawNotification) {
+        if matches!(self.agent.state, AgentState::Restoring { .. }) {
+            // The agent replaying its own history: acpd's journal already has it.
+            return;
+        }
+        if n.method() == method::SESSION_UPDATE {
+            if self.turn.guard.late_update() {
+                // Late output of a turn acpd ended (`cancel.rs`).
+                return;
+            }
+            self.journal_raw(&n, None).await;
+        } else {
+            let params = with_session_id(n.params_value().unwrap_or(Value::Null), &self.id);
+            let text =
+                json!({ "jsonrpc": "2.0", "method": n.method(), "params": params }).to_string();
+            self.outbox.push(Out::Raw {
+                text: text.into(),
+                except: None,
+            });
+        }
+    }
+
+    fn on_agent_request(&mut self, req: IncomingRequest) {
+        if matches!(self.agent.state, AgentState::Restoring { .. }) {
+            // The agent's own request (answered on the agent's link, not a client's).
+            let e = AcpError::Restoring.into();
+            req.responder.respond_now(Err(e));
+            return;
+        }
+        if self.turn.guard.late_update() {
+            // A request of a turn acpd ended (`cancel.rs`): no client is asked, and a
+            // permission is `cancelled`, as ACP has it after a cancel.
+            let result = if req.method == method::SESSION_REQUEST_PERMISSION {
+                Ok(json!({ "outcome": { "outcome": "cancelled" } }))
+            } else {
+                Err(AcpError::TurnCancelled.into())
+            };
+            req.responder.respond_now(result);
+            return;
+        }
+        let params = req.params.unwrap_or(Value::Null);
+        // Rewrite the agent's session id; a request without one stays without.
+        let params = if params.get("sessionId").is_some() {
+            with_session_id(params, &self.id)
+        } else {
+            params
+        };
+        let deadline = Instant::now() + self.shared.settings.pending_request_timeout;
+        if self.outbox.clients_len() == 0 {
+            tracing::info!(session = %self.id, method = %req.method, "agent request waits for a client to attach");
+        }
+        let id = self
+            .pending
+            .insert(Pending::new(req.method, params, req.responder, deadline));
+        self.outbox.push(Out::Request(id));
+    }
+
+    async fn on_agent_response(&mut self, tag: u64, result: Result<Value, ResponseError>) {
+        match self.agent.answered(tag) {
+            Some(Inflight::Prompt { responder }) => {
+                let result = match self.judge_answer(tag, result).await {
+                    Some(Err(_)) if self.turn.cancel_requested => {
+                        Ok(json!({ "stopReason": "cancelled" }))
+                    }
+                    Some(r) => r,
+                    None => return,
+                };
+                self.end_turn(responder, result);
+            }
+            Some(Inflight::Relay { responder }) => {
+                self.outbox.push(Out::Reply { responder, result })
+            }
+            Some(Inflight::Fork {
+                responder,
+                client,
+                params,
+            }) => self.fork_answered(responder, client, params, result),
+            Some(Inflight::Restore(step)) => self.restore_done(step, result).await,
+            // The late answer of a turn acpd answered itself.
+            None => {
+                let _ = self.judge_answer(tag, result).await;
+            }
         }
     }
 

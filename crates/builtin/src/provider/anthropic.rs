@@ -140,52 +140,8 @@ impl StreamState {
                     self.read_usage(u);
                 }
             }
-            "content_block_start" => {
-                let index = v.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-                let cb = &v["content_block"];
-                match cb.get("type").and_then(Value::as_str) {
-                    Some("tool_use") => {
-                        let tool = self.tool_count;
-                        self.tool_count += 1;
-                        self.tools.push((index, tool));
-                        out.push_back(Delta::ToolStart {
-                            index: tool,
-                            id: str_of(cb, "id"),
-                            name: str_of(cb, "name"),
-                        });
-                    }
-                    Some("redacted_thinking") => {
-                        out.push_back(Delta::RedactedThinking(str_of(cb, "data")))
-                    }
-                    Some("text") => {
-                        let t = str_of(cb, "text");
-                        if !t.is_empty() {
-                            out.push_back(Delta::Text(t));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            "content_block_delta" => {
-                let index = v.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-                let d = &v["delta"];
-                match d.get("type").and_then(Value::as_str) {
-                    Some("text_delta") => out.push_back(Delta::Text(str_of(d, "text"))),
-                    Some("thinking_delta") => out.push_back(Delta::Thinking(str_of(d, "thinking"))),
-                    Some("signature_delta") => {
-                        out.push_back(Delta::ThinkingSignature(str_of(d, "signature")))
-                    }
-                    Some("input_json_delta") => {
-                        if let Some((_, tool)) = self.tools.iter().find(|(i, _)| *i == index) {
-                            out.push_back(Delta::ToolArgs {
-                                index: *tool,
-                                fragment: str_of(d, "partial_json"),
-                            });
-                        }
-                    }
-                    _ => {}
-                }
-            }
+            "content_block_start" => self.on_block_start(&v, out),
+            "content_block_delta" => self.on_block_delta(&v, out),
             "message_delta" => {
                 if let Some(u) = v.get("usage") {
                     self.read_usage(u);
@@ -213,6 +169,54 @@ impl StreamState {
             _ => {}
         }
         Ok(false)
+    }
+
+    /// A content block starts: a tool call is announced, a redacted block or text given.
+    fn on_block_start(&mut self, v: &Value, out: &mut VecDeque<Delta>) {
+        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let cb = &v["content_block"];
+        match cb.get("type").and_then(Value::as_str) {
+            Some("tool_use") => {
+                let tool = self.tool_count;
+                self.tool_count += 1;
+                self.tools.push((index, tool));
+                out.push_back(Delta::ToolStart {
+                    index: tool,
+                    id: str_of(cb, "id"),
+                    name: str_of(cb, "name"),
+                });
+            }
+            Some("redacted_thinking") => out.push_back(Delta::RedactedThinking(str_of(cb, "data"))),
+            Some("text") => {
+                let t = str_of(cb, "text");
+                if !t.is_empty() {
+                    out.push_back(Delta::Text(t));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// More of a content block: text, thinking, its signature, a tool call's arguments.
+    fn on_block_delta(&mut self, v: &Value, out: &mut VecDeque<Delta>) {
+        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let d = &v["delta"];
+        match d.get("type").and_then(Value::as_str) {
+            Some("text_delta") => out.push_back(Delta::Text(str_of(d, "text"))),
+            Some("thinking_delta") => out.push_back(Delta::Thinking(str_of(d, "thinking"))),
+            Some("signature_delta") => {
+                out.push_back(Delta::ThinkingSignature(str_of(d, "signature")))
+            }
+            Some("input_json_delta") => {
+                if let Some((_, tool)) = self.tools.iter().find(|(i, _)| *i == index) {
+                    out.push_back(Delta::ToolArgs {
+                        index: *tool,
+                        fragment: str_of(d, "partial_json"),
+                    });
+                }
+            }
+            _ => {}
+        }
     }
 
     fn read_usage(&mut self, u: &Value) {

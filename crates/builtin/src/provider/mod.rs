@@ -251,43 +251,7 @@ pub async fn start(
             });
         }
     };
-    let attempt = || async {
-        let rb = http
-            .post(&url)
-            .header("content-type", "application/json")
-            .header("accept", "text/event-stream");
-        let rb = match spec.provider {
-            ProviderKind::Anthropic => anthropic::headers(rb, &endpoint),
-            ProviderKind::Openai | ProviderKind::Demo => openai::headers(rb, &endpoint),
-        };
-        let resp = rb.body(body.clone()).send().await.map_err(|e| Failed {
-            retry: e.is_connect() || e.is_timeout() || e.is_request(),
-            error: send_error(&e, config),
-            retry_after: None,
-        })?;
-        if resp.status().is_success() {
-            return Ok(resp);
-        }
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let message = error_message(&error_body(resp).await);
-        if status == 401 || status == 403 {
-            return Err(Failed::last(ProviderError::Auth(format!(
-                "the model provider refused the credentials for {:?} ({status}): {message}",
-                spec.id
-            ))));
-        }
-        Err(Failed {
-            retry: status == 408 || status == 409 || status == 429 || status >= 500,
-            error: ProviderError::Api { status, message },
-            retry_after,
-        })
-    };
+    let attempt = || attempt(http, config, spec, &endpoint, (&url, &body));
     let backoff = ExponentialBuilder::default()
         .with_min_delay(config.retry_base)
         .with_max_delay(MAX_BACKOFF)
@@ -316,6 +280,51 @@ pub async fn start(
         queue: VecDeque::new(),
         done: false,
         read_timeout: config.read_timeout,
+    })
+}
+
+/// One try of a model call: the response, or why it failed and whether to try again.
+async fn attempt(
+    http: &reqwest::Client,
+    config: &BuiltinConfig,
+    spec: &ModelSpec,
+    endpoint: &crate::config::Endpoint,
+    (url, body): (&str, &str),
+) -> Result<reqwest::Response, Failed> {
+    let rb = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream");
+    let rb = match spec.provider {
+        ProviderKind::Anthropic => anthropic::headers(rb, endpoint),
+        ProviderKind::Openai | ProviderKind::Demo => openai::headers(rb, endpoint),
+    };
+    let resp = rb.body(body.to_owned()).send().await.map_err(|e| Failed {
+        retry: e.is_connect() || e.is_timeout() || e.is_request(),
+        error: send_error(&e, config),
+        retry_after: None,
+    })?;
+    if resp.status().is_success() {
+        return Ok(resp);
+    }
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let message = error_message(&error_body(resp).await);
+    if status == 401 || status == 403 {
+        return Err(Failed::last(ProviderError::Auth(format!(
+            "the model provider refused the credentials for {:?} ({status}): {message}",
+            spec.id
+        ))));
+    }
+    Err(Failed {
+        retry: status == 408 || status == 409 || status == 429 || status >= 500,
+        error: ProviderError::Api { status, message },
+        retry_after,
     })
 }
 

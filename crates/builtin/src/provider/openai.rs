@@ -19,6 +19,52 @@ pub(super) fn headers(rb: reqwest::RequestBuilder, ep: &Endpoint) -> reqwest::Re
 }
 
 pub(super) fn request(ep: &Endpoint, spec: &ModelSpec, req: &ModelRequest<'_>) -> (String, String) {
+    let messages = chat_messages(req);
+    let mut body = json!({
+        "model": spec.model,
+        "messages": messages,
+        "stream": true,
+        "stream_options": { "include_usage": true },
+    });
+    // OpenAI's own reasoning models refuse `max_tokens`; other servers only know it.
+    let key = if ep.official {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    body[key] = json!(spec.max_tokens);
+    if !req.tools.is_empty() {
+        body["tools"] = Value::Array(
+            req.tools
+                .iter()
+                .map(|t| {
+                    json!({ "type": "function", "function": {
+                        "name": t.name, "description": t.description, "parameters": t.input_schema,
+                    }})
+                })
+                .collect(),
+        );
+    }
+    if spec.reasoning {
+        let effort = match req.thought {
+            Thought::Off => None,
+            Thought::Low => Some("low"),
+            Thought::Medium => Some("medium"),
+            Thought::High => Some("high"),
+        };
+        if let Some(e) = effort {
+            body["reasoning_effort"] = json!(e);
+        }
+    }
+    (
+        format!("{}/chat/completions", ep.base_url),
+        body.to_string(),
+    )
+}
+
+/// The transcript as chat messages: the system prompt, then each message (a user message's
+/// tool results as messages of their own).
+fn chat_messages(req: &ModelRequest<'_>) -> Vec<Value> {
     let mut messages = vec![json!({ "role": "system", "content": req.system })];
     for m in req.messages {
         match m.role {
@@ -92,46 +138,7 @@ pub(super) fn request(ep: &Endpoint, spec: &ModelSpec, req: &ModelRequest<'_>) -
             }
         }
     }
-    let mut body = json!({
-        "model": spec.model,
-        "messages": messages,
-        "stream": true,
-        "stream_options": { "include_usage": true },
-    });
-    // OpenAI's own reasoning models refuse `max_tokens`; other servers only know it.
-    let key = if ep.official {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
-    };
-    body[key] = json!(spec.max_tokens);
-    if !req.tools.is_empty() {
-        body["tools"] = Value::Array(
-            req.tools
-                .iter()
-                .map(|t| {
-                    json!({ "type": "function", "function": {
-                        "name": t.name, "description": t.description, "parameters": t.input_schema,
-                    }})
-                })
-                .collect(),
-        );
-    }
-    if spec.reasoning {
-        let effort = match req.thought {
-            Thought::Off => None,
-            Thought::Low => Some("low"),
-            Thought::Medium => Some("medium"),
-            Thought::High => Some("high"),
-        };
-        if let Some(e) = effort {
-            body["reasoning_effort"] = json!(e);
-        }
-    }
-    (
-        format!("{}/chat/completions", ep.base_url),
-        body.to_string(),
-    )
+    messages
 }
 
 #[derive(Default)]
@@ -206,40 +213,7 @@ impl StreamState {
             self.finish = Some(Finish::Refusal);
         }
         if let Some(calls) = d.get("tool_calls").and_then(Value::as_array) {
-            for (pos, c) in calls.iter().enumerate() {
-                let index = c
-                    .get("index")
-                    .and_then(Value::as_u64)
-                    .map(|i| i as usize)
-                    .unwrap_or(pos);
-                let f = &c["function"];
-                if !self.tools.contains(&index) {
-                    self.tools.push(index);
-                    out.push_back(Delta::ToolStart {
-                        index,
-                        id: c
-                            .get("id")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_owned(),
-                        name: f
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_owned(),
-                    });
-                }
-                if let Some(a) = f
-                    .get("arguments")
-                    .and_then(Value::as_str)
-                    .filter(|a| !a.is_empty())
-                {
-                    out.push_back(Delta::ToolArgs {
-                        index,
-                        fragment: a.to_owned(),
-                    });
-                }
-            }
+            self.on_tool_calls(calls, out);
         }
         if let Some(r) = choice.get("finish_reason").and_then(Value::as_str) {
             let f = match r {
@@ -253,6 +227,44 @@ impl StreamState {
             }
         }
         Ok(false)
+    }
+
+    /// Tool call pieces: a call's first piece announces it; its arguments come in fragments.
+    fn on_tool_calls(&mut self, calls: &[Value], out: &mut VecDeque<Delta>) {
+        for (pos, c) in calls.iter().enumerate() {
+            let index = c
+                .get("index")
+                .and_then(Value::as_u64)
+                .map(|i| i as usize)
+                .unwrap_or(pos);
+            let f = &c["function"];
+            if !self.tools.contains(&index) {
+                self.tools.push(index);
+                out.push_back(Delta::ToolStart {
+                    index,
+                    id: c
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                    name: f
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                });
+            }
+            if let Some(a) = f
+                .get("arguments")
+                .and_then(Value::as_str)
+                .filter(|a| !a.is_empty())
+            {
+                out.push_back(Delta::ToolArgs {
+                    index,
+                    fragment: a.to_owned(),
+                });
+            }
+        }
     }
 
     pub(super) fn finish(&mut self) -> Vec<Delta> {

@@ -111,6 +111,17 @@ async fn client_terminal(
     if let Some(e) = why {
         return Err(e);
     }
+    Ok(terminal_outcome(tid, status, output, timeout))
+}
+
+/// What the client's terminal reported: its output, and how the command ended (`status`:
+/// its `wait_for_exit` answer; `None` when it timed out and was killed).
+fn terminal_outcome(
+    tid: String,
+    status: Option<Value>,
+    output: Option<Value>,
+    timeout: Duration,
+) -> Outcome {
     let text = output
         .as_ref()
         .and_then(|o| o.get("output"))
@@ -143,12 +154,12 @@ async fn client_terminal(
         status.is_none(),
         timeout,
     );
-    Ok(Outcome {
+    Outcome {
         text: summary,
         is_error: code != Some(0),
         content: vec![json!({ "type": "terminal", "terminalId": tid })],
         raw_output: json!({ "exitCode": code, "signal": signal, "output": text }),
-    })
+    }
 }
 
 fn summarize(
@@ -183,37 +194,7 @@ async fn host(env: &ToolEnv<'_>, command: &str, timeout: Duration) -> Result<Out
     if env.roots.reach_data_dir() {
         return Err(ToolError::DataDir(env.roots.cwd().to_owned()));
     }
-    let mut cmd = tokio::process::Command::new("sh");
-    crate::child_env::clean(cmd.as_std_mut()).envs(&env.config.shell_env);
-    cmd.arg("-c")
-        .arg(command)
-        .current_dir(env.roots.cwd())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    if env.config.shell_sandbox {
-        let confinement = sandbox::Confinement {
-            write: env
-                .roots
-                .lexical
-                .iter()
-                .cloned()
-                .chain(env.config.shell_sandbox_write.iter().cloned())
-                .collect(),
-            read: env.config.shell_sandbox_read.clone(),
-        };
-        match sandbox::ruleset(&confinement) {
-            Ok(Some(ruleset)) => sandbox::apply(&mut cmd, ruleset),
-            Ok(None) => {}
-            Err(e) => {
-                return Err(ToolError::Failed(format!(
-                    "cannot confine the shell (Landlock): {e}"
-                )));
-            }
-        }
-    }
+    let mut cmd = host_command(env, command)?;
     let mut child = cmd.spawn().map_err(|e| ToolError::Io("sh".into(), e))?;
     let pid = child.id();
     let limit = env.config.output_limit;
@@ -272,6 +253,43 @@ async fn host(env: &ToolEnv<'_>, command: &str, timeout: Duration) -> Result<Out
         raw_output: json!({ "exitCode": code, "output": text }),
         text: summary,
     })
+}
+
+/// `sh -c command` in the session's cwd, in its own process group, with a clean environment,
+/// confined by Landlock when the sandbox is on.
+fn host_command(env: &ToolEnv<'_>, command: &str) -> Result<tokio::process::Command, ToolError> {
+    let mut cmd = tokio::process::Command::new("sh");
+    crate::child_env::clean(cmd.as_std_mut()).envs(&env.config.shell_env);
+    cmd.arg("-c")
+        .arg(command)
+        .current_dir(env.roots.cwd())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if env.config.shell_sandbox {
+        let confinement = sandbox::Confinement {
+            write: env
+                .roots
+                .lexical
+                .iter()
+                .cloned()
+                .chain(env.config.shell_sandbox_write.iter().cloned())
+                .collect(),
+            read: env.config.shell_sandbox_read.clone(),
+        };
+        match sandbox::ruleset(&confinement) {
+            Ok(Some(ruleset)) => sandbox::apply(&mut cmd, ruleset),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(ToolError::Failed(format!(
+                    "cannot confine the shell (Landlock): {e}"
+                )));
+            }
+        }
+    }
+    Ok(cmd)
 }
 
 /// Reads a pipe to its end, keeping the first `limit` bytes: the rest is drained so the

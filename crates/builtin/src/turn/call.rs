@@ -106,10 +106,16 @@ pub(super) async fn run_call(
             return CallEnd::Cancelled;
         }
     }
-    ctx.client
+    execute(&env, name, input, extra).await
+}
+
+/// Runs an allowed call and reports how it ended.
+async fn execute(env: &ToolEnv<'_>, name: &str, input: &Value, extra: tools::Extra<'_>) -> CallEnd {
+    let id = env.tool_call_id;
+    env.client
         .update(json!({ "sessionUpdate": "tool_call_update", "toolCallId": id, "status": "in_progress" }))
         .await;
-    match tools::execute(&env, name, input, extra).await {
+    match tools::execute(env, name, input, extra).await {
         Ok(out) => {
             let mut u = json!({
                 "sessionUpdate": "tool_call_update",
@@ -120,7 +126,7 @@ pub(super) async fn run_call(
             if !out.content.is_empty() {
                 u["content"] = Value::Array(out.content);
             }
-            ctx.client.update(u).await;
+            env.client.update(u).await;
             CallEnd::Done(Block::ToolResult {
                 tool_use_id: id.to_owned(),
                 content: out.text,
@@ -128,9 +134,13 @@ pub(super) async fn run_call(
             })
         }
         Err(ToolError::Cancelled) => {
-            fail_call(&ctx.client, id, "cancelled").await;
+            fail_call(env.client, id, "cancelled").await;
             CallEnd::Cancelled
         }
-        Err(e) => refuse(e.to_string()).await,
+        Err(e) => {
+            let why = e.to_string();
+            fail_call(env.client, id, &why).await;
+            CallEnd::Done(error_result(id, &why))
+        }
     }
 }

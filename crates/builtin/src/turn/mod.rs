@@ -146,29 +146,42 @@ async fn prompt_turn(
             _ if calls.is_empty() => return Ok("end_turn"),
             _ => {}
         }
-        let mut results = vec![];
-        let mut stop = None;
-        for (id, name, input) in calls {
-            if stop.is_some() || ctx.cancel.is_cancelled() {
-                fail_call(&ctx.client, &id, "cancelled").await;
-                results.push(error_result(&id, "cancelled by the user"));
-                stop = Some("cancelled");
-                continue;
-            }
-            let allowed = offered.iter().any(|t| t.name == name);
-            match run_call(ctx, conv, &id, &name, &input, allowed, plan).await {
-                CallEnd::Done(b) => results.push(b),
-                CallEnd::Cancelled => {
-                    results.push(error_result(&id, "cancelled by the user"));
-                    stop = Some("cancelled");
-                }
-            }
-        }
+        let (results, stop) = run_calls(ctx, conv, calls, &offered, plan).await;
         transcript::push_user(&mut conv.messages, results);
         if let Some(s) = stop {
             return Ok(s);
         }
     }
+}
+
+/// Runs the model's tool calls in order; after a cancel, the rest are answered as cancelled.
+/// Their results, and the stop reason if the turn ends here.
+async fn run_calls(
+    ctx: &TurnCtx,
+    conv: &mut SavedSession,
+    calls: Vec<(String, String, Value)>,
+    offered: &[provider::ToolSpec],
+    plan: bool,
+) -> (Vec<Block>, Option<StopReason>) {
+    let mut results = vec![];
+    let mut stop = None;
+    for (id, name, input) in calls {
+        if stop.is_some() || ctx.cancel.is_cancelled() {
+            fail_call(&ctx.client, &id, "cancelled").await;
+            results.push(error_result(&id, "cancelled by the user"));
+            stop = Some("cancelled");
+            continue;
+        }
+        let allowed = offered.iter().any(|t| t.name == name);
+        match run_call(ctx, conv, &id, &name, &input, allowed, plan).await {
+            CallEnd::Done(b) => results.push(b),
+            CallEnd::Cancelled => {
+                results.push(error_result(&id, "cancelled by the user"));
+                stop = Some("cancelled");
+            }
+        }
+    }
+    (results, stop)
 }
 
 /// Mode and extra option values, told to the model with each prompt (the system prompt
@@ -259,65 +272,14 @@ async fn model_call(
                 return Err(TurnError::Provider(e.to_string()));
             }
         };
-        match delta {
-            Delta::Text(t) => {
-                message_chunk(&ctx.client, &t).await;
-                match parts.last_mut() {
-                    Some(Partial::Text(s)) => s.push_str(&t),
-                    _ => parts.push(Partial::Text(t)),
-                }
-            }
-            Delta::Thinking(t) => {
-                ctx.client
-                    .update(json!({ "sessionUpdate": "agent_thought_chunk", "content": { "type": "text", "text": t } }))
-                    .await;
-                match parts.last_mut() {
-                    Some(Partial::Thinking(s, None)) => s.push_str(&t),
-                    _ => parts.push(Partial::Thinking(t, None)),
-                }
-            }
-            Delta::ThinkingSignature(sig) => {
-                if let Some(Partial::Thinking(_, s)) = parts.last_mut() {
-                    s.get_or_insert_with(String::new).push_str(&sig);
-                }
-            }
-            Delta::RedactedThinking(d) => parts.push(Partial::Redacted(d)),
-            Delta::ToolStart { index, id, name } => {
-                // Some compatible servers send no id, or reuse ids across turns: the
-                // client would merge distinct calls, so those get a fresh one.
-                let id = if id.is_empty() || id_in_use(&conv.messages, &parts, &id) {
-                    format!("call_{}", uuid::Uuid::new_v4().simple())
-                } else {
-                    id
-                };
-                ctx.client
-                    .update(json!({
-                        "sessionUpdate": "tool_call",
-                        "toolCallId": id,
-                        "title": name,
-                        "kind": tools::describe(&name, &Value::Null, &ctx.roots).1,
-                        "status": "pending",
-                    }))
-                    .await;
-                parts.push(Partial::Tool(PartialTool {
-                    index,
-                    id,
-                    name,
-                    args: String::new(),
-                }));
-            }
-            Delta::ToolArgs { index, fragment } => {
-                let tool = parts.iter_mut().rev().find_map(|p| match p {
-                    Partial::Tool(t) if t.index == index => Some(t),
-                    _ => None,
-                });
-                if let Some(t) = tool {
-                    t.args.push_str(&fragment);
-                }
-            }
-            Delta::Usage(u) => usage = Some(u),
-            Delta::Finish(f) => finish = f,
-        }
+        on_delta(
+            ctx,
+            &conv.messages,
+            &mut parts,
+            delta,
+            (&mut usage, &mut finish),
+        )
+        .await;
     }
     if let (Some(u), Some(size)) = (usage, spec.context_window) {
         ctx.client
@@ -335,6 +297,75 @@ async fn model_call(
         return Ok(None);
     }
     Ok(Some((message, finish)))
+}
+
+/// One piece of the model's stream: shown to the client as it comes, gathered into `parts`.
+async fn on_delta(
+    ctx: &TurnCtx,
+    messages: &[Message],
+    parts: &mut Vec<Partial>,
+    delta: Delta,
+    (usage, finish): (&mut Option<provider::Usage>, &mut Finish),
+) {
+    match delta {
+        Delta::Text(t) => {
+            message_chunk(&ctx.client, &t).await;
+            match parts.last_mut() {
+                Some(Partial::Text(s)) => s.push_str(&t),
+                _ => parts.push(Partial::Text(t)),
+            }
+        }
+        Delta::Thinking(t) => {
+            ctx.client
+                .update(json!({ "sessionUpdate": "agent_thought_chunk", "content": { "type": "text", "text": t } }))
+                .await;
+            match parts.last_mut() {
+                Some(Partial::Thinking(s, None)) => s.push_str(&t),
+                _ => parts.push(Partial::Thinking(t, None)),
+            }
+        }
+        Delta::ThinkingSignature(sig) => {
+            if let Some(Partial::Thinking(_, s)) = parts.last_mut() {
+                s.get_or_insert_with(String::new).push_str(&sig);
+            }
+        }
+        Delta::RedactedThinking(d) => parts.push(Partial::Redacted(d)),
+        Delta::ToolStart { index, id, name } => {
+            // Some compatible servers send no id, or reuse ids across turns: the
+            // client would merge distinct calls, so those get a fresh one.
+            let id = if id.is_empty() || id_in_use(messages, parts, &id) {
+                format!("call_{}", uuid::Uuid::new_v4().simple())
+            } else {
+                id
+            };
+            ctx.client
+                .update(json!({
+                    "sessionUpdate": "tool_call",
+                    "toolCallId": id,
+                    "title": name,
+                    "kind": tools::describe(&name, &Value::Null, &ctx.roots).1,
+                    "status": "pending",
+                }))
+                .await;
+            parts.push(Partial::Tool(PartialTool {
+                index,
+                id,
+                name,
+                args: String::new(),
+            }));
+        }
+        Delta::ToolArgs { index, fragment } => {
+            let tool = parts.iter_mut().rev().find_map(|p| match p {
+                Partial::Tool(t) if t.index == index => Some(t),
+                _ => None,
+            });
+            if let Some(t) = tool {
+                t.args.push_str(&fragment);
+            }
+        }
+        Delta::Usage(u) => *usage = Some(u),
+        Delta::Finish(f) => *finish = f,
+    }
 }
 
 fn id_in_use(messages: &[Message], parts: &[Partial], id: &str) -> bool {
