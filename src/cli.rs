@@ -234,38 +234,41 @@ fn fail(msg: String) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// `acpd serve`: the listeners bound, the start message, then the daemon until a signal.
+async fn serve_command(args: Args) -> ExitCode {
+    let config = match config_of(&args, Purpose::Serve) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    raise_nofile();
+    seal_own_environ();
+    let listener = match TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(e) => return fail(format!("cannot listen on {}: {e}", config.listen)),
+    };
+    let tcp = match config.tcp_listen {
+        Some(addr) => match TcpListener::bind(addr).await {
+            Ok(l) => Some(l),
+            Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
+        },
+        None => None,
+    };
+    if let Ok(addr) = listener.local_addr() {
+        start::announce(&config, addr).await;
+    }
+    crate::metrics::at_start();
+    tokio::spawn(crate::metrics::sample_process());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(watch_signals(shutdown.clone()));
+    match server::serve(listener, tcp, config, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e.to_string()),
+    }
+}
+
 async fn run(command: Command) -> ExitCode {
     match command {
-        Command::Serve(args) => {
-            let config = match config_of(&args, Purpose::Serve) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            raise_nofile();
-            seal_own_environ();
-            let listener = match TcpListener::bind(config.listen).await {
-                Ok(l) => l,
-                Err(e) => return fail(format!("cannot listen on {}: {e}", config.listen)),
-            };
-            let tcp = match config.tcp_listen {
-                Some(addr) => match TcpListener::bind(addr).await {
-                    Ok(l) => Some(l),
-                    Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
-                },
-                None => None,
-            };
-            if let Ok(addr) = listener.local_addr() {
-                start::announce(&config, addr).await;
-            }
-            crate::metrics::at_start();
-            tokio::spawn(crate::metrics::sample_process());
-            let shutdown = CancellationToken::new();
-            tokio::spawn(watch_signals(shutdown.clone()));
-            match server::serve(listener, tcp, config, shutdown).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(e.to_string()),
-            }
-        }
+        Command::Serve(args) => serve_command(args).await,
         Command::Stdio(args) => {
             let config = match config_of(&args, Purpose::Admin) {
                 Ok(c) => c,

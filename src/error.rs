@@ -130,6 +130,7 @@ impl From<PeerError> for AcpError {
 }
 
 impl From<AcpError> for ResponseError {
+    // long: the one flat table from an error to its wire code and text.
     fn from(e: AcpError) -> ResponseError {
         match e {
             AcpError::NotInitialized => {

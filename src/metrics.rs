@@ -71,6 +71,7 @@ pub fn install() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
+// long: a declarative list, one description per metric.
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_gauge!(CONNECTIONS_LIVE, "Client connections with an open socket");

@@ -322,20 +322,7 @@ impl Connection {
                 };
                 h
             }
-            Err(e) => {
-                let not_found = matches!(e, AcpError::SessionNotFound(_));
-                let e: ResponseError = e.into();
-                for cmd in queue {
-                    match cmd {
-                        // Deleting what does not exist succeeds (ACP session-delete).
-                        SessionCommand::Delete { responder, .. } if not_found => {
-                            responder.respond(Ok(json!({}))).await
-                        }
-                        cmd => cmd.reject(e.clone()).await,
-                    }
-                }
-                return;
-            }
+            Err(e) => return not_opened(queue, e).await,
         };
         // What was queued before the grant was known attaches within it.
         let mut queue = queue;
@@ -428,4 +415,19 @@ impl Connection {
 /// Answers a command that never reached its session.
 async fn reject(cmd: SessionCommand, e: AcpError) {
     cmd.reject(e.into()).await
+}
+
+/// A session that did not open: what was queued for it gets the error (deleting what does
+/// not exist succeeds, as ACP's session/delete has it).
+async fn not_opened(queue: VecDeque<SessionCommand>, e: AcpError) {
+    let not_found = matches!(e, AcpError::SessionNotFound(_));
+    let e: ResponseError = e.into();
+    for cmd in queue {
+        match cmd {
+            SessionCommand::Delete { responder, .. } if not_found => {
+                responder.respond(Ok(json!({}))).await
+            }
+            cmd => cmd.reject(e.clone()).await,
+        }
+    }
 }

@@ -289,6 +289,7 @@ fn usage(u: &Value) -> String {
 }
 
 /// Turns entries (ascending) into blocks.
+// long: one flat match over the journal entry kinds the console draws.
 pub fn blocks(entries: &[JournalEntry]) -> Vec<Block> {
     let mut out: Vec<Block> = Vec::new();
     // The message being gathered: kind, first and last seq, Markdown source.

@@ -16,24 +16,6 @@ use syn::visit::{self, Visit};
 /// The most lines (signature to closing brace) a function may have without a stated reason.
 const LIMIT: usize = 80;
 
-/// Long functions left to their files' owners (the ACP dispatch, the settings, the CLI and the
-/// web console are being rewritten as this rule lands; the wire crate, the error mapping and
-/// the metric descriptions are someone else's files). Each entry must still be over the limit
-/// (the test fails on a stale one), so the list only shrinks: split the function or give it a
-/// `// long:` reason, then delete its line here.
-const PENDING: &[&str] = &[
-    "crates/wire/src/lines.rs::pump_with",
-    "crates/wire/src/peer.rs::PeerTask::run",
-    "crates/wire/src/peer/incoming.rs::PeerTask::on_frame",
-    "src/acp/connection.rs::Connection::on_request",
-    "src/acp/connection.rs::Connection::opened",
-    "src/cli.rs::run",
-    "src/config/mod.rs::Config::from_settings",
-    "src/error.rs::ResponseError::from",
-    "src/metrics.rs::describe",
-    "src/web/render.rs::blocks",
-];
-
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -114,13 +96,6 @@ struct Long {
     line: usize,
     name: String,
     lines: usize,
-}
-
-impl Long {
-    fn key(&self) -> String {
-        let rel = self.file.strip_prefix(root()).unwrap_or(&self.file);
-        format!("{}::{}", rel.display(), self.name)
-    }
 }
 
 struct Finder<'a> {
@@ -279,10 +254,8 @@ fn long_functions() -> Vec<Long> {
 #[test]
 fn product_functions_over_the_limit_state_a_reason() {
     let long = long_functions();
-    let keys: BTreeSet<String> = long.iter().map(Long::key).collect();
-    let pending: BTreeSet<&str> = PENDING.iter().copied().collect();
     let mut report = String::new();
-    for l in long.iter().filter(|l| !pending.contains(l.key().as_str())) {
+    for l in &long {
         let rel = l.file.strip_prefix(root()).unwrap_or(&l.file);
         report += &format!(
             "  {}:{} {} ({} lines)\n",
@@ -292,19 +265,6 @@ fn product_functions_over_the_limit_state_a_reason() {
             l.lines
         );
     }
-    let pending_report: String = long
-        .iter()
-        .filter(|l| pending.contains(l.key().as_str()))
-        .map(|l| format!("  {} ({} lines)\n", l.key(), l.lines))
-        .collect();
-    if !pending_report.is_empty() {
-        eprintln!("long functions left to their owners (PENDING):\n{pending_report}");
-    }
-    let stale: Vec<_> = pending.iter().filter(|p| !keys.contains(**p)).collect();
-    assert!(
-        stale.is_empty(),
-        "PENDING names functions that are no longer over the limit (delete them): {stale:?}"
-    );
     assert!(
         report.is_empty(),
         "product functions over {LIMIT} lines with no `// long: <reason>` comment above them \

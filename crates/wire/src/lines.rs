@@ -34,6 +34,8 @@ where
 /// for it, and only then is the next one read, while writes go on. A peer that is slow to take
 /// what it is sent therefore pauses reading, never writing (a cycle of full queues through the
 /// connection could otherwise stop both).
+// long: the one loop of the hot path (read, split, write, flush) kept whole so that every
+// await of a message's way through it is visible at once; its pieces share the buffers.
 pub fn pump_with<R, W>(
     reader: R,
     writer: W,

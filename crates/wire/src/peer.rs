@@ -412,6 +412,8 @@ struct PeerTask {
 }
 
 impl PeerTask {
+    // long: the peer's one select! loop; every arm is a call to its handler already, and the
+    // arms together are the list of what a peer waits on.
     async fn run(
         mut self,
         mut link: Link,

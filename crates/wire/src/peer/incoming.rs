@@ -29,6 +29,8 @@ impl PeerTask {
         }
     }
 
+    // long: one flat dispatch over what a frame can be (request, notification, response,
+    // batch, garbage), each arm a few lines; split, the order of the checks would be lost.
     fn on_frame(&mut self, text: String) {
         tracing::trace!(frame = %text, "in");
         // The common case, a stream of notifications, is read by its envelope alone.
