@@ -2,13 +2,12 @@
 //! the image's `ACPD_LISTEN=0.0.0.0:7420` (no TLS in the environment), and must still work
 //! against the store, since it opens no listener. `serve` keeps refusing that listener.
 
-use std::process::Stdio;
-
 use tokio::process::Command;
 
-use crate::support::DEFAULT_TIMEOUT;
 use crate::support::http::request_path;
-use crate::support::security_support::{RawDaemon, Run, bearer, read_token, upgrade_status};
+use crate::support::security_support::{
+    RawDaemon, Run, bearer, read_token, run_to_end, upgrade_status,
+};
 
 /// The container's listener: every interface, no certificate.
 const CONTAINER_LISTEN: &str = "0.0.0.0:7420";
@@ -31,16 +30,7 @@ async fn in_container(data_dir: &std::path::Path, args: &[&str]) -> Run {
     ] {
         cmd.env_remove(key);
     }
-    let out = cmd.stdin(Stdio::null()).kill_on_drop(true).output();
-    let out = tokio::time::timeout(DEFAULT_TIMEOUT, out)
-        .await
-        .unwrap_or_else(|_| panic!("acpd {args:?} did not finish within {DEFAULT_TIMEOUT:?}"))
-        .expect("run acpd");
-    Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    run_to_end(cmd, args).await
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ use acpd::{Setting, config_reference};
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 
 use crate::support::security_support::acpd;
+use crate::support::source::root;
 
 /// The documents outside the book whose links are checked (deploy/README.md when present).
 const TOP_LEVEL: &[&str] = &[
@@ -20,10 +21,6 @@ const TOP_LEVEL: &[&str] = &[
     "deploy/README.md",
     "bench/README.md",
 ];
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// A Markdown document's headings as GitHub and mdBook make anchors of them: lower case,
 /// letters, digits, `-` and `_` kept, spaces to `-`, the rest dropped; a repeat gets `-1`, `-2`.

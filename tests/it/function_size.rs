@@ -11,28 +11,11 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use crate::support::source::{root, rust_files};
 use syn::visit::{self, Visit};
 
 /// The most lines (signature to closing brace) a function may have without a stated reason.
 const LIMIT: usize = 80;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let p = entry.path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "rs") {
-            out.push(p);
-        }
-    }
-}
 
 /// Every product source file: the daemon's `src/` and each member crate's `src/`.
 fn product_files() -> Vec<PathBuf> {

@@ -4,11 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+use crate::support::source::root;
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// Every library or binary crate of the workspace, by the folder its root file is in.
 fn crate_dirs() -> Vec<PathBuf> {

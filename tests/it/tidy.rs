@@ -1,22 +1,8 @@
 //! Tidy rules that keep the codebase as ARCHITECTURE.md describes it.
 
+use crate::support::source::{root, rust_files};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = entry.path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "rs") {
-            out.push(p);
-        }
-    }
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 #[test]
 fn every_source_file_starts_with_a_doc_line() {

@@ -3,13 +3,10 @@
 //! mapping (`src/error.rs`). Product code only: tests (`#[cfg(test)] mod tests`, `tests.rs`)
 //! keep raw JSON, which is the wire.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::support::source::{root, rust_files};
 use acpd_protocol::Method;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The method-name literals that are not ACP's and may stay where they are, with why.
 const NOT_ACP: &[(&str, &str)] = &[
@@ -20,17 +17,6 @@ const NOT_ACP: &[(&str, &str)] = &[
         "initialize",
     ),
 ];
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = entry.path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "rs") {
-            out.push(p);
-        }
-    }
-}
 
 /// The product source files under `root` (`src/`, `crates/*/src/`), as (path relative to
 /// `root`, text without its unit tests); `crates/protocol` is the vocabulary and left out.

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod editor;
 pub mod http;
 pub mod security_support;
+pub mod source;
 
 use std::time::Duration;
 

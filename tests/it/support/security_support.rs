@@ -39,11 +39,14 @@ pub struct Run {
 
 /// Runs `acpd ARGS` to completion (10 s at most).
 pub async fn acpd(args: &[&str]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_acpd"))
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_acpd"));
+    cmd.args(args);
+    run_to_end(cmd, args).await
+}
+
+/// Runs a prepared `acpd` command to completion (10 s at most); `args` name it in a timeout.
+pub async fn run_to_end(mut cmd: Command, args: &[&str]) -> Run {
+    let out = cmd.stdin(Stdio::null()).kill_on_drop(true).output();
     let out = tokio::time::timeout(DEFAULT_TIMEOUT, out)
         .await
         .unwrap_or_else(|_| panic!("acpd {args:?} did not finish within {DEFAULT_TIMEOUT:?}"))
