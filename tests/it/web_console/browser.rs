@@ -187,6 +187,18 @@ pub(super) async fn click(b: &Browser, id: &str) {
         .unwrap_or_else(|e| panic!("click #{id}: {e}"));
 }
 
+/// Answers the waiting permission with `option` (its button's `data-option`).
+pub(super) async fn choose(b: &Browser, option: &str) {
+    b.find(Locator::Css(&format!(
+        ".permission button[data-option='{option}']"
+    )))
+    .await
+    .unwrap_or_else(|e| panic!("the {option} button: {e}"))
+    .click()
+    .await
+    .unwrap_or_else(|e| panic!("click {option}: {e}"));
+}
+
 /// Sizes the window so that the viewport (not the window) is `width`×`height`.
 pub(super) async fn viewport(b: &Browser, width: u32, height: u32) {
     b.set_window_size(width, height).await.expect("resize");
@@ -399,14 +411,7 @@ async fn the_console_in_a_real_browser() {
     screenshot(&b, "session-desktop", 1280, 800).await;
     screenshot(&b, "session-phone", 390, 844).await;
     viewport(&b, 1280, 800).await;
-    b.find(Locator::Css(
-        ".permission button[data-option='allow-always']",
-    ))
-    .await
-    .expect("the button")
-    .click()
-    .await
-    .expect("click");
+    choose(&b, "allow-always").await;
     until_turn(&b, "end_turn").await;
     until_log_has(&b, "permission: selected allow-always").await;
     // The agent got the page's answer, and the other controller saw it.

@@ -10,8 +10,8 @@ use serde_json::json;
 use tokio::io::BufReader;
 
 use super::browser::{
-    Chromedriver, click, displayed, screenshot, type_prompt, until, until_log_has, until_turn,
-    viewport,
+    Chromedriver, choose, click, displayed, screenshot, type_prompt, until, until_log_has,
+    until_turn, viewport,
 };
 use super::support::csp_violations;
 use crate::logging::{sigterm, spawn_piped, until_listening};
@@ -113,12 +113,7 @@ async fn the_console_follows_the_stream_through_a_permission_and_jumps_to_latest
         END_IN_VIEW,
     )
     .await;
-    b.find(Locator::Css(".permission button[data-option='allow-once']"))
-        .await
-        .expect("the button")
-        .click()
-        .await
-        .expect("click");
+    choose(&b, "allow-once").await;
     until_turn(&b, "end_turn").await;
 
     // Later output, and the user's own next prompt, still come into view.
@@ -396,14 +391,7 @@ async fn a_waiting_approval_badges_the_title_and_its_answer_is_confirmed() {
         "return document.title.startsWith('(1) acpd · ')",
     )
     .await;
-    b.find(Locator::Css(
-        ".permission button[data-option='allow-always']",
-    ))
-    .await
-    .expect("the button")
-    .click()
-    .await
-    .expect("click");
+    choose(&b, "allow-always").await;
     until(
         &b,
         "the badge gone",
@@ -460,12 +448,7 @@ async fn a_waiting_approval_badges_the_title_and_its_answer_is_confirmed() {
         "return document.title.startsWith('(1) acpd · ') && document.body.dataset.notified === '1'",
     )
     .await;
-    b.find(Locator::Css(".permission button[data-option='allow-once']"))
-        .await
-        .expect("the button")
-        .click()
-        .await
-        .expect("click");
+    choose(&b, "allow-once").await;
     until_turn(&b, "end_turn").await;
     // No token under --no-auth: /metrics takes any.
     assert_eq!(csp_violations(&d, "-").await, 0, "CSP violations reported");
