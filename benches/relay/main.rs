@@ -12,6 +12,7 @@ mod procs;
 mod replicas;
 mod report;
 mod rt;
+mod ssh;
 mod store;
 
 use std::path::{Path, PathBuf};
@@ -32,13 +33,15 @@ const LOAD_ENTRIES: u64 = 10_000;
 enum Route {
     Stdio,
     Pair,
+    Ssh,
+    SshMux,
     ShimSqlite,
     ShimPostgres,
     WebsocatAcpd,
 }
 
 const WS_ACPD: &str = "websocat → acpd, SQLite";
-use report::{PAIR, SHIM_PG, SHIM_SQLITE, STDIO};
+use report::{PAIR, SHIM_PG, SHIM_SQLITE, SSH, SSH_MUX, STDIO};
 
 impl Route {
     /// Through acpd, which emulates `session/close` (the scripted agent has none).
@@ -53,6 +56,8 @@ impl Route {
         match self {
             Route::Stdio => STDIO,
             Route::Pair => PAIR,
+            Route::Ssh => SSH,
+            Route::SshMux => SSH_MUX,
             Route::ShimSqlite => SHIM_SQLITE,
             Route::ShimPostgres => SHIM_PG,
             Route::WebsocatAcpd => WS_ACPD,
@@ -65,6 +70,8 @@ struct Servers {
     sqlite: Server,
     postgres: Option<Server>,
     pair: Server,
+    /// None when sshd is not installed.
+    ssh: Option<ssh::Sshd>,
 }
 
 fn acpd_url(s: &Server) -> String {
@@ -87,6 +94,10 @@ fn open(mode: Mode, bins: &Bins, sv: &Servers, path: Route) -> Result<LineClient
     let cmd = match path {
         Route::Stdio => mode.command(&bins.agent),
         Route::Pair => websocat_client(mode, bins, &format!("ws://127.0.0.1:{}/", sv.pair.port)),
+        Route::Ssh | Route::SshMux => match &sv.ssh {
+            Some(s) => s.client(mode, &bins.agent, path == Route::SshMux),
+            None => bail!("no sshd"),
+        },
         Route::ShimSqlite => shim(mode, bins, &sv.sqlite),
         Route::ShimPostgres => match &sv.postgres {
             Some(s) => shim(mode, bins, s),
@@ -131,8 +142,16 @@ fn run_mode(
             None => None,
         },
         pair: Server::websocat(mode, bins, Some(&bins.agent))?,
+        ssh: match Path::new(ssh::SSHD).exists() {
+            true => Some(ssh::Sshd::start(mode, &dir.join("ssh"))?),
+            false => None,
+        },
     };
-    let mut paths = vec![Route::Stdio, Route::Pair, Route::ShimSqlite];
+    let mut paths = vec![Route::Stdio, Route::Pair];
+    if sv.ssh.is_some() {
+        paths.extend([Route::Ssh, Route::SshMux]);
+    }
+    paths.push(Route::ShimSqlite);
     if sv.postgres.is_some() {
         paths.push(Route::ShimPostgres);
     }
@@ -267,16 +286,25 @@ fn cold_starts(
     let m = mode.label();
     eprintln!("[{m}] cold start");
     let title = format!(
-        "cold start: spawn → initialize answered by acpd (daemon and agent warm), median of {} — ms",
+        "cold start: spawn → initialize answered (acpd: daemon and agent warm; ssh: a fresh agent, plain with a handshake of its own), median of {} — ms",
         opts.starts
     );
     let mut shim_t = Vec::new();
     let mut ws_t = Vec::new();
+    let mut ssh_t = Vec::new();
+    let mut mux_t = Vec::new();
     for _ in 0..opts.starts {
-        for (which, out) in [(0, &mut shim_t), (1, &mut ws_t)] {
-            let cmd = match which {
-                0 => shim(mode, bins, &sv.sqlite),
-                _ => websocat_client(mode, bins, &acpd_url(&sv.sqlite)),
+        for (which, out) in [
+            (0, &mut shim_t),
+            (1, &mut ws_t),
+            (2, &mut ssh_t),
+            (3, &mut mux_t),
+        ] {
+            let cmd = match (which, &sv.ssh) {
+                (0, _) => shim(mode, bins, &sv.sqlite),
+                (1, _) => websocat_client(mode, bins, &acpd_url(&sv.sqlite)),
+                (_, Some(s)) => s.client(mode, &bins.agent, which == 3),
+                (_, None) => continue,
             };
             let mut c = LineClient::spawn(cmd)?;
             c.call("initialize", json!({ "protocolVersion": 1 }))?;
@@ -300,6 +328,24 @@ fn cold_starts(
         mode,
         vec![median(ws_t)],
     );
+    if sv.ssh.is_some() {
+        report.put(
+            "start",
+            &title,
+            Unit::Millis,
+            SSH,
+            mode,
+            vec![median(ssh_t)],
+        );
+        report.put(
+            "start",
+            &title,
+            Unit::Millis,
+            SSH_MUX,
+            mode,
+            vec![median(mux_t)],
+        );
+    }
     Ok(())
 }
 
@@ -442,9 +488,10 @@ fn machine(bins: &Bins) -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
     format!(
-        "{} · nproc {nproc} · {cpu} · Linux {} · {websocat}",
+        "{} · nproc {nproc} · {cpu} · Linux {} · {websocat} · {}",
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
-        kernel.trim()
+        kernel.trim(),
+        ssh::Sshd::version()
     )
 }
 
@@ -498,7 +545,7 @@ fn main() -> Result<()> {
     };
     let mut report = Report::new(machine(&bins), &opts);
     let outcome = (|| -> Result<()> {
-        for mode in [Mode::Pinned, Mode::Unpinned] {
+        for &mode in opts.modes() {
             run_mode(
                 mode,
                 &opts,
@@ -525,6 +572,9 @@ fn main() -> Result<()> {
         eprintln!("could not drop the database {name}: {e}");
     }
     outcome?;
+    if !Path::new(ssh::SSHD).exists() {
+        report.note("ssh: skipped (no /usr/sbin/sshd; apt-get install openssh-server)");
+    }
     if pg.is_none() {
         report.note("Postgres and replicas: skipped (set ACPD_TEST_DATABASE_URL to include them)");
     }

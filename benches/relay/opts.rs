@@ -2,6 +2,8 @@
 
 use anyhow::{Context, Result, bail};
 
+use crate::procs::Mode;
+
 #[derive(Debug, Clone)]
 pub struct Opts {
     pub round_trips: usize,
@@ -17,6 +19,8 @@ pub struct Opts {
     pub only: Vec<String>,
     /// Round trips the `rt` section times (`--rt`); all when empty.
     pub rt: Vec<String>,
+    /// `--pinned`: the pinned half only (ratios within one run, as issue 45 compares them).
+    pub pinned_only: bool,
 }
 
 /// The sections `--only` can pick.
@@ -40,6 +44,7 @@ impl Opts {
             store_appends: 100_000,
             only: Vec::new(),
             rt: Vec::new(),
+            pinned_only: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -63,8 +68,10 @@ impl Opts {
                         store_appends: 20_000,
                         only: std::mem::take(&mut o.only),
                         rt: std::mem::take(&mut o.rt),
+                        pinned_only: o.pinned_only,
                     }
                 }
+                "--pinned" => o.pinned_only = true,
                 "--round-trips" => o.round_trips = num(&a)?.max(1) as usize,
                 "--updates" => o.updates = num(&a)?.max(1),
                 "--runs" => o.runs = num(&a)?.max(1) as usize,
@@ -84,7 +91,7 @@ impl Opts {
                         .collect::<Result<_>>()?;
                 }
                 _ => bail!(
-                    "usage: relay [--quick] [--only SECTION,...] [--round-trips N] [--updates N] \
+                    "usage: relay [--quick] [--pinned] [--only SECTION,...] [--round-trips N] [--updates N] \
                      [--runs N] [--starts N] [--loads N] [--conns N,N] [--sessions N] \
                      [--rt ROUND_TRIP,...]\n\
                      sections: {}\nround trips: {}",
@@ -94,6 +101,14 @@ impl Opts {
             }
         }
         Ok(o)
+    }
+
+    /// The modes to run, pinned first.
+    pub fn modes(&self) -> &'static [Mode] {
+        match self.pinned_only {
+            true => &[Mode::Pinned],
+            false => &[Mode::Pinned, Mode::Unpinned],
+        }
     }
 
     pub fn wants(&self, section: &str) -> bool {

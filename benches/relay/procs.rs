@@ -97,7 +97,7 @@ pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn wait_port(port: u16, child: &mut Child, what: &str) -> Result<()> {
+pub fn wait_port(port: u16, child: &mut Child, what: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -203,7 +203,7 @@ impl Drop for Server {
 }
 
 /// SIGTERM, wait up to `grace`, then SIGKILL.
-fn stop(child: &mut Child, grace: Duration) {
+pub fn stop(child: &mut Child, grace: Duration) {
     if let Ok(Some(_)) = child.try_wait() {
         return;
     }

@@ -1,5 +1,6 @@
-//! The results table: every measurement pinned and unpinned, with its ratio to the relay row
-//! of the same section, and the goals met or missed.
+//! The results table: every measurement pinned and unpinned, with its ratios to the relay row
+//! and to the ssh row (`ssh -T` on a warm ControlMaster) of the same section, and the goals met
+//! or missed.
 
 use std::fmt::Write;
 
@@ -10,6 +11,16 @@ pub const STDIO: &str = "agent over stdio (floor)";
 pub const PAIR: &str = "websocat pair (the relay)";
 pub const SHIM_SQLITE: &str = "acp-shim → acpd, SQLite";
 pub const SHIM_PG: &str = "acp-shim → acpd, Postgres";
+pub const SSH: &str = "ssh -T (a connection each)";
+/// The ssh row the `× ssh` column divides by: what Zed's remote development runs.
+pub const SSH_MUX: &str = "ssh -T, ControlMaster (warm)";
+
+/// The row a ratio divides by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Against {
+    Relay,
+    Ssh,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unit {
@@ -31,6 +42,8 @@ pub enum Unit {
 struct Row {
     label: String,
     relay: bool,
+    /// The `× ssh` reference.
+    ssh: bool,
     vals: [Option<Vec<f64>>; 2],
 }
 
@@ -121,6 +134,7 @@ impl Report {
                 rows.push(Row {
                     label: label.to_owned(),
                     relay,
+                    ssh: label == SSH_MUX,
                     vals: [None, None],
                 });
                 rows.len() - 1
@@ -137,10 +151,23 @@ impl Report {
 
     /// `label`'s values divided by the relay's, same section and mode.
     fn ratio(&self, key: &str, label: &str, mode: Mode) -> Option<Vec<f64>> {
+        self.ratio_to(key, label, mode, Against::Relay)
+    }
+
+    /// `label`'s values divided by the relay's or ssh's, same section and mode.
+    fn ratio_to(&self, key: &str, label: &str, mode: Mode, to: Against) -> Option<Vec<f64>> {
         let s = self.sections.iter().find(|s| s.key == key)?;
-        let relay = s.rows.iter().find(|r| r.relay)?.vals[slot(mode)].as_ref()?;
+        let base = s
+            .rows
+            .iter()
+            .find(|r| match to {
+                Against::Relay => r.relay,
+                Against::Ssh => r.ssh,
+            })?
+            .vals[slot(mode)]
+        .as_ref()?;
         let v = self.get(key, label, mode)?;
-        Some(v.iter().zip(relay).map(|(a, b)| a / b).collect())
+        Some(v.iter().zip(base).map(|(a, b)| a / b).collect())
     }
 
     pub fn render(&self) -> String {
@@ -148,26 +175,36 @@ impl Report {
         let _ = writeln!(out, "{}\n", self.header);
         let _ = writeln!(
             out,
-            "{:<40} {:>30} {:>13} {:>30} {:>13}",
-            "", "pinned (taskset -c 0)", "× relay", "unpinned", "× relay"
+            "{:<40} {:>30} {:>11} {:>11} {:>30} {:>11} {:>11}",
+            "", "pinned (taskset -c 0)", "× relay", "× ssh", "unpinned", "× relay", "× ssh"
         );
         for s in &self.sections {
             let _ = writeln!(out, "{}", s.title);
+            let has_ssh = s.rows.iter().any(|r| r.ssh);
             for r in &s.rows {
                 let mut line = format!("  {:<38}", r.label);
                 for mode in [Mode::Pinned, Mode::Unpinned] {
-                    let (v, x) = match r.vals[slot(mode)].as_deref() {
+                    let x = |to: Against, is_base: bool| match (
+                        is_base,
+                        self.ratio_to(&s.key, &r.label, mode, to),
+                    ) {
+                        (true, _) => "1".to_owned(),
+                        (false, Some(x)) => ratio(s.unit, &x),
+                        (false, None) => "—".to_owned(),
+                    };
+                    let (v, xr, xs) = match r.vals[slot(mode)].as_deref() {
                         Some(v) => (
                             value(s.unit, v),
-                            match (r.relay, self.ratio(&s.key, &r.label, mode)) {
-                                (true, _) => "1".to_owned(),
-                                (false, Some(x)) => ratio(s.unit, &x),
-                                (false, None) => "—".to_owned(),
+                            x(Against::Relay, r.relay),
+                            if has_ssh {
+                                x(Against::Ssh, r.ssh)
+                            } else {
+                                String::new()
                             },
                         ),
-                        None => ("—".to_owned(), String::new()),
+                        None => ("—".to_owned(), String::new(), String::new()),
                     };
-                    let _ = write!(line, " {v:>30} {x:>13}");
+                    let _ = write!(line, " {v:>30} {xr:>11} {xs:>11}");
                 }
                 let _ = writeln!(out, "{}", line.trim_end());
             }
@@ -201,6 +238,49 @@ impl Report {
                 out.push(format!(
                     "streaming ≥ 2× the relay, journal on — {label}: {line}"
                 ));
+            }
+        }
+        // Issue 45: against what a remote user runs today, ssh -T on a warm ControlMaster.
+        for label in [SHIM_SQLITE, SHIM_PG] {
+            let line = per_mode(&|m| {
+                let x = self.ratio_to("stream", label, m, Against::Ssh)?[0];
+                Some(format!("{x:.2}× ({})", verdict(x >= 0.6)))
+            });
+            if !line.is_empty() {
+                out.push(format!(
+                    "streaming ≥ 0.6× ssh -T (ControlMaster), journal on — {label}: {line}"
+                ));
+            }
+        }
+        for (key, what, p50, p99) in [
+            ("rt-new", "session/new round trip", 2.0, Some(3.0)),
+            (
+                "rt-ext",
+                "one-message round trip (_scripted/echo)",
+                1.5,
+                None,
+            ),
+        ] {
+            for label in [SHIM_SQLITE, SHIM_PG] {
+                let line = per_mode(&|m| {
+                    let x = self.ratio_to(key, label, m, Against::Ssh)?;
+                    let ok = x[0] <= p50 && p99.is_none_or(|g| x[1] <= g);
+                    Some(format!(
+                        "p50 {:.2}× p99 {:.2}× ({})",
+                        x[0],
+                        x[1],
+                        verdict(ok)
+                    ))
+                });
+                if !line.is_empty() {
+                    let goal = match p99 {
+                        Some(g) => format!("p50 ≤ {p50:.1}×, p99 ≤ {g:.1}×"),
+                        None => format!("p50 ≤ {p50:.1}×"),
+                    };
+                    out.push(format!(
+                        "{what} {goal} ssh -T (ControlMaster) — {label}: {line}"
+                    ));
+                }
             }
         }
         // No relay can stream faster than the agent writes: the floor row is the ceiling.
