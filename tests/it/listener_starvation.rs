@@ -180,6 +180,19 @@ async fn an_open_sse_stream_is_not_a_pending_connection() {
     others_still_answer(&s, "with 200 streams open over 32 pending slots").await;
 }
 
+/// The flood's own host: another loopback address, so that the per-source caps see the
+/// attacker apart from alice (127.0.0.1). From alice's own address, a flood that reopens each
+/// dropped socket at once can displace her connection before acpd has read its headers: the
+/// caps cannot tell the two apart, and whether it does is a race with the CPU (CI lost it).
+const FLOOD_SOURCE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 2);
+
+/// A connection to `addr` from `FLOOD_SOURCE`.
+async fn connect_from_flood_source(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((FLOOD_SOURCE, 0)))?;
+    socket.connect(addr).await
+}
+
 /// One idle socket that sends nothing and is opened again whenever acpd drops it (counted
 /// in `dropped`).
 async fn idle_socket(
@@ -192,7 +205,7 @@ async fn idle_socket(
     while !stop.is_cancelled() {
         let mut s = tokio::select! {
             _ = stop.cancelled() => return,
-            r = TcpStream::connect(addr) => match r {
+            r = connect_from_flood_source(addr) => match r {
                 Ok(s) => s,
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis(20)).await;

@@ -7,10 +7,11 @@
 //! unauthenticated client can pile up, so they are capped per source and in total; over a
 //! cap the new connection is still admitted and the oldest pending one of the source over
 //! its cap (or of the busiest source) is closed instead, an idle one before one whose request
-//! is being answered. So a flood of idle sockets only ever displaces its own sockets, a real
-//! client, whose headers arrive within milliseconds, is authenticated long before the flood
-//! gets round to it, and an unauthenticated request in progress (`/healthz` from the same
-//! host as the flood) is answered rather than cut. Refusal is left
+//! is being answered. So a flood of idle sockets from one host only ever displaces that
+//! host's sockets, and an unauthenticated request in progress (`/healthz` from the same host
+//! as the flood) is answered rather than cut. A real client on the flooding host itself is
+//! served only if acpd reads its headers before the flood has reopened a source's worth of
+//! sockets after it: the caps cannot tell the two apart. Refusal is left
 //! for descriptors: when every connection the gate counts is authenticated and the
 //! descriptor budget is spent, a new one is refused before the store runs out of files.
 
