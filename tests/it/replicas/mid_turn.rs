@@ -17,7 +17,8 @@ use super::takeover::{replica, secret};
 use crate::support::{Client, Daemon, kind, seq};
 
 /// The turn streams `BURSTS` bursts of `PER_BURST` chunks of `SIZE` bytes, `PAUSE_MS` apart.
-const BURSTS: usize = 60;
+/// (6 s in all: the later clients load and go live well before the end, also on a busy CI box.)
+const BURSTS: usize = 120;
 const PER_BURST: usize = 100;
 const SIZE: usize = 32;
 const PAUSE_MS: u64 = 50;
