@@ -322,6 +322,46 @@ impl LineClient {
         }
     }
 
+    /// Reads until the answer to `id`; returns it, when it was read, and the text of the
+    /// agent's message chunks before it (a replay may merge chunks into fewer updates: the
+    /// text is what must match). The updates are parsed after the answer, off the clock.
+    pub fn wait_text(&mut self, id: u64) -> Result<(Answer, Instant, u64)> {
+        let mut lines = Vec::new();
+        let answer = loop {
+            self.line.clear();
+            if self.r.read_line(&mut self.line)? == 0 {
+                bail!("the relay closed its stdout");
+            }
+            let probe: Probe<'_> = serde_json::from_str(&self.line)
+                .with_context(|| format!("bad line from the relay: {}", self.line.trim_end()))?;
+            match (probe.method.as_deref(), probe.id) {
+                (Some("session/update"), _) => lines.push(self.line.clone()),
+                (None, Some(got)) if got.as_u64() == Some(id) => {
+                    let mut msg: Value = serde_json::from_str(&self.line)?;
+                    if let Some(e) = msg.get("error") {
+                        bail!("request {id} failed: {e}");
+                    }
+                    let result = msg["result"].take();
+                    break Answer {
+                        result,
+                        updates: lines.len() as u64,
+                    };
+                }
+                _ => {}
+            }
+        };
+        let at = Instant::now();
+        let mut text = 0;
+        for line in &lines {
+            let msg: Value = serde_json::from_str(line)?;
+            let update = &msg["params"]["update"];
+            if update["sessionUpdate"] == "agent_message_chunk" {
+                text += update["content"]["text"].as_str().map_or(0, str::len) as u64;
+            }
+        }
+        Ok((answer, at, text))
+    }
+
     /// Reads until every one of `ids` is answered (in any order), failing on an error answer.
     pub fn wait_all(&mut self, ids: &[u64]) -> Result<()> {
         let mut owed: std::collections::HashSet<u64> = ids.iter().copied().collect();
