@@ -10,6 +10,7 @@ pub(crate) use actor::agent_forks;
 mod claim;
 pub mod compaction;
 mod create;
+pub mod gate;
 mod hub;
 pub mod journal_form;
 mod mcp;
