@@ -26,7 +26,11 @@ pub fn judge(method: &str, result: &Result<Value, PeerError>) -> Answer {
         ),
         _ => true,
     };
-    if valid { Answer::Valid } else { Answer::Invalid }
+    if valid {
+        Answer::Valid
+    } else {
+        Answer::Invalid
+    }
 }
 
 /// One client's answer as the claim sees it.
@@ -138,15 +142,27 @@ mod tests {
         use serde_json::json;
         let elicit = method::ELICITATION_CREATE;
         let ok = |v: Value| Ok::<Value, PeerError>(v);
-        assert_eq!(judge(elicit, &ok(json!({ "action": "decline" }))), Answer::Valid);
         assert_eq!(
-            judge(elicit, &ok(json!({ "action": "accept", "content": { "x": 1 } }))),
+            judge(elicit, &ok(json!({ "action": "decline" }))),
             Answer::Valid
         );
-        assert_eq!(judge(elicit, &ok(json!({ "action": "maybe" }))), Answer::Invalid);
+        assert_eq!(
+            judge(
+                elicit,
+                &ok(json!({ "action": "accept", "content": { "x": 1 } }))
+            ),
+            Answer::Valid
+        );
+        assert_eq!(
+            judge(elicit, &ok(json!({ "action": "maybe" }))),
+            Answer::Invalid
+        );
         assert_eq!(judge(elicit, &ok(json!({}))), Answer::Invalid);
         let permission = method::SESSION_REQUEST_PERMISSION;
-        assert_eq!(judge(permission, &ok(json!({ "outcome": {} }))), Answer::Valid);
+        assert_eq!(
+            judge(permission, &ok(json!({ "outcome": {} }))),
+            Answer::Valid
+        );
         assert_eq!(judge(permission, &ok(json!({}))), Answer::Invalid);
         assert_eq!(judge("fs/read_text_file", &ok(json!({}))), Answer::Valid);
         let gone = Err(PeerError::Disconnected);

@@ -7,10 +7,10 @@
 
 mod actor;
 pub(crate) use actor::agent_forks;
+pub mod capabilities;
 mod claim;
 pub mod compaction;
 mod create;
-pub mod gate;
 mod hub;
 pub mod journal_form;
 mod mcp;

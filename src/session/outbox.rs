@@ -35,7 +35,7 @@ use tokio_util::task::TaskTracker;
 
 mod writer;
 
-use super::gate::{self, Need};
+use super::capabilities::{self, Need};
 use super::{Client, ConnId};
 use acpd_store::JournalEntry;
 use acpd_wire::{Responder, ResponseError};
@@ -48,7 +48,7 @@ pub(super) const CATCH_UP_PAGE: i64 = 2048;
 
 pub(super) enum Out {
     /// A journaled `session/update`; `exclude` already has it (its own prompt). A client
-    /// without `need` (`gate::Need::of_update`) skips it.
+    /// without `need` (`capabilities::Need::of_update`) skips it.
     Update {
         seq: i64,
         text: Arc<str>,
@@ -330,7 +330,7 @@ impl Outbox {
                             continue;
                         }
                         if exclude.as_ref() != Some(&c.client.conn)
-                            && gate::allows(need, c.client.caps())
+                            && capabilities::allows(need, c.client.caps())
                             && c.queue(ClientOut::Raw(text.clone())).is_err()
                         {
                             c.start_lag(Cause::Behind);
@@ -343,7 +343,7 @@ impl Outbox {
                     let upto = self.flushed_upto;
                     for c in &mut self.clients {
                         if except.as_ref() == Some(&c.client.conn)
-                            || !gate::allows(need, c.client.caps())
+                            || !capabilities::allows(need, c.client.caps())
                         {
                             continue;
                         }
@@ -476,7 +476,7 @@ impl Outbox {
                 continue;
             }
             // A gated kind the client did not declare is skipped in replay as live.
-            if !gate::allows(Need::of_update(&e.kind), c.client.caps()) {
+            if !capabilities::allows(Need::of_update(&e.kind), c.client.caps()) {
                 c.sent_upto = e.seq;
                 continue;
             }

@@ -1,6 +1,6 @@
 //! Requests the agent made (permission, elicitation, fs, terminal, extensions) that wait for
 //! a client. A question (permission, elicitation) is relayed to every attached controller
-//! that can take it, anything else to one client (`gate::route`); who answers is the
+//! that can take it, anything else to one client (`capabilities::route`); who answers is the
 //! `claim::Claim`'s decision. If every client asked goes away it waits for the next, up to a
 //! deadline (an elicitation does not wait), and it is always answered exactly once.
 
@@ -12,8 +12,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::ConnId;
+use super::capabilities::{self, Need};
 use super::claim::{Answer, Claim, Step};
-use super::gate::{self, Need};
 use super::roles::PERMISSION;
 use acpd_protocol::method::ELICITATION_CREATE;
 use acpd_wire::{Responder, ResponseError};
@@ -21,7 +21,7 @@ use acpd_wire::{Responder, ResponseError};
 pub(super) struct Pending {
     pub method: String,
     params: Value,
-    /// The client capability it needs (`gate::Need::of_request`).
+    /// The client capability it needs (`capabilities::Need::of_request`).
     need: Option<Need>,
     responder: Responder,
     /// When a request nobody is handling gives up.
@@ -71,7 +71,7 @@ impl Pending {
         self.responder.respond_now(result);
     }
 
-    /// Ends the request because no attached controller can take it (`gate::Route::Refuse`):
+    /// Ends the request because no attached controller can take it (`capabilities::Route::Refuse`):
     /// an elicitation nobody was asked is `decline`d, one whose clients all left is
     /// `cancel`led; an `fs`/`terminal` request is an error naming the capability.
     fn refuse(self) {
@@ -220,7 +220,7 @@ impl PendingRequests {
         let ids: Vec<u64> = self
             .items
             .iter()
-            .filter(|(_, p)| gate::fans_out(&p.method))
+            .filter(|(_, p)| capabilities::fans_out(&p.method))
             .map(|(id, _)| *id)
             .collect();
         ids.into_iter()

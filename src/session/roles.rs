@@ -1,10 +1,10 @@
 //! Shared sessions, the decisions: what a client's role lets it do, what a grant (not
 //! ownership) lets another principal do and what happens to a prompt while a turn runs
-//! (which attached clients an agent request goes to is `gate.rs`). Pure: no I/O, no
+//! (which attached clients an agent request goes to is `capabilities.rs`). Pure: no I/O, no
 //! channels; the session actor and the connection ask and do what they are told.
 
-use acpd_protocol::method;
 pub use crate::config::BusyPrompts;
+use acpd_protocol::method;
 
 /// What an attached client may do (RFD #533's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -468,7 +468,10 @@ impl Router {
     /// Remembers which session a URL-mode elicitation goes to (bounded, like `early`).
     fn note_elicitation(&mut self, r: &acpd_wire::IncomingRequest) {
         let params = r.params.as_ref();
-        let Some(id) = params.and_then(|p| p.get("elicitationId")).and_then(Value::as_str) else {
+        let Some(id) = params
+            .and_then(|p| p.get("elicitationId"))
+            .and_then(Value::as_str)
+        else {
             return;
         };
         let route = match params.and_then(session_id_of) {

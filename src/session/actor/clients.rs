@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 
 use super::{Session, TaskDone};
 use crate::error::AcpError;
+use crate::session::capabilities::{self, Candidate, Need, Route};
 use crate::session::claim::{self, Step};
-use crate::session::gate::{self, Candidate, Need, Route};
 use crate::session::outbox::Out;
 use crate::session::roles::{self, PERMISSION, PromptStep, Role};
 use crate::session::{Client, ConnId, SessionCommand};
@@ -146,7 +146,7 @@ impl Session {
         });
     }
 
-    /// Relays a pending agent request to the attached controllers `gate::route` picks (none
+    /// Relays a pending agent request to the attached controllers `capabilities::route` picks (none
     /// attached: it waits for one), or answers it now when none can take it.
     pub(super) fn dispatch(&mut self, id: u64) {
         let Some(method) = self.pending.method(id).map(str::to_owned) else {
@@ -164,7 +164,7 @@ impl Session {
             })
             .collect();
         let asked = self.pending.is_asked(id);
-        match gate::route(&method, need, asked, self.turn.conn.as_ref(), &candidates) {
+        match capabilities::route(&method, need, asked, self.turn.conn.as_ref(), &candidates) {
             Route::Ask(targets) => {
                 for conn in targets {
                     self.relay(id, conn);
@@ -242,7 +242,7 @@ impl Session {
         }
     }
 
-    /// What the others are told when a question (`gate::fans_out`) is decided by `result`:
+    /// What the others are told when a question (`capabilities::fans_out`) is decided by `result`:
     /// the permission's `outcome`, the elicitation's `action` (never its content).
     fn resolved_params(
         &self,
@@ -250,7 +250,7 @@ impl Session {
         method: &str,
         result: &Result<Value, PeerError>,
     ) -> Option<Value> {
-        if !gate::fans_out(method) {
+        if !capabilities::fans_out(method) {
             return None;
         }
         let asked = self.pending.params(id)?;

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::{AgentState, Inflight, Session, with_session_id};
 use crate::agent::AgentEvent;
 use crate::error::AcpError;
-use crate::session::gate::Need;
+use crate::session::capabilities::Need;
 use crate::session::outbox::Out;
 use crate::session::pending::Pending;
 use acpd_protocol::method;

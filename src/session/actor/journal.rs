@@ -43,7 +43,7 @@ impl Session {
             self.observe(&spliced.kind, &update);
         }
         let text: Arc<str> = spliced.text.into();
-        let need = crate::session::gate::Need::of_update(&spliced.kind);
+        let need = crate::session::capabilities::Need::of_update(&spliced.kind);
         // The whole text bounds what is stored of it (the journal form stores less).
         self.upkeep.journal.appended(text.len() as u64);
         let entry = NewEntry {

@@ -317,7 +317,10 @@ mod tests {
         // The one that could answer went away (tried, not asked): answered at once.
         assert_eq!(route(ELICIT, u, false, None, &cs(true)), Route::Refuse);
         // Nobody declared the mode, or nobody is attached: answered at once.
-        assert_eq!(route(ELICIT, u, false, None, &cs(false)[1..]), Route::Refuse);
+        assert_eq!(
+            route(ELICIT, u, false, None, &cs(false)[1..]),
+            Route::Refuse
+        );
         assert_eq!(route(ELICIT, f, false, None, &[]), Route::Refuse);
         let odd = Some(Need::ElicitUnknown);
         assert_eq!(route(ELICIT, odd, false, None, &cs(false)), Route::Refuse);
