@@ -38,8 +38,11 @@ impl Session {
         } else {
             let params = n.params_value().unwrap_or(Value::Null);
             let need = Need::of_notification(n.method());
-            // `elicitation/complete` names its elicitation, not a session: it goes as it came.
-            let params = if n.method() == method::ELICITATION_COMPLETE {
+            // `elicitation/complete` names its elicitation, not a session: it goes as it came
+            // (a session id the agent added is still rewritten to acpd's).
+            let params = if n.method() == method::ELICITATION_COMPLETE
+                && params.get("sessionId").is_none()
+            {
                 params
             } else {
                 with_session_id(params, &self.id)
