@@ -286,3 +286,50 @@ async fn builtin_ask_user_is_not_offered_to_a_client_that_shows_no_forms() {
         reqs[0].tool_names()
     );
 }
+
+#[tokio::test]
+async fn a_cancelled_turn_withdraws_its_open_question() {
+    let daemon = Daemon::start().await;
+    let form = json!({ "elicitation": { "form": {} } });
+    let mut a = client_with(&daemon, "laptop", form).await;
+    let sid = a.open_session(&daemon.work_dir()).await;
+    a.editor.hold(CREATE);
+    let id = a.send_prompt(&sid, "elicit_form never answered?").await;
+    let asked = a.wait_held_request(CREATE).await;
+    a.notify("session/cancel", json!({ "sessionId": sid }))
+        .await;
+    let withdrawn = next_of(&mut a, "$/cancel_request").await;
+    assert_eq!(withdrawn["params"]["requestId"], asked["id"]);
+    let (_, r) = a.collect_updates_until_response(&id).await;
+    assert_eq!(r.expect("prompt")["stopReason"], "cancelled");
+    let (ups, _) = a.prompt(&sid, "echo next").await;
+    assert_eq!(agent_texts(&ups), ["next"]);
+}
+
+#[tokio::test]
+async fn fs_and_terminal_never_reach_a_client_that_did_not_declare_them() {
+    let daemon = Daemon::start().await;
+    let input = daemon.work_dir().join("notes.txt");
+    std::fs::write(&input, "on the box").unwrap();
+    let mut phone = daemon.connect().await;
+    let init = json!({ "protocolVersion": 1, "clientCapabilities": {}, "clientInfo": { "name": "phone" } });
+    phone.request("initialize", init).await.expect("initialize");
+    let sid = phone.open_session(&daemon.work_dir()).await;
+    let script = format!(
+        "read {}\nterminal echo hi\necho still here",
+        input.display()
+    );
+    let (ups, r) = phone.prompt(&sid, &script).await;
+    assert_eq!(r.expect("prompt")["stopReason"], "end_turn");
+    let texts = agent_texts(&ups);
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert!(texts[0].starts_with("error: -32601"), "{texts:?}");
+    assert!(texts[0].contains("fs/readTextFile"), "{texts:?}");
+    assert!(texts[1].contains("terminal"), "{texts:?}");
+    assert_eq!(texts[2], "still here");
+    assert!(
+        phone.received_requests.is_empty(),
+        "{:?}",
+        phone.received_requests
+    );
+}
