@@ -100,6 +100,10 @@ pub enum AcpError {
     /// An agent's request no client answered within `pending_request_timeout`.
     #[error("no client answered the request in time")]
     NoAnswer,
+    /// An agent's request that needs a client capability (`fs`, `terminal`) no attached
+    /// controller declared in `initialize` (`session::gate`).
+    #[error("no attached client declared {need}, which {method} needs")]
+    Undeclared { method: String, need: &'static str },
     /// The client an agent's request went to disconnected before answering (the words
     /// differ with the path that noticed: `went away` in the session, `is gone` forwarded).
     #[error("the client {0}")]
@@ -255,6 +259,9 @@ impl From<AcpError> for ResponseError {
             .with_data(json!({ "lastSeq": last_seq })),
             e @ AcpError::Restoring => ResponseError::internal(e.to_string()),
             e @ AcpError::TurnCancelled => ResponseError::new(code::REQUEST_CANCELLED, e.to_string()),
+            e @ AcpError::Undeclared { .. } => {
+                ResponseError::new(code::METHOD_NOT_FOUND, e.to_string())
+            }
             e @ (AcpError::NoAnswer | AcpError::ClientLeft(_)) => {
                 ResponseError::internal(e.to_string())
             }

@@ -4,7 +4,34 @@
 
 use std::collections::BTreeSet;
 
+use acpd_protocol::method;
+use acpd_wire::PeerError;
+use serde_json::Value;
+
 use super::ConnId;
+
+/// How the claim sees a client's answer to `method`: a permission needs an `outcome`, an
+/// elicitation an `action` ACP defines; an error is invalid (others may still answer).
+pub fn judge(method: &str, result: &Result<Value, PeerError>) -> Answer {
+    let v = match result {
+        Err(PeerError::Disconnected) => return Answer::Gone,
+        Err(PeerError::Remote(_)) => return Answer::Invalid,
+        Ok(v) => v,
+    };
+    let valid = match method {
+        method::SESSION_REQUEST_PERMISSION => v.get("outcome").is_some_and(Value::is_object),
+        method::ELICITATION_CREATE => matches!(
+            v.get("action").and_then(Value::as_str),
+            Some("accept" | "decline" | "cancel")
+        ),
+        _ => true,
+    };
+    if valid {
+        Answer::Valid
+    } else {
+        Answer::Invalid
+    }
+}
 
 /// One client's answer as the claim sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +79,11 @@ impl Claim {
 
     pub fn is_asked(&self) -> bool {
         !self.asked.is_empty()
+    }
+
+    /// Some client was sent it once.
+    pub fn was_tried_by_anyone(&self) -> bool {
+        !self.tried.is_empty()
     }
 
     pub fn was_tried(&self, conn: &ConnId) -> bool {
@@ -103,6 +135,40 @@ mod tests {
         );
         assert_eq!(claim.answer(&c("a"), Answer::Valid), Step::Ignore);
         assert!(!claim.ask(&c("e")), "decided: nobody new is asked");
+    }
+
+    #[test]
+    fn answers_are_judged_by_what_the_method_needs() {
+        use serde_json::json;
+        let elicit = method::ELICITATION_CREATE;
+        let ok = |v: Value| Ok::<Value, PeerError>(v);
+        assert_eq!(
+            judge(elicit, &ok(json!({ "action": "decline" }))),
+            Answer::Valid
+        );
+        assert_eq!(
+            judge(
+                elicit,
+                &ok(json!({ "action": "accept", "content": { "x": 1 } }))
+            ),
+            Answer::Valid
+        );
+        assert_eq!(
+            judge(elicit, &ok(json!({ "action": "maybe" }))),
+            Answer::Invalid
+        );
+        assert_eq!(judge(elicit, &ok(json!({}))), Answer::Invalid);
+        let permission = method::SESSION_REQUEST_PERMISSION;
+        assert_eq!(
+            judge(permission, &ok(json!({ "outcome": {} }))),
+            Answer::Valid
+        );
+        assert_eq!(judge(permission, &ok(json!({}))), Answer::Invalid);
+        assert_eq!(judge("fs/read_text_file", &ok(json!({}))), Answer::Valid);
+        let gone = Err(PeerError::Disconnected);
+        assert_eq!(judge(elicit, &gone), Answer::Gone);
+        let e = Err(PeerError::Remote(acpd_wire::ResponseError::internal("x")));
+        assert_eq!(judge("fs/read_text_file", &e), Answer::Invalid);
     }
 
     #[test]

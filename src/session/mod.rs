@@ -7,6 +7,7 @@
 
 mod actor;
 pub(crate) use actor::agent_forks;
+pub mod capabilities;
 mod claim;
 pub mod compaction;
 mod create;

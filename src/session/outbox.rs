@@ -35,6 +35,7 @@ use tokio_util::task::TaskTracker;
 
 mod writer;
 
+use super::capabilities::{self, Need};
 use super::{Client, ConnId};
 use acpd_store::JournalEntry;
 use acpd_wire::{Responder, ResponseError};
@@ -46,16 +47,20 @@ const LAG_CHECK: Duration = Duration::from_millis(20);
 pub(super) const CATCH_UP_PAGE: i64 = 2048;
 
 pub(super) enum Out {
-    /// A journaled `session/update`; `exclude` already has it (its own prompt).
+    /// A journaled `session/update`; `exclude` already has it (its own prompt). A client
+    /// without `need` (`capabilities::Need::of_update`) skips it.
     Update {
         seq: i64,
         text: Arc<str>,
         exclude: Option<ConnId>,
+        need: Option<Need>,
     },
-    /// A message for every attached client (but `except`) that is not journaled.
+    /// A message for every attached client (but `except`, and those without `need`) that is
+    /// not journaled.
     Raw {
         text: Arc<str>,
         except: Option<ConnId>,
+        need: Option<Need>,
     },
     /// The answer to a client's request, after everything queued before it.
     Reply {
@@ -312,7 +317,12 @@ impl Outbox {
                 break;
             };
             match item {
-                Out::Update { seq, text, exclude } => {
+                Out::Update {
+                    seq,
+                    text,
+                    exclude,
+                    need,
+                } => {
                     self.flushed_upto = self.flushed_upto.max(seq);
                     for c in &mut self.clients {
                         // A lagging client gets this from the journal.
@@ -320,6 +330,7 @@ impl Outbox {
                             continue;
                         }
                         if exclude.as_ref() != Some(&c.client.conn)
+                            && capabilities::allows(need, c.client.caps())
                             && c.queue(ClientOut::Raw(text.clone())).is_err()
                         {
                             c.start_lag(Cause::Behind);
@@ -328,10 +339,12 @@ impl Outbox {
                         c.sent_upto = seq;
                     }
                 }
-                Out::Raw { text, except } => {
+                Out::Raw { text, except, need } => {
                     let upto = self.flushed_upto;
                     for c in &mut self.clients {
-                        if except.as_ref() == Some(&c.client.conn) {
+                        if except.as_ref() == Some(&c.client.conn)
+                            || !capabilities::allows(need, c.client.caps())
+                        {
                             continue;
                         }
                         c.send_or_hold(upto, ClientOut::Raw(text.clone()));
@@ -460,6 +473,11 @@ impl Outbox {
         let mut full = false;
         for e in page {
             if e.seq <= c.sent_upto {
+                continue;
+            }
+            // A gated kind the client did not declare is skipped in replay as live.
+            if !capabilities::allows(Need::of_update(&e.kind), c.client.caps()) {
+                c.sent_upto = e.seq;
                 continue;
             }
             if c.queue(ClientOut::Raw(e.body)).is_err() {

@@ -1,7 +1,8 @@
-//! Requests the agent made (permission, fs, terminal, extensions) that wait for a client.
-//! A permission is relayed to every attached controller, anything else to one client
-//! (`roles::targets`); who answers is the `claim::Claim`'s decision. If every client asked
-//! goes away it waits for the next, up to a deadline, and it is always answered exactly once.
+//! Requests the agent made (permission, elicitation, fs, terminal, extensions) that wait for
+//! a client. A question (permission, elicitation) is relayed to every attached controller
+//! that can take it, anything else to one client (`capabilities::route`); who answers is the
+//! `claim::Claim`'s decision. If every client asked goes away it waits for the next, up to a
+//! deadline (an elicitation does not wait), and it is always answered exactly once.
 
 use crate::error::AcpError;
 use std::collections::BTreeMap;
@@ -11,13 +12,17 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::ConnId;
+use super::capabilities::{self, Need};
 use super::claim::{Answer, Claim, Step};
 use super::roles::PERMISSION;
+use acpd_protocol::method::ELICITATION_CREATE;
 use acpd_wire::{Responder, ResponseError};
 
 pub(super) struct Pending {
     pub method: String,
     params: Value,
+    /// The client capability it needs (`capabilities::Need::of_request`).
+    need: Option<Need>,
     responder: Responder,
     /// When a request nobody is handling gives up.
     deadline: Instant,
@@ -30,6 +35,7 @@ pub(super) struct Pending {
 impl Pending {
     pub fn new(method: String, params: Value, responder: Responder, deadline: Instant) -> Pending {
         Pending {
+            need: Need::of_request(&method, &params),
             method,
             params,
             responder,
@@ -50,17 +56,36 @@ impl Pending {
     }
 
     /// Ends the request without a client's answer: a permission is `cancelled` (as ACP
-    /// requires on cancel), anything else an error. Withdraws it at the client.
+    /// requires on cancel), an elicitation `cancel`, anything else an error. Withdraws it at
+    /// the client.
     pub async fn answer_cancelled(self) {
         for (_, a) in &self.aborts {
             a.abort();
         }
-        let result = if self.method == PERMISSION {
-            Ok(json!({ "outcome": { "outcome": "cancelled" } }))
-        } else {
-            Err(AcpError::NoAnswer.into())
+        let result = match self.method.as_str() {
+            PERMISSION => Ok(json!({ "outcome": { "outcome": "cancelled" } })),
+            ELICITATION_CREATE => Ok(json!({ "action": "cancel" })),
+            _ => Err(AcpError::NoAnswer.into()),
         };
         // Never awaited: an agent that stops reading must not hold up its session.
+        self.responder.respond_now(result);
+    }
+
+    /// Ends the request because no attached controller can take it (`capabilities::Route::Refuse`):
+    /// an elicitation nobody was asked is `decline`d, one whose clients all left is
+    /// `cancel`led; an `fs`/`terminal` request is an error naming the capability.
+    fn refuse(self) {
+        let result = match (self.method.as_str(), self.need) {
+            (ELICITATION_CREATE, _) if self.claim.was_tried_by_anyone() => {
+                Ok(json!({ "action": "cancel" }))
+            }
+            (ELICITATION_CREATE, _) => Ok(json!({ "action": "decline" })),
+            (_, need) => Err(AcpError::Undeclared {
+                method: self.method.clone(),
+                need: need.map_or("", Need::name),
+            }
+            .into()),
+        };
         self.responder.respond_now(result);
     }
 
@@ -95,6 +120,18 @@ impl PendingRequests {
 
     pub fn params(&self, id: u64) -> Option<&Value> {
         self.items.get(&id).map(|p| &p.params)
+    }
+
+    /// The client capability it needs.
+    pub fn need(&self, id: u64) -> Option<Need> {
+        self.items.get(&id).and_then(|p| p.need)
+    }
+
+    /// Answers it now, no attached controller being able to (`Pending::refuse`).
+    pub fn refuse(&mut self, id: u64) {
+        if let Some(p) = self.items.remove(&id) {
+            p.refuse();
+        }
     }
 
     /// Some client has it now.
@@ -177,15 +214,13 @@ impl PendingRequests {
         }
     }
 
-    pub fn is_permission(&self, id: u64) -> bool {
-        self.items.get(&id).is_some_and(|p| p.method == PERMISSION)
-    }
-
-    pub fn take_permissions(&mut self) -> Vec<Pending> {
+    /// The questions for the user (permissions, elicitations), which a `session/cancel`
+    /// answers `cancelled`.
+    pub fn take_questions(&mut self) -> Vec<Pending> {
         let ids: Vec<u64> = self
             .items
             .iter()
-            .filter(|(_, p)| p.method == PERMISSION)
+            .filter(|(_, p)| capabilities::fans_out(&p.method))
             .map(|(id, _)| *id)
             .collect();
         ids.into_iter()

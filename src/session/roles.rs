@@ -1,13 +1,10 @@
 //! Shared sessions, the decisions: what a client's role lets it do, what a grant (not
-//! ownership) lets another principal do, what happens to a prompt while a turn runs, and
-//! which attached clients an agent request goes to. Pure: no I/O, no channels; the session
-//! actor and the connection ask and do what they are told.
+//! ownership) lets another principal do and what happens to a prompt while a turn runs
+//! (which attached clients an agent request goes to is `capabilities.rs`). Pure: no I/O, no
+//! channels; the session actor and the connection ask and do what they are told.
 
-use acpd_protocol::method;
-use serde_json::Value;
-
-use super::ConnId;
 pub use crate::config::BusyPrompts;
+use acpd_protocol::method;
 
 /// What an attached client may do (RFD #533's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -89,57 +86,9 @@ pub fn prompt_step(busy: bool, policy: BusyPrompts) -> PromptStep {
 
 pub const PERMISSION: &str = method::SESSION_REQUEST_PERMISSION;
 
-/// An attached controller as routing sees it.
-pub struct Candidate<'a> {
-    pub conn: &'a ConnId,
-    /// Its `initialize.clientCapabilities`.
-    pub caps: &'a Value,
-}
-
-/// Whether `caps` declares what `method` needs (`fs/*`, `terminal/*`); other methods need
-/// nothing declared.
-pub fn declares(method: &str, caps: &Value) -> bool {
-    let flag = |p: &str| caps.pointer(p) == Some(&Value::Bool(true));
-    match method {
-        method::FS_READ_TEXT_FILE => flag("/fs/readTextFile"),
-        method::FS_WRITE_TEXT_FILE => flag("/fs/writeTextFile"),
-        m if m.starts_with("terminal/") => flag("/terminal"),
-        _ => true,
-    }
-}
-
-/// The clients an agent request goes to. A permission: every controller (the first valid
-/// answer wins). Anything else: one client — the one whose prompt is running (it has the
-/// files), else the newest controller that declared the capability, else (nobody declared
-/// it) the prompter or the newest controller, as before shared sessions. `controllers` is
-/// oldest first and holds only controllers not asked already and not gone.
-pub fn targets(method: &str, prompter: Option<&ConnId>, controllers: &[Candidate]) -> Vec<ConnId> {
-    if method == PERMISSION {
-        return controllers.iter().map(|c| c.conn.clone()).collect();
-    }
-    let able = |c: &&Candidate| declares(method, c.caps);
-    let by_prompter = controllers.iter().find(|c| Some(c.conn) == prompter);
-    let pick = by_prompter
-        .filter(able)
-        .or_else(|| controllers.iter().rev().find(able))
-        .or(by_prompter)
-        .or_else(|| controllers.last());
-    pick.map(|c| c.conn.clone()).into_iter().collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-    use std::sync::Arc;
-
-    fn c(s: &str) -> ConnId {
-        Arc::from(s)
-    }
-
-    fn names(v: Vec<ConnId>) -> Vec<String> {
-        v.iter().map(|c| c.to_string()).collect()
-    }
 
     #[test]
     fn an_observer_steers_nothing_and_caps_bind() {
@@ -174,51 +123,5 @@ mod tests {
         assert_eq!(prompt_step(false, BusyPrompts::Refuse), PromptStep::Start);
         assert_eq!(prompt_step(true, BusyPrompts::Queue), PromptStep::Queue);
         assert_eq!(prompt_step(true, BusyPrompts::Refuse), PromptStep::Refuse);
-    }
-
-    #[test]
-    fn a_permission_goes_to_every_controller() {
-        let (a, b) = (c("a"), c("b"));
-        let none = json!({});
-        let cs = [
-            Candidate {
-                conn: &a,
-                caps: &none,
-            },
-            Candidate {
-                conn: &b,
-                caps: &none,
-            },
-        ];
-        assert_eq!(targets(PERMISSION, Some(&a), &cs), [a.clone(), b.clone()]);
-    }
-
-    #[test]
-    fn fs_goes_to_the_prompter_then_to_a_controller_that_declared_it() {
-        let (a, b, d) = (c("a"), c("b"), c("d"));
-        let fs = json!({ "fs": { "readTextFile": true }, "terminal": true });
-        let none = json!({});
-        let cs = [
-            Candidate {
-                conn: &a,
-                caps: &fs,
-            },
-            Candidate {
-                conn: &b,
-                caps: &none,
-            },
-            Candidate {
-                conn: &d,
-                caps: &none,
-            },
-        ];
-        assert_eq!(names(targets("fs/read_text_file", Some(&b), &cs)), ["a"]);
-        assert_eq!(names(targets("terminal/create", Some(&a), &cs)), ["a"]);
-        // Nobody declared it: the prompter, as before.
-        assert_eq!(names(targets("fs/write_text_file", Some(&b), &cs)), ["b"]);
-        // The prompter is gone: the newest.
-        assert_eq!(names(targets("fs/write_text_file", None, &cs)), ["d"]);
-        assert_eq!(names(targets("_x/ext", Some(&b), &cs)), ["b"]);
-        assert!(targets("fs/read_text_file", None, &[]).is_empty());
     }
 }

@@ -29,6 +29,7 @@ mod docs;
 mod durability;
 mod editor_mcp;
 mod editor_paths;
+mod elicitation;
 mod fork;
 mod fs_roots;
 mod function_size;

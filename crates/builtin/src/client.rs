@@ -15,6 +15,8 @@ pub struct ClientCaps {
     pub read_text_file: bool,
     pub write_text_file: bool,
     pub terminal: bool,
+    /// `elicitation.form` (an object; `{}` counts, `null` does not): `ask_user` is offered.
+    pub elicitation_form: bool,
 }
 
 impl ClientCaps {
@@ -29,6 +31,9 @@ impl ClientCaps {
             read_text_file: flag("/fs/readTextFile"),
             write_text_file: flag("/fs/writeTextFile"),
             terminal: flag("/terminal"),
+            elicitation_form: params
+                .pointer("/clientCapabilities/elicitation/form")
+                .is_some_and(Value::is_object),
         }
     }
 }

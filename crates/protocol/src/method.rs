@@ -73,6 +73,10 @@ methods! {
     TerminalRelease = TERMINAL_RELEASE = "terminal/release",
     TerminalWaitForExit = TERMINAL_WAIT_FOR_EXIT = "terminal/wait_for_exit",
     TerminalKill = TERMINAL_KILL = "terminal/kill",
+    /// Asks the user for structured input: `mode` `form` (a `requestedSchema`) or `url`.
+    ElicitationCreate = ELICITATION_CREATE = "elicitation/create",
+    /// A notification: the out-of-band part of a URL-mode elicitation finished.
+    ElicitationComplete = ELICITATION_COMPLETE = "elicitation/complete",
     // acpd's extensions.
     /// A client's token, on the plain TCP listener.
     AcpdAuth = ACPD_AUTH = "_acpd/auth",

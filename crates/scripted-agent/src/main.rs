@@ -18,6 +18,7 @@
 //! `_scripted/echo` answers its params; `_scripted/hang` is never answered (a stuck agent).
 //! `ACPD_SCRIPTED_AGENT_QUIET=1`: no line on stderr per request (the benchmark's agent).
 
+mod elicit;
 mod io;
 mod mcp_http;
 mod script;

@@ -66,6 +66,10 @@ pub enum Command {
         code: i64,
         message: String,
     },
+    /// `notice TITLE`: a `notice` update (gated: `clientCapabilities.session.notices`).
+    Notice(String),
+    /// `elicit_form`, `elicit_url`, `elicit_complete` (`elicit.rs`).
+    Elicit(crate::elicit::Elicit),
 }
 
 /// Parses the whole script before anything runs, so a typo fails the prompt cleanly.
@@ -94,6 +98,9 @@ fn parse_line(line: &str) -> Result<Command, String> {
             .map(|s| s.to_string())
             .ok_or_else(|| bad(&format!("{what} needs a path")))
     };
+    if let Some(e) = crate::elicit::parse(word, rest) {
+        return e.map(Command::Elicit);
+    }
     Ok(match word {
         "echo" => Command::Echo(rest.to_string()),
         "stream" => Command::Stream {
@@ -150,6 +157,7 @@ fn parse_line(line: &str) -> Result<Command, String> {
         "crash" => Command::Crash,
         "unknown_update" => Command::UnknownUpdate,
         "title" => Command::Title(rest.to_string()),
+        "notice" => Command::Notice(rest.to_string()),
         "caps" => Command::Caps,
         "stop" => Command::Stop(
             args.first()
@@ -327,6 +335,13 @@ async fn run_one(
             agent.say(sid, format!("caps: {caps}"));
         }
         Command::Stop(reason) => return Err(TurnEnd::Stop(reason)),
+        Command::Notice(title) => agent.emit(
+            sid,
+            json!({ "sessionUpdate": "notice", "severity": "info", "title": title }),
+        ),
+        Command::Elicit(e) => crate::elicit::run(agent, sid, e, cancel)
+            .await
+            .map_err(|()| cancelled())?,
         Command::Error { code, message } => return Err(TurnEnd::Error(RpcError::new(code, message))),
     }
     Ok(())

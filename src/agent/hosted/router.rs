@@ -73,6 +73,9 @@ pub(super) struct Router {
     last_route: Option<String>,
     /// Messages for session ids not registered yet (the agent spoke before its response).
     early: HashMap<String, Vec<AgentEvent>>,
+    /// URL-mode elicitations by `elicitationId` -> the session that relayed them: their
+    /// `elicitation/complete` names no session.
+    elicitations: HashMap<String, String>,
     /// Routes whose backlog is over `PAUSE_AT`: while any is, the agent's stdout is not read.
     over: Over,
 }
@@ -126,6 +129,7 @@ impl Router {
             by_agent_sid: HashMap::new(),
             last_route: None,
             early: HashMap::new(),
+            elicitations: HashMap::new(),
             over: Over::default(),
         }
     }
@@ -417,6 +421,9 @@ impl Router {
             Incoming::Notification(n) => return self.route_notification(n),
             Incoming::Request(r) => r,
         };
+        if r.method == acpd_protocol::method::ELICITATION_CREATE {
+            self.note_elicitation(&r);
+        }
         let Some(sid) = r.params.as_ref().and_then(session_id_of) else {
             let target = self
                 .last_route
@@ -444,6 +451,9 @@ impl Router {
     /// looked up borrowed; nothing is allocated unless the session is not registered yet.
     fn route_notification(&mut self, n: RawNotification) {
         let Some(sid) = notification_session_id(&n) else {
+            if let Some(route) = self.elicitation_of(&n) {
+                return self.deliver(&route, AgentEvent::Notification(n));
+            }
             tracing::debug!(agent = %self.agent, "agent notification without a sessionId dropped");
             return;
         };
@@ -453,6 +463,37 @@ impl Router {
             let sid = sid.into_owned();
             self.hold_early(sid, AgentEvent::Notification(n));
         }
+    }
+
+    /// Remembers which session a URL-mode elicitation goes to (bounded, like `early`).
+    fn note_elicitation(&mut self, r: &acpd_wire::IncomingRequest) {
+        let params = r.params.as_ref();
+        let Some(id) = params
+            .and_then(|p| p.get("elicitationId"))
+            .and_then(Value::as_str)
+        else {
+            return;
+        };
+        let route = match params.and_then(session_id_of) {
+            Some(sid) => self.by_agent_sid.get(&sid).cloned(),
+            None => self.last_route.clone(),
+        };
+        if let Some(route) = route {
+            if self.elicitations.len() > EARLY_LIMIT {
+                self.elicitations.clear();
+            }
+            self.elicitations.insert(id.to_owned(), route);
+        }
+    }
+
+    /// The session an `elicitation/complete` is about (it names its elicitation only).
+    fn elicitation_of(&mut self, n: &RawNotification) -> Option<String> {
+        if n.method() != acpd_protocol::method::ELICITATION_COMPLETE {
+            return None;
+        }
+        let params = n.params_value()?;
+        let id = params.get("elicitationId")?.as_str()?;
+        self.elicitations.remove(id)
     }
 
     /// Points `last_route` at the session the agent calls `agent_sid`; false when no

@@ -167,9 +167,9 @@ impl Session {
         // A cancel ends the session's activity: the prompts queued behind the turn too.
         self.answer_queued(Ok(json!({ "stopReason": "cancelled" })));
         self.notify_agent(method::SESSION_CANCEL, json!({}));
-        // The client must answer pending permission requests `cancelled`; acpd does it for
-        // the clients it relayed them to, and withdraws them there.
-        for p in self.pending.take_permissions() {
+        // The client must answer pending permission requests `cancelled` (an elicitation:
+        // `cancel`); acpd does it for the clients it relayed them to, and withdraws them there.
+        for p in self.pending.take_questions() {
             p.answer_cancelled().await;
         }
     }

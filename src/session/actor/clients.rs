@@ -8,9 +8,10 @@ use serde_json::{Value, json};
 
 use super::{Session, TaskDone};
 use crate::error::AcpError;
-use crate::session::claim::{Answer, Step};
+use crate::session::capabilities::{self, Candidate, Need, Route};
+use crate::session::claim::{self, Step};
 use crate::session::outbox::Out;
-use crate::session::roles::{self, Candidate, PERMISSION, PromptStep, Role};
+use crate::session::roles::{self, PERMISSION, PromptStep, Role};
 use crate::session::{Client, ConnId, SessionCommand};
 use acpd_wire::{PeerError, Responder, ResponseError};
 
@@ -141,33 +142,40 @@ impl Session {
         self.outbox.push(Out::Raw {
             text: text.to_string().into(),
             except: Some(who.conn.clone()),
+            need: None,
         });
     }
 
-    /// Relays a pending agent request to the clients `roles::targets` picks among the
-    /// attached controllers it was not sent to yet (none attached: it waits for one).
+    /// Relays a pending agent request to the attached controllers `capabilities::route` picks (none
+    /// attached: it waits for one), or answers it now when none can take it.
     pub(super) fn dispatch(&mut self, id: u64) {
         let Some(method) = self.pending.method(id).map(str::to_owned) else {
             return;
         };
-        if method != PERMISSION && self.pending.is_asked(id) {
-            return;
-        }
-        let controllers: Vec<&Client> = self
+        let need = self.pending.need(id);
+        let candidates: Vec<Candidate> = self
             .outbox
             .clients()
-            .filter(|c| c.role == Role::Controller && !self.pending.was_tried(id, &c.conn))
-            .collect();
-        let candidates: Vec<Candidate> = controllers
-            .iter()
+            .filter(|c| c.role == Role::Controller)
             .map(|c| Candidate {
                 conn: &c.conn,
                 caps: c.caps(),
+                tried: self.pending.was_tried(id, &c.conn),
             })
             .collect();
-        let targets = roles::targets(&method, self.turn.conn.as_ref(), &candidates);
-        for conn in targets {
-            self.relay(id, conn);
+        let asked = self.pending.is_asked(id);
+        match capabilities::route(&method, need, asked, self.turn.conn.as_ref(), &candidates) {
+            Route::Ask(targets) => {
+                for conn in targets {
+                    self.relay(id, conn);
+                }
+            }
+            Route::Wait => {}
+            Route::Refuse => {
+                let need = need.map_or("", Need::name);
+                tracing::info!(session = %self.id, %method, need, "no attached controller can take the agent's request; answered at once");
+                self.pending.refuse(id);
+            }
         }
     }
 
@@ -194,25 +202,18 @@ impl Session {
     }
 
     /// A client's answer to an agent request (or its going away): the claim decides whether
-    /// it goes to the agent; a permission decided is announced to every other client.
+    /// it goes to the agent; a question decided is announced to every other client.
     pub(super) async fn client_answered(
         &mut self,
         id: u64,
         conn: ConnId,
         result: Result<Value, PeerError>,
     ) {
-        let permission = self.pending.is_permission(id);
-        let answer = match &result {
-            Err(PeerError::Disconnected) => Answer::Gone,
-            Ok(v) if !permission || v.get("outcome").is_some_and(Value::is_object) => Answer::Valid,
-            _ => Answer::Invalid,
+        let Some(method) = self.pending.method(id).map(str::to_owned) else {
+            return;
         };
-        let tool_call = self
-            .pending
-            .params(id)
-            .and_then(|p| p.pointer("/toolCall/toolCallId"))
-            .cloned();
-        let outcome = result.as_ref().ok().and_then(|v| v.get("outcome")).cloned();
+        let answer = claim::judge(&method, &result);
+        let resolved = self.resolved_params(id, &method, &result);
         let result = result.map_err(|e| match e {
             PeerError::Remote(e) => e,
             PeerError::Disconnected => AcpError::ClientLeft("went away").into(),
@@ -222,27 +223,47 @@ impl Session {
             .pending
             .answer(id, &conn, answer, result, timeout)
             .await;
-        match step {
-            Step::Decide { .. } if permission => {
-                let by = self.outbox.client(&conn).map(Client::describe);
-                tracing::info!(target: "acpd::audit", session = %self.id, conn = %conn, outcome = ?outcome, "permission decision");
-                let text = json!({ "jsonrpc": "2.0", "method": RESOLVED, "params": {
-                    "sessionId": &*self.id,
-                    "method": PERMISSION,
-                    "toolCallId": tool_call,
-                    "outcome": outcome,
-                    "decidedBy": by,
-                }});
+        match (step, resolved) {
+            (Step::Decide { .. }, Some(mut params)) => {
+                params["decidedBy"] = json!(self.outbox.client(&conn).map(Client::describe));
+                tracing::info!(target: "acpd::audit", session = %self.id, conn = %conn, %method, outcome = %params["outcome"], "question decided");
+                let text = json!({ "jsonrpc": "2.0", "method": RESOLVED, "params": params });
                 self.outbox.push(Out::Raw {
                     text: text.to_string().into(),
                     except: Some(conn),
+                    need: None,
                 });
             }
-            Step::Reroute => {
+            (Step::Reroute, _) => {
                 tracing::info!(session = %self.id, conn = %conn, "agent request moves on: its client went away");
                 self.dispatch(id);
             }
             _ => {}
         }
+    }
+
+    /// What the others are told when a question (`capabilities::fans_out`) is decided by `result`:
+    /// the permission's `outcome`, the elicitation's `action` (never its content).
+    fn resolved_params(
+        &self,
+        id: u64,
+        method: &str,
+        result: &Result<Value, PeerError>,
+    ) -> Option<Value> {
+        if !capabilities::fans_out(method) {
+            return None;
+        }
+        let asked = self.pending.params(id)?;
+        let answer = result.as_ref().ok();
+        let mut params = json!({ "sessionId": &*self.id, "method": method });
+        if method == PERMISSION {
+            params["toolCallId"] = json!(asked.pointer("/toolCall/toolCallId"));
+            params["outcome"] = json!(answer.and_then(|v| v.get("outcome")));
+        } else {
+            params["toolCallId"] = json!(asked.get("toolCallId"));
+            params["elicitationId"] = json!(asked.get("elicitationId"));
+            params["outcome"] = json!({ "action": answer.and_then(|v| v.get("action")) });
+        }
+        Some(params)
     }
 }

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use super::{AgentState, Inflight, Session, with_session_id};
 use crate::agent::AgentEvent;
 use crate::error::AcpError;
+use crate::session::capabilities::Need;
 use crate::session::outbox::Out;
 use crate::session::pending::Pending;
 use acpd_protocol::method;
@@ -35,12 +36,23 @@ impl Session {
             }
             self.journal_raw(&n, None).await;
         } else {
-            let params = with_session_id(n.params_value().unwrap_or(Value::Null), &self.id);
+            let params = n.params_value().unwrap_or(Value::Null);
+            let need = Need::of_notification(n.method());
+            // `elicitation/complete` names its elicitation, not a session: it goes as it came
+            // (a session id the agent added is still rewritten to acpd's).
+            let params = if n.method() == method::ELICITATION_COMPLETE
+                && params.get("sessionId").is_none()
+            {
+                params
+            } else {
+                with_session_id(params, &self.id)
+            };
             let text =
                 json!({ "jsonrpc": "2.0", "method": n.method(), "params": params }).to_string();
             self.outbox.push(Out::Raw {
                 text: text.into(),
                 except: None,
+                need,
             });
         }
     }
@@ -54,11 +66,13 @@ impl Session {
         }
         if self.turn.guard.late_update() {
             // A request of a turn acpd ended (`cancel.rs`): no client is asked, and a
-            // permission is `cancelled`, as ACP has it after a cancel.
-            let result = if req.method == method::SESSION_REQUEST_PERMISSION {
-                Ok(json!({ "outcome": { "outcome": "cancelled" } }))
-            } else {
-                Err(AcpError::TurnCancelled.into())
+            // permission is `cancelled` (an elicitation `cancel`), as ACP has it after a cancel.
+            let result = match req.method.as_str() {
+                method::SESSION_REQUEST_PERMISSION => {
+                    Ok(json!({ "outcome": { "outcome": "cancelled" } }))
+                }
+                method::ELICITATION_CREATE => Ok(json!({ "action": "cancel" })),
+                _ => Err(AcpError::TurnCancelled.into()),
             };
             req.responder.respond_now(result);
             return;

@@ -43,6 +43,7 @@ impl Session {
             self.observe(&spliced.kind, &update);
         }
         let text: Arc<str> = spliced.text.into();
+        let need = crate::session::capabilities::Need::of_update(&spliced.kind);
         // The whole text bounds what is stored of it (the journal form stores less).
         self.upkeep.journal.appended(text.len() as u64);
         let entry = NewEntry {
@@ -82,7 +83,12 @@ impl Session {
                 }
             }
         }
-        self.outbox.push(Out::Update { seq, text, exclude });
+        self.outbox.push(Out::Update {
+            seq,
+            text,
+            exclude,
+            need,
+        });
     }
 
     /// The store has room again (`None`: it closed): the held entries go, in order.

@@ -91,6 +91,7 @@ async fn an_implicit_attach_of_an_attached_connection_skips_nothing_queued_for_i
         seq: 1,
         text: "update 1".into(),
         exclude: None,
+        need: None,
     });
     outbox.flush(1).await;
     // A prompt overtook the connection's filing of its new session: an implicit attach

@@ -314,6 +314,18 @@ async fn handle(
         "fs/write_text_file" => std::fs::write(s("path"), s("content"))
             .map(|_| json!({}))
             .map_err(|e| e.to_string()),
+        // A form is filled in with "blue" for each of its fields.
+        "elicitation/create" => {
+            let fields = p
+                .pointer("/requestedSchema/properties")
+                .and_then(Value::as_object);
+            let content: serde_json::Map<String, Value> = fields
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| (k.clone(), json!("blue")))
+                .collect();
+            Ok(json!({ "action": "accept", "content": content }))
+        }
         "session/request_permission" => {
             let answer = {
                 let mut h = handled.lock().unwrap();

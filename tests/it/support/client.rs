@@ -298,6 +298,11 @@ impl Client {
         }
     }
 
+    /// Whether a notification received and not yet taken matches `pred` (no waiting).
+    pub fn has_buffered(&self, pred: impl Fn(&Value) -> bool) -> bool {
+        self.inbox.iter().any(pred)
+    }
+
     /// Params of the next `session/update` (other notifications stay buffered).
     pub async fn next_update(&mut self) -> Value {
         let msg = self

@@ -2,6 +2,7 @@
 //! client's capabilities and the config), how each call is presented to the client (title,
 //! kind, locations), and their execution.
 
+mod ask;
 mod beneath;
 mod files;
 pub mod mcp;
@@ -113,7 +114,8 @@ pub struct ClientTool {
     pub mutating: bool,
 }
 
-pub const BUILTIN_TOOLS: [&str; 7] = [
+pub const BUILTIN_TOOLS: [&str; 8] = [
+    ask::NAME,
     "read_file",
     "write_file",
     "edit",
@@ -262,6 +264,9 @@ pub fn specs(
                 json!({"type":"object","properties":{"command":{"type":"string"},"timeout_secs":{"type":"integer","minimum":1}},"required":["command"]})));
         }
     }
+    if caps.elicitation_form {
+        out.push(s(ask::NAME, ask::description(), ask::schema()));
+    }
     for t in extra.client {
         if plan && t.mutating {
             continue;
@@ -307,6 +312,7 @@ pub fn describe(name: &str, input: &Value, roots: &Roots) -> (String, &'static s
         "list_dir" => (format!("List {}", path.unwrap_or(".")), "search", vec![]),
         "glob" => (format!("Find {}", q("pattern")), "search", vec![]),
         "grep" => (format!("Search for {}", q("pattern")), "search", vec![]),
+        ask::NAME => (format!("Ask: {}", q("question")), "other", vec![]),
         "shell" => {
             let c = q("command");
             let short: String = c.chars().take(80).collect();
@@ -340,6 +346,7 @@ pub async fn execute(
         "glob" => files::glob(env, input).await,
         "grep" => files::grep(env, input).await,
         "shell" => shell::shell(env, input).await,
+        ask::NAME if env.caps.elicitation_form => ask::ask_user(env, input).await,
         other if extra.client.iter().any(|t| t.name == other) => {
             client_tool(env, other, input).await
         }
