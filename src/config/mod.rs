@@ -5,6 +5,7 @@
 //! (the listener rules only for `Purpose::Serve`).
 //! `data_dir` makes the data directory and the SQLite database private to the daemon's user.
 
+mod budgets;
 pub mod cluster_tls;
 pub mod data_dir;
 pub mod roots;
@@ -45,6 +46,8 @@ pub enum ConfigError {
     TlsPair,
     #[error("refusing to serve {0} without TLS: give --tls-cert/--tls-key (or --insecure)")]
     NotLoopbackWithoutTls(SocketAddr),
+    #[error("invalid {at}: {message}")]
+    Budget { at: String, message: String },
     #[error("--tcp-listen is loopback only, not {0}")]
     TcpNotLoopback(SocketAddr),
 }
@@ -73,6 +76,9 @@ pub struct AgentProfile {
     /// `login = [...]`: what `acpd agent login NAME` runs instead of the agent's advertised
     /// terminal auth method.
     pub login: Vec<String>,
+    /// `approve = "reads"`: permission requests about read-only tool calls are answered
+    /// `allow_once` by acpd (journaled as automatic).
+    pub approve_reads: bool,
 }
 
 /// Size limits on what a client may send.
@@ -229,6 +235,10 @@ pub struct SessionSettings {
     pub mcp_policy: acpd_builtin::McpPolicy,
     /// `busy_prompts`: a prompt while a turn runs is queued or refused.
     pub busy_prompts: BusyPrompts,
+    /// `[budgets]`, validated.
+    pub budgets: crate::budget::Budgets,
+    /// The profiles with `approve = "reads"`.
+    pub approve_reads: std::collections::BTreeSet<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -272,6 +282,8 @@ pub struct Config {
     pub web_session_ttl: Duration,
     /// Several replicas on one Postgres, if on.
     pub cluster: Option<ClusterConfig>,
+    /// `[budgets]`, validated.
+    pub budgets: crate::budget::Budgets,
 }
 
 /// What a configuration is for. Only `serve` opens listeners, so only it (and
@@ -313,8 +325,14 @@ impl Config {
             .map_err(|m| invalid("roots", &m))?;
         let mcp_policy = acpd_builtin::McpPolicy::new(&s.mcp_stdio, s.mcp_stdio_allow.clone())
             .map_err(|m| invalid("mcp_stdio", &m))?;
-        let sessions = session_settings(&s, &mcp_policy)?;
+        let mut sessions = session_settings(&s, &mcp_policy)?;
+        sessions.approve_reads = agents
+            .values()
+            .filter(|a| a.approve_reads)
+            .map(|a| a.name.clone())
+            .collect();
         let builtin = builtin_table(s.builtin.clone(), &mcp_policy)?;
+        let budgets = s.budgets.validate()?;
         let keepalive = Duration::from_millis(s.keepalive_ms);
         if keepalive < Duration::from_millis(50) {
             return Err(invalid("keepalive_ms", "must be at least 50"));
@@ -344,6 +362,7 @@ impl Config {
             web_console: s.web_console,
             web_session_ttl: Duration::from_secs(s.web_session_ttl_secs),
             cluster,
+            budgets,
         })
     }
 
@@ -495,6 +514,8 @@ fn session_settings(
         max_live_per_principal: s.max_sessions_per_principal,
         mcp_policy: mcp_policy.clone(),
         busy_prompts,
+        budgets: s.budgets.validate()?,
+        approve_reads: Default::default(),
     })
 }
 
@@ -525,6 +546,16 @@ fn agents(
         let mut words = split_command(&name, &a.command)?;
         let program = words.remove(0);
         words.extend(a.args);
+        let approve_reads = match a.approve.as_deref() {
+            None => false,
+            Some("reads") => true,
+            Some(other) => {
+                return Err(ConfigError::Agent {
+                    name,
+                    message: format!("approve {other:?}: the only preset is \"reads\""),
+                });
+            }
+        };
         let profile = AgentProfile {
             name: name.clone(),
             program,
@@ -534,6 +565,7 @@ fn agents(
             cwd: a.cwd,
             home: a.home.map(|h| data_dir.join(h)),
             login: a.login,
+            approve_reads,
         };
         agents.insert(name, profile);
     }
@@ -562,6 +594,7 @@ fn agents(
                 cwd: None,
                 home: None,
                 login: vec![],
+                approve_reads: false,
             },
         );
     }

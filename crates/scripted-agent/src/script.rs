@@ -62,6 +62,11 @@ pub enum Command {
     Title(String),
     Caps,
     Stop(String),
+    /// `usage IN OUT [CACHED [THOUGHT]]`: the turn's answer carries these tokens as `usage`.
+    Usage([u64; 4]),
+    /// `cost AMOUNT CURRENCY`: a `usage_update` whose `cost` is the session's running total
+    /// after adding AMOUNT.
+    Cost(f64, String),
     Error {
         code: i64,
         message: String,
@@ -151,6 +156,17 @@ fn parse_line(line: &str) -> Result<Command, String> {
         "unknown_update" => Command::UnknownUpdate,
         "title" => Command::Title(rest.to_string()),
         "caps" => Command::Caps,
+        "usage" => {
+            let n = |i: usize| args.get(i).map_or(Ok(0), |s| int(Some(s), "a token count"));
+            Command::Usage([int(args.first(), "IN")?, int(args.get(1), "OUT")?, n(2)?, n(3)?])
+        }
+        "cost" => match args.as_slice() {
+            [amount, currency] => Command::Cost(
+                amount.parse().map_err(|_| bad("AMOUNT must be a number"))?,
+                currency.to_string(),
+            ),
+            _ => return Err(bad("needs an amount and a currency")),
+        },
         "stop" => Command::Stop(
             args.first()
                 .ok_or_else(|| bad("needs a stop reason"))?
@@ -327,6 +343,24 @@ async fn run_one(
             agent.say(sid, format!("caps: {caps}"));
         }
         Command::Stop(reason) => return Err(TurnEnd::Stop(reason)),
+        Command::Usage([input, output, cached, thought]) => {
+            let usage = json!({
+                "inputTokens": input, "outputTokens": output, "cachedReadTokens": cached,
+                "thoughtTokens": thought, "totalTokens": input + output + cached + thought,
+            });
+            let _ = agent.with_session(sid, |s| s.usage = Some(usage));
+        }
+        Command::Cost(amount, currency) => {
+            let total = agent.with_session(sid, |s| {
+                s.cost += amount;
+                s.cost
+            });
+            let cost = json!({ "amount": total.unwrap_or(amount), "currency": currency });
+            agent.emit(
+                sid,
+                json!({ "sessionUpdate": "usage_update", "used": 1000, "size": 200000, "cost": cost }),
+            );
+        }
         Command::Error { code, message } => return Err(TurnEnd::Error(RpcError::new(code, message))),
     }
     Ok(())

@@ -53,7 +53,10 @@ impl Session {
     /// A controller's prompt: starts now, or waits for the running turn, or is refused
     /// (`busy_prompts`).
     pub(super) async fn prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
-        let busy = !self.running_prompts().is_empty() || !self.turn.queued.is_empty();
+        // Until the session's past spending is read, a prompt waits as if a turn ran.
+        let busy = !self.running_prompts().is_empty()
+            || !self.turn.queued.is_empty()
+            || !self.usage.ready();
         match roles::prompt_step(busy, self.shared.settings.busy_prompts) {
             PromptStep::Start => self.begin_prompt(conn, params, responder).await,
             PromptStep::Queue => {
@@ -74,6 +77,7 @@ impl Session {
         while self.running_prompts().is_empty()
             && !self.turn.guard.holds_prompts()
             && !self.rows.answers_parked()
+            && self.usage.ready()
         {
             let Some(next) = self.turn.queued.pop_front() else {
                 break;

@@ -39,9 +39,11 @@ impl Session {
             return;
         };
         let seq = self.position.assign();
-        if let Some(update) = spliced.update_value() {
-            self.observe(&spliced.kind, &update);
+        let update = spliced.update_value();
+        if let Some(update) = &update {
+            self.observe(&spliced.kind, update);
         }
+        let usage_update = (&*spliced.kind == "usage_update").then_some(update).flatten();
         let text: Arc<str> = spliced.text.into();
         // The whole text bounds what is stored of it (the journal form stores less).
         self.upkeep.journal.appended(text.len() as u64);
@@ -83,6 +85,9 @@ impl Session {
             }
         }
         self.outbox.push(Out::Update { seq, text, exclude });
+        if let Some(update) = usage_update {
+            self.on_usage_update(&update).await;
+        }
     }
 
     /// The store has room again (`None`: it closed): the held entries go, in order.

@@ -47,6 +47,8 @@ pub struct TurnCtx {
     pub cancel: CancellationToken,
     /// Tools of the session's MCP servers.
     pub mcp: Arc<Vec<crate::tools::mcp::McpTool>>,
+    /// What the turn's model calls spent so far (the prompt answer's `usage`).
+    pub spent: watch::Sender<Option<provider::Usage>>,
 }
 
 pub type StopReason = &'static str;
@@ -280,6 +282,13 @@ async fn model_call(
             (&mut usage, &mut finish),
         )
         .await;
+    }
+    if let Some(u) = &usage {
+        // To acpd, which counts it against budgets as it is spent (not relayed to clients).
+        let report = json!({ "usage": u.to_acp() });
+        ctx.client.notify(acpd_protocol::method::ACPD_SESSION_USAGE, report).await;
+        ctx.spent
+            .send_modify(|t| t.get_or_insert_with(Default::default).add(u));
     }
     if let (Some(u), Some(size)) = (usage, spec.context_window) {
         ctx.client
