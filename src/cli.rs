@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 mod docs;
 mod logging;
 mod start;
+mod usage;
 
 use crate::config::{Args, Config, Purpose};
 use crate::server::{self, Core, LOCAL_PRINCIPAL};
@@ -77,6 +78,8 @@ enum Command {
         #[command(flatten)]
         args: Args,
     },
+    /// Print what turns spent (tokens, cost) per day, principal and profile.
+    Usage(usage::UsageArgs),
     /// Write a self-signed TLS certificate and key; print its SHA-256 fingerprint.
     Cert(server::cert::CertArgs),
     /// Print a single-use sign-in link for the web console (the code is in the link's
@@ -309,6 +312,14 @@ async fn run(command: Command) -> ExitCode {
             Err(code) => code,
         },
         Command::Token { action } => token(action).await,
+        Command::Usage(u) => match admin_store(&u.args).await {
+            Ok(store) => {
+                let r = usage::run(u, &store).await;
+                store.close().await;
+                r.map_or_else(fail, |()| ExitCode::SUCCESS)
+            }
+            Err(code) => code,
+        },
         Command::Share {
             session,
             with,

@@ -28,7 +28,8 @@ impl Tallies {
         if *day > *self.today {
             self.today = day.to_owned();
             if let Ok(d) = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d") {
-                let now = chrono::TimeZone::from_utc_datetime(&Utc, &d.and_time(Default::default()));
+                let now =
+                    chrono::TimeZone::from_utc_datetime(&Utc, &d.and_time(Default::default()));
                 self.prune(now);
             }
         }
@@ -97,10 +98,7 @@ impl Tallies {
     pub fn prune(&mut self, now: DateTime<Utc>) {
         let month = month_start(now);
         self.spent.retain(|(_, _, day), _| *day >= month);
-        let (today, this_month) = (
-            period(Window::Day, "", now),
-            period(Window::Month, "", now),
-        );
+        let (today, this_month) = (period(Window::Day, "", now), period(Window::Month, "", now));
         self.announced.retain(|(_, _, p), _| {
             // A session's period is its id; a day's and a month's are dates.
             !p.starts_with(|c: char| c.is_ascii_digit()) || *p == today || *p == this_month
@@ -124,7 +122,13 @@ impl Ledger {
         self.with(|t| t.add(principal, profile, day, spent))
     }
 
-    pub fn spend(&self, principal: &str, profile: &str, session: Spent, now: DateTime<Utc>) -> Spend {
+    pub fn spend(
+        &self,
+        principal: &str,
+        profile: &str,
+        session: Spent,
+        now: DateTime<Utc>,
+    ) -> Spend {
         self.with(|t| t.spend(principal, profile, session, now))
     }
 

@@ -53,7 +53,10 @@ fn the_gate_closes_only_on_a_used_up_stop_budget() {
     assert!(gate(&statuses(&meters, &spend)).is_none());
     spend.session.tokens = 100;
     let s = statuses(&meters, &spend);
-    assert_eq!(gate(&s).map(|s| s.meter.name.as_str()), Some("principals.alice.session.tokens"));
+    assert_eq!(
+        gate(&s).map(|s| s.meter.name.as_str()),
+        Some("principals.alice.session.tokens")
+    );
     // A warn budget over its limit does not stop anything.
     let meters = b.meters("bob", "x");
     spend.principal_day.tokens = 5000;
@@ -101,7 +104,10 @@ fn tallies_sum_the_windows_and_announce_once_per_period() {
     spend.principal_day.tokens = 850;
     let crossed = t.crossings("a", "s1", statuses(&meters, &spend), now);
     assert_eq!(crossed.iter().map(|c| c.1).collect::<Vec<_>>(), [80]);
-    assert!(t.crossings("a", "s2", statuses(&meters, &spend), now).is_empty());
+    assert!(
+        t.crossings("a", "s2", statuses(&meters, &spend), now)
+            .is_empty()
+    );
     spend.principal_day.tokens = 1000;
     let crossed = t.crossings("a", "s1", statuses(&meters, &spend), now);
     assert_eq!(crossed.iter().map(|c| c.1).collect::<Vec<_>>(), [100]);

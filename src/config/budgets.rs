@@ -49,7 +49,10 @@ impl BudgetsFile {
     pub fn validate(&self) -> Result<Budgets, ConfigError> {
         let currency = self.currency.clone().unwrap_or_else(|| "USD".to_owned());
         if currency.is_empty() || !currency.chars().all(|c| c.is_ascii_alphanumeric()) {
-            return Err(bad("budgets.currency", "must be a currency code such as USD"));
+            return Err(bad(
+                "budgets.currency",
+                "must be a currency code such as USD",
+            ));
         }
         let scopes = |m: &BTreeMap<String, ScopeFile>, at: &str| {
             m.iter()
@@ -89,21 +92,36 @@ impl LimitFile {
         let action = match self.action.as_str() {
             "warn" => Action::Warn,
             "stop" => Action::Stop,
-            other => return Err(bad(at, &format!("action {other:?} is neither \"warn\" nor \"stop\""))),
+            other => {
+                return Err(bad(
+                    at,
+                    &format!("action {other:?} is neither \"warn\" nor \"stop\""),
+                ));
+            }
         };
         let mut out = Vec::new();
         if let Some(t) = self.tokens {
             if t == 0 {
                 return Err(bad(at, "tokens must be more than 0"));
             }
-            out.push(Limit { window, unit: Unit::Tokens, amount: t, action });
+            out.push(Limit {
+                window,
+                unit: Unit::Tokens,
+                amount: t,
+                action,
+            });
         }
         if let Some(c) = self.cost {
             if !(c.is_finite() && c > 0.0) {
                 return Err(bad(at, "cost must be a number more than 0"));
             }
             let amount = (c * 1e6).round() as u64;
-            out.push(Limit { window, unit: Unit::Cost, amount, action });
+            out.push(Limit {
+                window,
+                unit: Unit::Cost,
+                amount,
+                action,
+            });
         }
         if out.is_empty() {
             return Err(bad(at, "give tokens, cost or both"));

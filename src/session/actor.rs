@@ -19,8 +19,8 @@ mod rows;
 mod splice;
 mod to_agent;
 mod usage;
-pub(super) use usage::load_ledger;
 pub(super) use to_agent::next_tag;
+pub(super) use usage::load_ledger;
 
 use acpd_protocol::method;
 use std::collections::VecDeque;

@@ -158,7 +158,12 @@ fn parse_line(line: &str) -> Result<Command, String> {
         "caps" => Command::Caps,
         "usage" => {
             let n = |i: usize| args.get(i).map_or(Ok(0), |s| int(Some(s), "a token count"));
-            Command::Usage([int(args.first(), "IN")?, int(args.get(1), "OUT")?, n(2)?, n(3)?])
+            Command::Usage([
+                int(args.first(), "IN")?,
+                int(args.get(1), "OUT")?,
+                n(2)?,
+                n(3)?,
+            ])
         }
         "cost" => match args.as_slice() {
             [amount, currency] => Command::Cost(

@@ -43,7 +43,9 @@ impl Session {
         if let Some(update) = &update {
             self.observe(&spliced.kind, update);
         }
-        let usage_update = (&*spliced.kind == "usage_update").then_some(update).flatten();
+        let usage_update = (&*spliced.kind == "usage_update")
+            .then_some(update)
+            .flatten();
         let text: Arc<str> = spliced.text.into();
         // The whole text bounds what is stored of it (the journal form stores less).
         self.upkeep.journal.appended(text.len() as u64);

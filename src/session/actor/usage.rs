@@ -32,9 +32,14 @@ impl Tokens {
     /// `None` when it names none.
     fn read(v: &Value) -> Option<Tokens> {
         let n = |k: &str| v.get(k).and_then(Value::as_u64);
-        let named = ["inputTokens", "outputTokens", "cachedReadTokens", "thoughtTokens"]
-            .iter()
-            .any(|k| n(k).is_some());
+        let named = [
+            "inputTokens",
+            "outputTokens",
+            "cachedReadTokens",
+            "thoughtTokens",
+        ]
+        .iter()
+        .any(|k| n(k).is_some());
         named.then(|| Tokens {
             input: n("inputTokens").unwrap_or(0),
             output: n("outputTokens").unwrap_or(0),
@@ -111,7 +116,12 @@ pub(super) async fn load(
     principal: String,
     currency: String,
 ) -> TaskDone {
-    let owner = store.principal(&principal).await.ok().flatten().map(|p| p.name);
+    let owner = store
+        .principal(&principal)
+        .await
+        .ok()
+        .flatten()
+        .map(|p| p.name);
     let q = UsageQuery {
         session_id: Some(session),
         ..UsageQuery::default()
@@ -150,7 +160,9 @@ pub(in crate::session) async fn load_ledger(shared: &crate::session::Shared) {
         Ok(rows) => {
             for r in &rows {
                 let spent = spent_of(r, currency);
-                shared.ledger.add(&r.principal_id, &r.profile, &r.day, spent);
+                shared
+                    .ledger
+                    .add(&r.principal_id, &r.profile, &r.day, spent);
             }
         }
         Err(e) => {
@@ -196,10 +208,10 @@ impl Session {
 
     fn budget_statuses(&self, now: chrono::DateTime<Utc>) -> Vec<Status> {
         let a = &self.usage;
-        let spend = self
-            .shared
-            .ledger
-            .spend(&self.row.principal_id, &self.row.agent, a.session, now);
+        let spend =
+            self.shared
+                .ledger
+                .spend(&self.row.principal_id, &self.row.agent, a.session, now);
         budget::statuses(&a.meters, &spend)
     }
 
@@ -282,20 +294,8 @@ impl Session {
     /// The thresholds newly reached are announced; a `stop` budget used up cancels the
     /// running turn (once).
     async fn check_budgets(&mut self) {
-        if self.usage.meters.is_empty() {
-            return;
-        }
         let now = Utc::now();
-        let (statuses, crossed) = self.shared.ledger.check(
-            &self.row.principal_id,
-            &self.row.agent,
-            (&self.id, self.usage.session),
-            &self.usage.meters,
-            now,
-        );
-        for (status, threshold) in crossed {
-            self.announce(&status, threshold, now);
-        }
+        let statuses = self.announce_thresholds(now);
         if self.usage.turn.is_none() || self.usage.stopped {
             return;
         }
@@ -303,9 +303,32 @@ impl Session {
             self.usage.stopped = true;
             let e = self.exceeded(s, now);
             tracing::warn!(target: "acpd::audit", session = %self.id, principal = %self.usage.owner, budget = %s.meter.name, "budget used up: cancelling the running turn");
-            self.tell_clients("stopped", s, e.to_string(), now);
+            self.tell_clients(("stopped", 100), s, e.to_string(), now);
             self.cancel().await;
         }
+    }
+
+    /// The meters' readings; the thresholds newly reached are announced (and the gauges set).
+    fn announce_thresholds(&mut self, now: chrono::DateTime<Utc>) -> Vec<Status> {
+        if self.usage.meters.is_empty() {
+            return Vec::new();
+        }
+        let (statuses, crossed) = self.shared.ledger.check(
+            &self.row.principal_id,
+            &self.row.agent,
+            (&self.id, self.usage.session),
+            &self.usage.meters,
+            now,
+        );
+        for s in &statuses {
+            let (budget, principal) = (s.meter.name.clone(), self.usage.owner.clone());
+            metrics::gauge!(crate::metrics::BUDGET_USED_PERCENT, "budget" => budget, "principal" => principal)
+                .set(s.percent as f64);
+        }
+        for (status, threshold) in crossed {
+            self.announce(&status, threshold, now);
+        }
+        statuses
     }
 
     fn announce(&mut self, s: &Status, threshold: u8, now: chrono::DateTime<Utc>) {
@@ -316,15 +339,22 @@ impl Session {
             "budget {} ({limit}): {threshold} % reached ({} % used)",
             s.meter.name, s.percent
         );
-        self.tell_clients("threshold", s, message, now);
+        self.tell_clients(("threshold", threshold), s, message, now);
     }
 
     /// `_acpd/session/budget` to every client: live, never journaled.
-    fn tell_clients(&mut self, event: &str, s: &Status, message: String, now: chrono::DateTime<Utc>) {
+    fn tell_clients(
+        &mut self,
+        (event, threshold): (&str, u8),
+        s: &Status,
+        message: String,
+        now: chrono::DateTime<Utc>,
+    ) {
         let currency = &self.shared.settings.budgets.currency;
         let text = json!({ "jsonrpc": "2.0", "method": method::ACPD_SESSION_BUDGET, "params": {
             "sessionId": &*self.id,
             "event": event,
+            "threshold": threshold,
             "message": message,
             "meter": s.describe(currency, now),
         }});
@@ -361,6 +391,7 @@ impl Session {
             self.usage.session.add(spent);
         }
         self.count_metrics(tokens, &turn);
+        self.announce_thresholds(now);
         let row = TurnUsageRow {
             session_id: self.id.to_string(),
             principal_id: self.row.principal_id.clone(),

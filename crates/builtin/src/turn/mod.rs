@@ -286,7 +286,9 @@ async fn model_call(
     if let Some(u) = &usage {
         // To acpd, which counts it against budgets as it is spent (not relayed to clients).
         let report = json!({ "usage": u.to_acp() });
-        ctx.client.notify(acpd_protocol::method::ACPD_SESSION_USAGE, report).await;
+        ctx.client
+            .notify(acpd_protocol::method::ACPD_SESSION_USAGE, report)
+            .await;
         ctx.spent
             .send_modify(|t| t.get_or_insert_with(Default::default).add(u));
     }
