@@ -76,9 +76,6 @@ pub struct AgentProfile {
     /// `login = [...]`: what `acpd agent login NAME` runs instead of the agent's advertised
     /// terminal auth method.
     pub login: Vec<String>,
-    /// `approve = "reads"`: permission requests about read-only tool calls are answered
-    /// `allow_once` by acpd (journaled as automatic).
-    pub approve_reads: bool,
 }
 
 /// Size limits on what a client may send.
@@ -326,11 +323,7 @@ impl Config {
         let mcp_policy = acpd_builtin::McpPolicy::new(&s.mcp_stdio, s.mcp_stdio_allow.clone())
             .map_err(|m| invalid("mcp_stdio", &m))?;
         let mut sessions = session_settings(&s, &mcp_policy)?;
-        sessions.approve_reads = agents
-            .values()
-            .filter(|a| a.approve_reads)
-            .map(|a| a.name.clone())
-            .collect();
+        sessions.approve_reads = approve_presets(&s)?;
         let builtin = builtin_table(s.builtin.clone(), &mcp_policy)?;
         let budgets = s.budgets.validate()?;
         let keepalive = Duration::from_millis(s.keepalive_ms);
@@ -535,6 +528,27 @@ fn builtin_table(
     Ok(builtin)
 }
 
+/// The profiles with `approve = "reads"`: permission requests about read-only tool calls are
+/// answered `allow_once` by acpd (journaled as automatic).
+fn approve_presets(s: &Settings) -> Result<std::collections::BTreeSet<String>, ConfigError> {
+    let mut out = std::collections::BTreeSet::new();
+    for (name, a) in &s.agents {
+        match a.approve.as_deref() {
+            None => {}
+            Some("reads") => {
+                out.insert(name.clone());
+            }
+            Some(other) => {
+                return Err(ConfigError::Agent {
+                    name: name.clone(),
+                    message: format!("approve {other:?}: the only preset is \"reads\""),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The file's `[agents]` plus the `--agent NAME=COMMAND` flags.
 fn agents(
     file: BTreeMap<String, settings::FileAgent>,
@@ -546,16 +560,6 @@ fn agents(
         let mut words = split_command(&name, &a.command)?;
         let program = words.remove(0);
         words.extend(a.args);
-        let approve_reads = match a.approve.as_deref() {
-            None => false,
-            Some("reads") => true,
-            Some(other) => {
-                return Err(ConfigError::Agent {
-                    name,
-                    message: format!("approve {other:?}: the only preset is \"reads\""),
-                });
-            }
-        };
         let profile = AgentProfile {
             name: name.clone(),
             program,
@@ -565,7 +569,6 @@ fn agents(
             cwd: a.cwd,
             home: a.home.map(|h| data_dir.join(h)),
             login: a.login,
-            approve_reads,
         };
         agents.insert(name, profile);
     }
@@ -594,7 +597,6 @@ fn agents(
                 cwd: None,
                 home: None,
                 login: vec![],
-                approve_reads: false,
             },
         );
     }

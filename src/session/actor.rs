@@ -6,6 +6,7 @@
 //! `outbox.rs`), so nothing reaches a client that a later `session/load` could not replay.
 
 mod agent_side;
+mod approvals;
 mod attach;
 mod cancel;
 mod clients;
@@ -162,7 +163,7 @@ enum TaskDone {
     Row(rows::RowDone),
     /// The owner's name and what the session spent before (`usage.rs`).
     Usage(Box<usage::Loaded>),
-    /// A turn's spending written (`usage.rs`).
+    /// A turn's spending or a permission decision written (`usage.rs`, `approvals.rs`).
     UsageRecorded(Result<String, StoreError>),
 }
 

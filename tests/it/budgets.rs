@@ -319,3 +319,48 @@ day = { tokens = 200, action = "stop" }
 fn write(dir: &Path, name: &str) {
     std::fs::write(dir.join(name), "hello\n").expect("write");
 }
+
+#[tokio::test]
+async fn an_automatic_and_a_human_approval_are_both_in_the_audit_list() {
+    let agent = crate::support::scripted_agent_bin();
+    let config = format!("[agents.reader]\ncommand = {agent:?}\napprove = \"reads\"\n");
+    let (daemon, _cfg) = daemon_with(&config, DaemonOptions::default()).await;
+    let mut c = Client::connect_ws(&format!("{}?agent=reader", daemon.ws_url()))
+        .await
+        .expect("connect");
+    c.initialize().await;
+    let sid = c.new_session(&daemon.work_dir()).await;
+    let (updates, r) = c.prompt(&sid, "permission_read").await;
+    r.expect("turn");
+    assert!(
+        crate::support::agent_texts(&updates).contains(&"permission: selected allow-once".into()),
+        "{updates:?}"
+    );
+    assert!(
+        c.received_requests.is_empty(),
+        "a read was approved without asking the client: {:?}",
+        c.received_requests
+    );
+    let (updates, r) = c.prompt(&sid, "ask_tool").await;
+    r.expect("turn");
+    assert!(
+        crate::support::agent_texts(&updates).contains(&"permission: selected allow-once".into())
+    );
+    assert_eq!(c.received_requests.len(), 1, "anything else is asked");
+
+    let (status, body) = http_get(daemon.addr, &format!("/web/api/sessions/{sid}/usage")).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    let list = v["permissions"].as_array().expect("permissions").clone();
+    assert_eq!(list.len(), 2, "{v}");
+    assert_eq!(list[0]["automatic"], true);
+    assert_eq!(list[0]["kind"], "read");
+    assert_eq!(list[0]["optionKind"], "allow_once");
+    assert_eq!(list[0]["decidedBy"], Value::Null);
+    assert_eq!(list[1]["automatic"], false);
+    assert_eq!(list[1]["optionId"], "allow-once");
+    assert_eq!(list[1]["decidedBy"]["principal"], "local");
+    assert_eq!(list[1]["decidedBy"]["name"], "acpd-tests");
+    assert_eq!(v["usage"][0]["turns"], 2);
+    assert_eq!(v["usage"][0]["unknownTurns"], 2);
+}

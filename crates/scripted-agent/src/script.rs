@@ -22,6 +22,8 @@ pub enum Command {
     Tool,
     /// `permission [PATH]`: the tool call asked about names PATH in its `locations`.
     Permission(Option<String>),
+    /// `permission_read`: a permission request about a read-only (`kind: read`) tool call.
+    PermissionRead,
     /// `ask_tool`: a `tool_call` update, then a permission request about that tool call (the
     /// order real agents use).
     AskTool,
@@ -109,6 +111,7 @@ fn parse_line(line: &str) -> Result<Command, String> {
         "tool" => Command::Tool,
         "permission" => Command::Permission(args.first().map(|s| s.to_string())),
         "ask_tool" => Command::AskTool,
+        "permission_read" => Command::PermissionRead,
         "locate" => Command::Locate(path("locate")?),
         "where" => Command::Where,
         "links" => Command::Links,
@@ -273,13 +276,17 @@ async fn run_one(
         }
         Command::Permission(path) => {
             let id = format!("perm-{}", next_tool(agent, sid));
-            permission(agent, sid, id, path, cancel).await?
+            permission(agent, sid, (id, "other"), path, cancel).await?
+        }
+        Command::PermissionRead => {
+            let id = format!("perm-{}", next_tool(agent, sid));
+            permission(agent, sid, (id, "read"), None, cancel).await?
         }
         Command::StopReading => agent.stop_reading.cancel(),
         Command::AskTool => {
             let id = format!("tool-{}", next_tool(agent, sid));
             announce_tool(agent, sid, &id, "Run a scripted action", "other");
-            permission(agent, sid, id, None, cancel).await?
+            permission(agent, sid, (id, "other"), None, cancel).await?
         }
         Command::Locate(path) => locate(agent, sid, &path),
         Command::Where => {
@@ -521,7 +528,7 @@ async fn call(
 async fn permission(
     agent: &Arc<Agent>,
     sid: &str,
-    id: String,
+    (id, kind): (String, &str),
     path: Option<String>,
     cancel: &CancellationToken,
 ) -> Flow {
@@ -536,7 +543,7 @@ async fn permission(
     .collect();
     let mut params = json!({
         "sessionId": sid,
-        "toolCall": { "toolCallId": id, "title": "Run a scripted action", "kind": "other", "status": "pending" },
+        "toolCall": { "toolCallId": id, "title": "Run a scripted action", "kind": kind, "status": "pending" },
         "options": options,
     });
     if let Some(path) = path {

@@ -217,6 +217,9 @@ impl Session {
             .and_then(|p| p.pointer("/toolCall/toolCallId"))
             .cloned();
         let outcome = result.as_ref().ok().and_then(|v| v.get("outcome")).cloned();
+        let asked = permission
+            .then(|| self.pending.params(id).cloned())
+            .flatten();
         let result = result.map_err(|e| match e {
             PeerError::Remote(e) => e,
             PeerError::Disconnected => AcpError::ClientLeft("went away").into(),
@@ -229,6 +232,10 @@ impl Session {
         match step {
             Step::Decide { .. } if permission => {
                 let by = self.outbox.client(&conn).map(Client::describe);
+                if let (Some(asked), Some(outcome)) = (&asked, &outcome) {
+                    let who = by.clone().unwrap_or_else(|| json!({ "conn": &*conn }));
+                    self.record_decision(asked, outcome, Some(who));
+                }
                 tracing::info!(target: "acpd::audit", session = %self.id, conn = %conn, outcome = ?outcome, "permission decision");
                 let text = json!({ "jsonrpc": "2.0", "method": RESOLVED, "params": {
                     "sessionId": &*self.id,

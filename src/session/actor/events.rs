@@ -67,6 +67,9 @@ impl Session {
             req.responder.respond_now(result);
             return;
         }
+        let Some(req) = self.auto_approve(req) else {
+            return;
+        };
         let params = req.params.unwrap_or(Value::Null);
         // Rewrite the agent's session id; a request without one stays without.
         let params = if params.get("sessionId").is_some() {
