@@ -312,14 +312,7 @@ async fn run(command: Command) -> ExitCode {
             Err(code) => code,
         },
         Command::Token { action } => token(action).await,
-        Command::Usage(u) => match admin_store(&u.args).await {
-            Ok(store) => {
-                let r = usage::run(u, &store).await;
-                store.close().await;
-                r.map_or_else(fail, |()| ExitCode::SUCCESS)
-            }
-            Err(code) => code,
-        },
+        Command::Usage(u) => usage_command(u).await,
         Command::Share {
             session,
             with,
@@ -402,6 +395,23 @@ async fn admin_store(args: &Args) -> Result<Store, ExitCode> {
     )
     .await
     .map_err(|e| fail(e.to_string()))
+}
+
+/// `acpd usage`: the table on stdout.
+async fn usage_command(u: usage::UsageArgs) -> ExitCode {
+    let store = match admin_store(&u.args).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let r = usage::run(u, &store).await;
+    store.close().await;
+    match r {
+        Ok(table) => {
+            print!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
 }
 
 async fn token(action: TokenAction) -> ExitCode {

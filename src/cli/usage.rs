@@ -27,7 +27,8 @@ fn parse_day(s: &str) -> Result<String, String> {
         .map_err(|_| format!("{s:?} is not a date (YYYY-MM-DD)"))
 }
 
-pub(super) async fn run(u: UsageArgs, store: &Store) -> Result<(), String> {
+/// The table, for `cli.rs` to print.
+pub(super) async fn run(u: UsageArgs, store: &Store) -> Result<String, String> {
     let principal_id = match &u.principal {
         None => None,
         Some(name) => match store.principal_by_name(name).await {
@@ -52,12 +53,14 @@ pub(super) async fn run(u: UsageArgs, store: &Store) -> Result<(), String> {
             names.insert(r.principal_id.clone(), name);
         }
     }
-    println!("day\tprincipal\tprofile\tturns\tunknown\tinput\toutput\tcached\tthought\tcost");
+    let mut out = "day\tprincipal\tprofile\tturns\tunknown\tinput\toutput\tcached\tthought\tcost\n"
+        .to_owned();
     for (r, costs) in merged(rows) {
         let name = names.get(&r.principal_id).unwrap_or(&r.principal_id);
-        println!("{}", line(&r, name, &costs));
+        out.push_str(&line(&r, name, &costs));
+        out.push('\n');
     }
-    Ok(())
+    Ok(out)
 }
 
 /// The store's rows are per currency too: one line per day, principal and profile here,
