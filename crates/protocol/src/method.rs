@@ -97,9 +97,6 @@ methods! {
     AcpdSessionUsage = ACPD_SESSION_USAGE = "_acpd/session/usage",
     /// A notification to clients: a budget reached a threshold, or stopped the turn.
     AcpdSessionBudget = ACPD_SESSION_BUDGET = "_acpd/session/budget",
-    // The quotas RFD (proposal).
-    /// The budgets of a session (or of the principal) as a quota snapshot.
-    QuotaRead = QUOTA_READ = "quota/read",
 }
 
 impl std::fmt::Display for Method {
