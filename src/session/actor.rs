@@ -449,6 +449,12 @@ impl Session {
                 self.cancel_in_outage();
             }
             SessionCommand::Relay {
+                method, responder, ..
+            } if method == method::QUOTA_READ => {
+                let snapshot = self.quota_snapshot();
+                self.reply(responder, Ok(snapshot))
+            }
+            SessionCommand::Relay {
                 conn: _,
                 method,
                 params,

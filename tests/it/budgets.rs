@@ -364,3 +364,37 @@ async fn an_automatic_and_a_human_approval_are_both_in_the_audit_list() {
     assert_eq!(v["usage"][0]["turns"], 2);
     assert_eq!(v["usage"][0]["unknownTurns"], 2);
 }
+
+#[tokio::test]
+async fn quota_read_answers_the_sessions_budgets_as_a_snapshot() {
+    let config = r#"
+[budgets.default]
+session = { tokens = 1000, action = "stop" }
+month = { cost = 10.0, action = "warn" }
+"#;
+    let (daemon, _cfg) = daemon_with(config, DaemonOptions::default()).await;
+    let (mut c, sid) = session(&daemon).await;
+    c.prompt(&sid, "usage 200 50\ncost 2.5 USD")
+        .await
+        .1
+        .expect("turn");
+    let snap = c
+        .request("quota/read", json!({ "sessionId": sid }))
+        .await
+        .expect("quota/read");
+    let meters = snap["pools"][0]["meters"]
+        .as_array()
+        .expect("meters")
+        .clone();
+    assert_eq!(meters.len(), 2, "{snap}");
+    let by_id = |id: &str| meters.iter().find(|m| m["id"] == id).cloned().expect(id);
+    let tokens = by_id("default.session.tokens");
+    assert_eq!(
+        (tokens["used"].clone(), tokens["usedPercent"].clone()),
+        (json!(250), json!(25))
+    );
+    assert_eq!(tokens["status"], "ok");
+    let cost = by_id("default.month.cost");
+    assert_eq!(cost["usedPercent"], 25);
+    assert!(cost["resetsAt"].is_string());
+}

@@ -97,6 +97,9 @@ methods! {
     AcpdSessionUsage = ACPD_SESSION_USAGE = "_acpd/session/usage",
     /// A notification to clients: a budget reached a threshold, or stopped the turn.
     AcpdSessionBudget = ACPD_SESSION_BUDGET = "_acpd/session/budget",
+    // The quotas RFD (proposal).
+    /// A session's quotas: acpd answers with its budgets' meters, as a snapshot.
+    QuotaRead = QUOTA_READ = "quota/read",
 }
 
 impl std::fmt::Display for Method {

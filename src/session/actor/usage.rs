@@ -215,6 +215,22 @@ impl Session {
         budget::statuses(&a.meters, &spend)
     }
 
+    /// `quota/read`: the session's budgets as the quotas RFD's snapshot (one pool, a meter
+    /// per limit), live state.
+    pub(super) fn quota_snapshot(&self) -> Value {
+        let now = Utc::now();
+        let currency = &self.shared.settings.budgets.currency;
+        let meters: Vec<Value> = self
+            .budget_statuses(now)
+            .iter()
+            .map(|s| s.describe(currency, now))
+            .collect();
+        json!({
+            "pools": [{ "id": "acpd", "name": "acpd budgets", "meters": meters }],
+            "updatedAt": now.to_rfc3339(),
+        })
+    }
+
     fn exceeded(&self, s: &Status, now: chrono::DateTime<Utc>) -> AcpError {
         let currency = &self.shared.settings.budgets.currency;
         let resets = budget::resets_at(s.meter.limit.window, now);
