@@ -1,4 +1,5 @@
-//! The `[budgets]` table: the file's shape and its validation into `budget::Budgets`.
+//! The `[budgets]` table: the file's shape and its validation into `budget::Budgets`; and the
+//! profiles' `approve` presets.
 
 use std::collections::BTreeMap;
 
@@ -135,4 +136,27 @@ fn bad(at: &str, message: &str) -> ConfigError {
         at: at.to_owned(),
         message: message.to_owned(),
     }
+}
+
+/// The profiles with `approve = "reads"`: permission requests about read-only tool calls are
+/// answered `allow_once` by acpd (journaled as automatic).
+pub(super) fn approve_presets(
+    agents: &BTreeMap<String, super::settings::FileAgent>,
+) -> Result<std::collections::BTreeSet<String>, ConfigError> {
+    let mut out = std::collections::BTreeSet::new();
+    for (name, a) in agents {
+        match a.approve.as_deref() {
+            None => {}
+            Some("reads") => {
+                out.insert(name.clone());
+            }
+            Some(other) => {
+                return Err(ConfigError::Agent {
+                    name: name.clone(),
+                    message: format!("approve {other:?}: the only preset is \"reads\""),
+                });
+            }
+        }
+    }
+    Ok(out)
 }

@@ -323,7 +323,7 @@ impl Config {
         let mcp_policy = acpd_builtin::McpPolicy::new(&s.mcp_stdio, s.mcp_stdio_allow.clone())
             .map_err(|m| invalid("mcp_stdio", &m))?;
         let mut sessions = session_settings(&s, &mcp_policy)?;
-        sessions.approve_reads = approve_presets(&s)?;
+        sessions.approve_reads = budgets::approve_presets(&s.agents)?;
         let builtin = builtin_table(s.builtin.clone(), &mcp_policy)?;
         let budgets = s.budgets.validate()?;
         let keepalive = Duration::from_millis(s.keepalive_ms);
@@ -526,27 +526,6 @@ fn builtin_table(
     }
     mcp_policy.insert_into(&mut builtin);
     Ok(builtin)
-}
-
-/// The profiles with `approve = "reads"`: permission requests about read-only tool calls are
-/// answered `allow_once` by acpd (journaled as automatic).
-fn approve_presets(s: &Settings) -> Result<std::collections::BTreeSet<String>, ConfigError> {
-    let mut out = std::collections::BTreeSet::new();
-    for (name, a) in &s.agents {
-        match a.approve.as_deref() {
-            None => {}
-            Some("reads") => {
-                out.insert(name.clone());
-            }
-            Some(other) => {
-                return Err(ConfigError::Agent {
-                    name: name.clone(),
-                    message: format!("approve {other:?}: the only preset is \"reads\""),
-                });
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// The file's `[agents]` plus the `--agent NAME=COMMAND` flags.

@@ -398,3 +398,37 @@ month = { cost = 10.0, action = "warn" }
     assert_eq!(cost["usedPercent"], 25);
     assert!(cost["resetsAt"].is_string());
 }
+
+#[tokio::test]
+async fn a_bad_budget_or_approve_preset_exits_64_with_one_line_naming_it() {
+    for (config, says) in [
+        (
+            "[budgets.default]\nday = { action = \"stop\" }\n",
+            "invalid budgets.default.day: give tokens, cost or both",
+        ),
+        (
+            "[budgets.principals.ci]\nmonth = { cost = 5.0, action = \"halt\" }\n",
+            "invalid budgets.principals.ci.month: action \"halt\"",
+        ),
+        (
+            "[agents.x]\ncommand = \"x\"\napprove = \"all\"\n",
+            "approve \"all\": the only preset is \"reads\"",
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("acpd.toml");
+        std::fs::write(&file, config).expect("config");
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_acpd"))
+            .arg("check-config")
+            .arg("--config")
+            .arg(&file)
+            .args(["--data-dir", &dir.path().join("data").display().to_string()])
+            .output()
+            .await
+            .expect("run acpd");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{config}: {stderr}");
+        assert!(stderr.contains(says), "{config}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+}
