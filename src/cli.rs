@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 mod docs;
 mod logging;
 mod start;
+mod usage;
 
 use crate::config::{Args, Config, Purpose};
 use crate::server::{self, Core, LOCAL_PRINCIPAL};
@@ -77,6 +78,8 @@ enum Command {
         #[command(flatten)]
         args: Args,
     },
+    /// Print what turns spent (tokens, cost) per day, principal and profile.
+    Usage(usage::UsageArgs),
     /// Write a self-signed TLS certificate and key; print its SHA-256 fingerprint.
     Cert(server::cert::CertArgs),
     /// Print a single-use sign-in link for the web console (the code is in the link's
@@ -309,6 +312,7 @@ async fn run(command: Command) -> ExitCode {
             Err(code) => code,
         },
         Command::Token { action } => token(action).await,
+        Command::Usage(u) => usage_command(u).await,
         Command::Share {
             session,
             with,
@@ -391,6 +395,23 @@ async fn admin_store(args: &Args) -> Result<Store, ExitCode> {
     )
     .await
     .map_err(|e| fail(e.to_string()))
+}
+
+/// `acpd usage`: the table on stdout.
+async fn usage_command(u: usage::UsageArgs) -> ExitCode {
+    let store = match admin_store(&u.args).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let r = usage::run(u, &store).await;
+    store.close().await;
+    match r {
+        Ok(table) => {
+            print!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
 }
 
 async fn token(action: TokenAction) -> ExitCode {

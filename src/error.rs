@@ -27,6 +27,8 @@ pub const FORBIDDEN: i64 = -32010;
 pub const BUSY: i64 = -32011;
 /// The session is owned (a live lease) by another replica of the cluster.
 pub const OWNED_ELSEWHERE: i64 = -32012;
+/// A `stop` budget is used up (the quotas RFD's `quotaExceeded`).
+pub const QUOTA_EXCEEDED: i64 = -32013;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AcpError {
@@ -56,6 +58,14 @@ pub enum AcpError {
     /// that was only granted a role on it.
     #[error("{0} is for the session's owner only")]
     NotOwner(String),
+    /// A `stop` budget is used up: `message` names it and when it resets, `meter` is its
+    /// reading.
+    #[error("{message}")]
+    QuotaExceeded {
+        budget: String,
+        message: String,
+        meter: Value,
+    },
     /// A prompt while a turn runs, under `busy_prompts = "refuse"`.
     #[error("a turn is running in this session")]
     Busy,
@@ -206,6 +216,16 @@ impl From<AcpError> for ResponseError {
                 ),
             )
             .with_data(json!({ "acpd": { "owner": false } })),
+            AcpError::QuotaExceeded {
+                budget,
+                message,
+                meter,
+            } => ResponseError::new(QUOTA_EXCEEDED, message).with_data(json!({
+                "reason": "quotaExceeded",
+                "budget": budget,
+                "resetsAt": meter.get("resetsAt"),
+                "meter": meter,
+            })),
             AcpError::Busy => ResponseError::new(
                 BUSY,
                 "a turn is running in this session (busy_prompts = \"refuse\"); send the prompt \

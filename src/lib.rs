@@ -5,6 +5,7 @@
 
 mod acp;
 mod agent;
+mod budget;
 mod cli;
 mod cluster;
 mod config;

@@ -40,6 +40,11 @@ pub const BYTES_IN_TOTAL: &str = "acpd_bytes_in_total";
 pub const BYTES_OUT_TOTAL: &str = "acpd_bytes_out_total";
 pub const LOG_WRITES_DROPPED_TOTAL: &str = "acpd_log_writes_dropped_total";
 pub const BUILD_INFO: &str = "acpd_build_info";
+// What turns spend (`session/actor/usage.rs`), by principal and profile.
+pub const USAGE_TURNS_TOTAL: &str = "acpd_usage_turns_total";
+pub const USAGE_TOKENS_TOTAL: &str = "acpd_usage_tokens_total";
+pub const USAGE_COST_MICROS_TOTAL: &str = "acpd_usage_cost_micros_total";
+pub const BUDGET_USED_PERCENT: &str = "acpd_budget_used_percent";
 /// How often the `process_*` gauges are read from `/proc`: well under a scrape interval.
 const PROCESS_SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -76,6 +81,22 @@ fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_gauge!(CONNECTIONS_LIVE, "Client connections with an open socket");
     describe_counter!(CONNECTIONS_TOTAL, "Client connections accepted");
+    describe_counter!(
+        USAGE_TURNS_TOTAL,
+        "Prompt turns ended, by principal, profile and whether the agent reported usage"
+    );
+    describe_counter!(
+        USAGE_TOKENS_TOTAL,
+        "Tokens turns spent as their agents reported them, by principal, profile and kind"
+    );
+    describe_counter!(
+        USAGE_COST_MICROS_TOTAL,
+        "Cost turns spent as their agents reported it, in millionths of the currency"
+    );
+    describe_gauge!(
+        BUDGET_USED_PERCENT,
+        "How much of a budget a principal used, in percent (at the last turn that spent)"
+    );
     describe_gauge!(
         CONNECTIONS_DETACHED,
         "Resumable links waiting for their client to reconnect"

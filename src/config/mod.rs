@@ -5,6 +5,7 @@
 //! (the listener rules only for `Purpose::Serve`).
 //! `data_dir` makes the data directory and the SQLite database private to the daemon's user.
 
+mod budgets;
 pub mod cluster_tls;
 pub mod data_dir;
 pub mod roots;
@@ -45,6 +46,8 @@ pub enum ConfigError {
     TlsPair,
     #[error("refusing to serve {0} without TLS: give --tls-cert/--tls-key (or --insecure)")]
     NotLoopbackWithoutTls(SocketAddr),
+    #[error("invalid {at}: {message}")]
+    Budget { at: String, message: String },
     #[error("--tcp-listen is loopback only, not {0}")]
     TcpNotLoopback(SocketAddr),
 }
@@ -229,6 +232,10 @@ pub struct SessionSettings {
     pub mcp_policy: acpd_builtin::McpPolicy,
     /// `busy_prompts`: a prompt while a turn runs is queued or refused.
     pub busy_prompts: BusyPrompts,
+    /// `[budgets]`, validated.
+    pub budgets: crate::budget::Budgets,
+    /// The profiles with `approve = "reads"`.
+    pub approve_reads: std::collections::BTreeSet<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -272,6 +279,8 @@ pub struct Config {
     pub web_session_ttl: Duration,
     /// Several replicas on one Postgres, if on.
     pub cluster: Option<ClusterConfig>,
+    /// `[budgets]`, validated.
+    pub budgets: crate::budget::Budgets,
 }
 
 /// What a configuration is for. Only `serve` opens listeners, so only it (and
@@ -313,8 +322,10 @@ impl Config {
             .map_err(|m| invalid("roots", &m))?;
         let mcp_policy = acpd_builtin::McpPolicy::new(&s.mcp_stdio, s.mcp_stdio_allow.clone())
             .map_err(|m| invalid("mcp_stdio", &m))?;
-        let sessions = session_settings(&s, &mcp_policy)?;
+        let mut sessions = session_settings(&s, &mcp_policy)?;
+        sessions.approve_reads = budgets::approve_presets(&s.agents)?;
         let builtin = builtin_table(s.builtin.clone(), &mcp_policy)?;
+        let budgets = s.budgets.validate()?;
         let keepalive = Duration::from_millis(s.keepalive_ms);
         if keepalive < Duration::from_millis(50) {
             return Err(invalid("keepalive_ms", "must be at least 50"));
@@ -344,6 +355,7 @@ impl Config {
             web_console: s.web_console,
             web_session_ttl: Duration::from_secs(s.web_session_ttl_secs),
             cluster,
+            budgets,
         })
     }
 
@@ -495,6 +507,8 @@ fn session_settings(
         max_live_per_principal: s.max_sessions_per_principal,
         mcp_policy: mcp_policy.clone(),
         busy_prompts,
+        budgets: s.budgets.validate()?,
+        approve_reads: Default::default(),
     })
 }
 

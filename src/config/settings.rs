@@ -77,6 +77,8 @@ pub struct Settings {
     pub roots: BTreeMap<String, Vec<PathBuf>>,
     pub default_roots: Vec<PathBuf>,
     pub agents: BTreeMap<String, FileAgent>,
+    /// Spending limits per principal and profile (`budgets.rs`).
+    pub budgets: super::budgets::BudgetsFile,
     /// The built-in agent's own table, checked by `acpd_builtin::BuiltinConfig::parse`.
     pub builtin: toml::Table,
 }
@@ -130,6 +132,7 @@ impl Default for Settings {
             roots: BTreeMap::new(),
             default_roots: Vec::new(),
             agents: BTreeMap::new(),
+            budgets: super::budgets::BudgetsFile::default(),
             builtin: toml::Table::new(),
         }
     }
@@ -154,6 +157,8 @@ pub struct FileAgent {
     /// The command `acpd agent login NAME` runs (default: the agent's terminal auth method).
     #[serde(default)]
     pub login: Vec<String>,
+    /// `"reads"`: read-only tool calls are approved `allow_once` automatically.
+    pub approve: Option<String>,
 }
 
 /// Options shared by `serve`, `stdio` and the admin subcommands. Each field is named like

@@ -6,6 +6,7 @@
 //! `outbox.rs`), so nothing reaches a client that a later `session/load` could not replay.
 
 mod agent_side;
+mod approvals;
 mod attach;
 mod cancel;
 mod clients;
@@ -18,7 +19,9 @@ mod restore;
 mod rows;
 mod splice;
 mod to_agent;
+mod usage;
 pub(super) use to_agent::next_tag;
+pub(super) use usage::load_ledger;
 
 use acpd_protocol::method;
 use std::collections::VecDeque;
@@ -87,7 +90,14 @@ pub(super) fn spawn(
         upkeep: Upkeep::default(),
         rows: rows::RowWrites::default(),
         status,
+        usage: usage::Accounting::default(),
     };
+    session.tasks.spawn(usage::load(
+        shared.store.clone(),
+        session.id.to_string(),
+        session.row.principal_id.clone(),
+        shared.settings.budgets.currency.clone(),
+    ));
     if let Some((agent, agent_sid)) = agent {
         agent.register(&session.id, Some(&agent_sid), session.agent.events.clone());
         session.agent.state = AgentState::Bound { agent, agent_sid };
@@ -151,6 +161,10 @@ enum TaskDone {
         page: Result<Vec<acpd_store::JournalEntry>, StoreError>,
     },
     Row(rows::RowDone),
+    /// The owner's name and what the session spent before (`usage.rs`).
+    Usage(Box<usage::Loaded>),
+    /// A turn's spending or a permission decision written (`usage.rs`, `approvals.rs`).
+    UsageRecorded(Result<String, StoreError>),
 }
 
 /// The running turn (its in-band requests are the agent side's `inflight`).
@@ -213,6 +227,8 @@ pub(super) struct Session {
     ending: bool,
     /// What the session says of itself (`SessionHandle::status`).
     status: watch::Sender<super::LiveStatus>,
+    /// What its turns spend, and its budgets (`usage.rs`).
+    usage: usage::Accounting,
 }
 
 impl Session {
@@ -433,6 +449,12 @@ impl Session {
                 self.cancel_in_outage();
             }
             SessionCommand::Relay {
+                method, responder, ..
+            } if method == method::QUOTA_READ => {
+                let snapshot = self.quota_snapshot();
+                self.reply(responder, Ok(snapshot))
+            }
+            SessionCommand::Relay {
                 conn: _,
                 method,
                 params,
@@ -460,6 +482,9 @@ impl Session {
 
     /// Starts a prompt's turn (`clients.rs` decided it may start now).
     async fn begin_prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
+        if let Some(e) = self.budget_refusal() {
+            return self.reply(responder, Err(e.into()));
+        }
         self.turn.own_from = self.position.next_seq;
         if let Some(blocks) = params.get("prompt").and_then(Value::as_array) {
             for block in blocks.clone() {
@@ -498,6 +523,8 @@ impl Session {
             TaskDone::CatchUp { conn, after, page } => self.on_catch_up(conn, after, page),
             TaskDone::Row(done) => self.on_row_done(done),
             TaskDone::Retention(r) => self.retention_done(r),
+            TaskDone::Usage(loaded) => self.usage_loaded(*loaded),
+            TaskDone::UsageRecorded(r) => self.usage_recorded(r),
             TaskDone::AgentReady(Err(e)) => {
                 self.agent.state = AgentState::Unbound;
                 let err: ResponseError = AcpError::Agent(e).into();

@@ -160,6 +160,8 @@ impl Drop for Reservation {
 
 impl HubTask {
     pub async fn run(mut self, mut rx: mpsc::Receiver<HubCommand>) {
+        // Before any session opens: what was spent this month counts against budgets.
+        actor::load_ledger(&self.shared).await;
         loop {
             let cmd = tokio::select! {
                 _ = self.shared.shutdown.cancelled() => break,

@@ -254,6 +254,8 @@ pub(crate) struct Shared {
     /// Numbers the actors started, so the hub tells an ended actor from a newer one of the
     /// same session. A counter, not shared state.
     pub serials: Arc<std::sync::atomic::AtomicU64>,
+    /// What principals spent this month, for budgets (`budget::Ledger`).
+    pub ledger: crate::budget::Ledger,
 }
 
 impl Shared {
@@ -353,6 +355,7 @@ impl SessionHub {
             turns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             cluster,
             serials: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            ledger: crate::budget::Ledger::default(),
         };
         let task = hub::HubTask {
             shared: shared.clone(),

@@ -19,17 +19,17 @@ use acpd_store::{ListQuery, SessionRow};
 const PAGE_ENTRIES: u32 = 200;
 const MAX_PAGE_ENTRIES: u32 = 1000;
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub(super) fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(json!({ "error": message }))).into_response()
 }
 
-fn unavailable(e: impl std::fmt::Display) -> Response {
+pub(super) fn unavailable(e: impl std::fmt::Display) -> Response {
     tracing::error!(error = %e, "web console: store read failed");
     error(StatusCode::SERVICE_UNAVAILABLE, "the store is unavailable")
 }
 
 /// The signed-in identity, or the 401 the API answers.
-async fn signed_in(st: &WebState, headers: &HeaderMap) -> Result<WebIdentity, Response> {
+pub(super) async fn signed_in(st: &WebState, headers: &HeaderMap) -> Result<WebIdentity, Response> {
     match st.identity(headers).await? {
         Some(who) => Ok(who),
         None => Err(error(StatusCode::UNAUTHORIZED, "not signed in")),

@@ -12,6 +12,7 @@ mod api;
 mod cookie;
 mod csp;
 mod render;
+mod usage;
 
 use std::sync::Arc;
 
@@ -138,6 +139,8 @@ pub fn router<S: Clone + Send + Sync + 'static>(st: WebState) -> Router<S> {
         .route("/web/api/sessions", get(api::sessions))
         .route("/web/api/sessions/{id}", get(api::session))
         .route("/web/api/sessions/{id}/entries", get(api::entries))
+        .route("/web/api/sessions/{id}/usage", get(usage::session))
+        .route("/web/api/usage", get(usage::principal))
         .layer(axum::middleware::from_fn_with_state(st.clone(), guard))
         .with_state(st)
 }

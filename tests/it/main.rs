@@ -16,6 +16,7 @@ mod agent_supervision;
 mod attach_after;
 mod auth_audit;
 mod bad_input;
+mod budgets;
 mod builtin;
 mod builtin_provider;
 mod builtin_support;

@@ -74,6 +74,8 @@ pub struct Session {
     settings: watch::Sender<Settings>,
     turn: Option<(CancellationToken, Responder)>,
     turns: JoinSet<TurnResult>,
+    /// What the running turn's model calls spent (`TurnCtx::spent`).
+    spent: watch::Sender<Option<crate::provider::Usage>>,
     commands_at: Option<Instant>,
     mcp: McpHub,
     mcp_connected: bool,
@@ -96,6 +98,7 @@ impl Session {
             settings,
             turn: None,
             turns: JoinSet::new(),
+            spent: watch::Sender::new(None),
             commands_at: None,
             mcp: McpHub::default(),
             mcp_connected: false,
@@ -363,7 +366,9 @@ impl Session {
             settings: self.settings.subscribe(),
             cancel: cancel.clone(),
             mcp: self.mcp.tools.clone(),
+            spent: self.spent.clone(),
         };
+        self.spent.send_replace(None);
         self.turns.spawn(turn::run(ctx, saved, kind));
         self.turn = Some((cancel, responder));
     }
@@ -376,7 +381,10 @@ impl Session {
             return;
         };
         let reply = match result {
-            Ok(stop) => Ok(json!({ "stopReason": stop })),
+            Ok(stop) => Ok(match self.spent.send_replace(None) {
+                Some(u) => json!({ "stopReason": stop, "usage": u.to_acp() }),
+                None => json!({ "stopReason": stop }),
+            }),
             Err(TurnError::Auth(m)) => Err(ResponseError::new(
                 code::AUTH_REQUIRED,
                 "Authentication required",

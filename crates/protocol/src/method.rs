@@ -96,6 +96,14 @@ methods! {
     AcpdToolCall = ACPD_TOOL_CALL = "_acpd/tool_call",
     /// The built-in agent cancels a tool call it announced.
     AcpdToolCallCancel = ACPD_TOOL_CALL_CANCEL = "_acpd/tool_call_cancel",
+    /// A notification from an agent to acpd: the tokens of one model call (the built-in
+    /// agent's), counted against budgets as they are spent; not relayed.
+    AcpdSessionUsage = ACPD_SESSION_USAGE = "_acpd/session/usage",
+    /// A notification to clients: a budget reached a threshold, or stopped the turn.
+    AcpdSessionBudget = ACPD_SESSION_BUDGET = "_acpd/session/budget",
+    // The quotas RFD (proposal).
+    /// A session's quotas: acpd answers with its budgets' meters, as a snapshot.
+    QuotaRead = QUOTA_READ = "quota/read",
 }
 
 impl std::fmt::Display for Method {

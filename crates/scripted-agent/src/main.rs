@@ -388,8 +388,12 @@ fn prompt(agent: &Arc<Agent>, id: Value, params: Value) {
         let _turn_guard = lock.lock().await;
         let end = script::run(&agent, &sid, commands, &cancel).await;
         agent.end_turn(&sid, turn);
+        let usage = agent.with_session(&sid, |s| s.usage.take()).ok().flatten();
         let result = match end {
-            script::TurnEnd::Stop(reason) => Ok(json!({ "stopReason": reason })),
+            script::TurnEnd::Stop(reason) => Ok(match usage {
+                Some(usage) => json!({ "stopReason": reason, "usage": usage }),
+                None => json!({ "stopReason": reason }),
+            }),
             script::TurnEnd::Error(e) => Err(e),
         };
         agent.out.respond(id, result);

@@ -22,6 +22,8 @@ pub enum Command {
     Tool,
     /// `permission [PATH]`: the tool call asked about names PATH in its `locations`.
     Permission(Option<String>),
+    /// `permission_read`: a permission request about a read-only (`kind: read`) tool call.
+    PermissionRead,
     /// `ask_tool`: a `tool_call` update, then a permission request about that tool call (the
     /// order real agents use).
     AskTool,
@@ -62,6 +64,11 @@ pub enum Command {
     Title(String),
     Caps,
     Stop(String),
+    /// `usage IN OUT [CACHED [THOUGHT]]`: the turn's answer carries these tokens as `usage`.
+    Usage([u64; 4]),
+    /// `cost AMOUNT CURRENCY`: a `usage_update` whose `cost` is the session's running total
+    /// after adding AMOUNT.
+    Cost(f64, String),
     Error {
         code: i64,
         message: String,
@@ -111,6 +118,7 @@ fn parse_line(line: &str) -> Result<Command, String> {
         "tool" => Command::Tool,
         "permission" => Command::Permission(args.first().map(|s| s.to_string())),
         "ask_tool" => Command::AskTool,
+        "permission_read" => Command::PermissionRead,
         "locate" => Command::Locate(path("locate")?),
         "where" => Command::Where,
         "links" => Command::Links,
@@ -159,6 +167,22 @@ fn parse_line(line: &str) -> Result<Command, String> {
         "title" => Command::Title(rest.to_string()),
         "notice" => Command::Notice(rest.to_string()),
         "caps" => Command::Caps,
+        "usage" => {
+            let n = |i: usize| args.get(i).map_or(Ok(0), |s| int(Some(s), "a token count"));
+            Command::Usage([
+                int(args.first(), "IN")?,
+                int(args.get(1), "OUT")?,
+                n(2)?,
+                n(3)?,
+            ])
+        }
+        "cost" => match args.as_slice() {
+            [amount, currency] => Command::Cost(
+                amount.parse().map_err(|_| bad("AMOUNT must be a number"))?,
+                currency.to_string(),
+            ),
+            _ => return Err(bad("needs an amount and a currency")),
+        },
         "stop" => Command::Stop(
             args.first()
                 .ok_or_else(|| bad("needs a stop reason"))?
@@ -260,13 +284,17 @@ async fn run_one(
         }
         Command::Permission(path) => {
             let id = format!("perm-{}", next_tool(agent, sid));
-            permission(agent, sid, id, path, cancel).await?
+            permission(agent, sid, (id, "other"), path, cancel).await?
+        }
+        Command::PermissionRead => {
+            let id = format!("perm-{}", next_tool(agent, sid));
+            permission(agent, sid, (id, "read"), None, cancel).await?
         }
         Command::StopReading => agent.stop_reading.cancel(),
         Command::AskTool => {
             let id = format!("tool-{}", next_tool(agent, sid));
             announce_tool(agent, sid, &id, "Run a scripted action", "other");
-            permission(agent, sid, id, None, cancel).await?
+            permission(agent, sid, (id, "other"), None, cancel).await?
         }
         Command::Locate(path) => locate(agent, sid, &path),
         Command::Where => {
@@ -342,6 +370,24 @@ async fn run_one(
         Command::Elicit(e) => crate::elicit::run(agent, sid, e, cancel)
             .await
             .map_err(|()| cancelled())?,
+        Command::Usage([input, output, cached, thought]) => {
+            let usage = json!({
+                "inputTokens": input, "outputTokens": output, "cachedReadTokens": cached,
+                "thoughtTokens": thought, "totalTokens": input + output + cached + thought,
+            });
+            let _ = agent.with_session(sid, |s| s.usage = Some(usage));
+        }
+        Command::Cost(amount, currency) => {
+            let total = agent.with_session(sid, |s| {
+                s.cost += amount;
+                s.cost
+            });
+            let cost = json!({ "amount": total.unwrap_or(amount), "currency": currency });
+            agent.emit(
+                sid,
+                json!({ "sessionUpdate": "usage_update", "used": 1000, "size": 200000, "cost": cost }),
+            );
+        }
         Command::Error { code, message } => return Err(TurnEnd::Error(RpcError::new(code, message))),
     }
     Ok(())
@@ -497,7 +543,7 @@ async fn call(
 async fn permission(
     agent: &Arc<Agent>,
     sid: &str,
-    id: String,
+    (id, kind): (String, &str),
     path: Option<String>,
     cancel: &CancellationToken,
 ) -> Flow {
@@ -512,7 +558,7 @@ async fn permission(
     .collect();
     let mut params = json!({
         "sessionId": sid,
-        "toolCall": { "toolCallId": id, "title": "Run a scripted action", "kind": "other", "status": "pending" },
+        "toolCall": { "toolCallId": id, "title": "Run a scripted action", "kind": kind, "status": "pending" },
         "options": options,
     });
     if let Some(path) = path {

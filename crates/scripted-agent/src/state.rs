@@ -70,6 +70,10 @@ pub struct Session {
     turns: Vec<(u64, CancellationToken)>,
     /// Serializes turns of one session: a second prompt waits for the first.
     pub turn_lock: Arc<tokio::sync::Mutex<()>>,
+    /// The running turn's `usage` (`usage` in a script), answered with its stop reason.
+    pub usage: Option<Value>,
+    /// The session's running total of `cost` (`cost` in a script).
+    pub cost: f64,
 }
 
 impl Session {
@@ -87,6 +91,8 @@ impl Session {
             verbosity: "low".into(),
             turns: Vec::new(),
             turn_lock: Arc::new(tokio::sync::Mutex::new(())),
+            usage: None,
+            cost: 0.0,
         }
     }
 

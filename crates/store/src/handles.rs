@@ -26,6 +26,20 @@ impl From<Store> for WebStore {
 }
 
 impl WebStore {
+    pub async fn usage_rollup(
+        &self,
+        q: &super::UsageQuery,
+    ) -> Result<Vec<super::UsageRollup>, StoreError> {
+        self.0.usage_rollup(q).await
+    }
+
+    pub async fn decisions_of(
+        &self,
+        session_id: &str,
+    ) -> Result<Vec<super::DecisionRow>, StoreError> {
+        self.0.decisions_of(session_id).await
+    }
+
     pub async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {
         self.0.session(id).await
     }

@@ -13,7 +13,8 @@
 //! (session rows, agent state), `auth`
 //! (principals, tokens), `grants` (shared sessions), `web` (the web console's sign-in codes and
 //! cookie credentials, its journal page read), `lease` (session leases, replicas), `signals`
-//! (revocations announced with NOTIFY), `rows` (row decoding, list cursor), `handles` (the
+//! (revocations announced with NOTIFY), `usage` (what turns spent, rollups, permission
+//! decisions: its `impl Store` block is part of this contract), `rows` (row decoding, list cursor), `handles` (the
 //! narrow handles).
 
 mod auth;
@@ -32,6 +33,8 @@ mod rows;
 mod sessions;
 mod signals;
 mod trim;
+mod usage;
+pub use usage::{DecisionRow, TurnUsageRow, UsageQuery, UsageRollup};
 mod web;
 pub use web::WebSessionRow;
 mod writer;

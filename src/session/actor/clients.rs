@@ -54,7 +54,10 @@ impl Session {
     /// A controller's prompt: starts now, or waits for the running turn, or is refused
     /// (`busy_prompts`).
     pub(super) async fn prompt(&mut self, conn: ConnId, params: Value, responder: Responder) {
-        let busy = !self.running_prompts().is_empty() || !self.turn.queued.is_empty();
+        // Until the session's past spending is read, a prompt waits as if a turn ran.
+        let busy = !self.running_prompts().is_empty()
+            || !self.turn.queued.is_empty()
+            || !self.usage.ready();
         match roles::prompt_step(busy, self.shared.settings.busy_prompts) {
             PromptStep::Start => self.begin_prompt(conn, params, responder).await,
             PromptStep::Queue => {
@@ -75,6 +78,7 @@ impl Session {
         while self.running_prompts().is_empty()
             && !self.turn.guard.holds_prompts()
             && !self.rows.answers_parked()
+            && self.usage.ready()
         {
             let Some(next) = self.turn.queued.pop_front() else {
                 break;
@@ -214,6 +218,10 @@ impl Session {
         };
         let answer = claim::judge(&method, &result);
         let resolved = self.resolved_params(id, &method, &result);
+        let asked = (method == PERMISSION)
+            .then(|| self.pending.params(id).cloned())
+            .flatten();
+        let outcome = result.as_ref().ok().and_then(|v| v.get("outcome")).cloned();
         let result = result.map_err(|e| match e {
             PeerError::Remote(e) => e,
             PeerError::Disconnected => AcpError::ClientLeft("went away").into(),
@@ -225,7 +233,12 @@ impl Session {
             .await;
         match (step, resolved) {
             (Step::Decide { .. }, Some(mut params)) => {
-                params["decidedBy"] = json!(self.outbox.client(&conn).map(Client::describe));
+                let by = self.outbox.client(&conn).map(Client::describe);
+                if let (Some(asked), Some(outcome)) = (&asked, &outcome) {
+                    let who = by.clone().unwrap_or_else(|| json!({ "conn": &*conn }));
+                    self.record_decision(asked, outcome, Some(who));
+                }
+                params["decidedBy"] = json!(by);
                 tracing::info!(target: "acpd::audit", session = %self.id, conn = %conn, %method, outcome = %params["outcome"], "question decided");
                 let text = json!({ "jsonrpc": "2.0", "method": RESOLVED, "params": params });
                 self.outbox.push(Out::Raw {

@@ -35,6 +35,10 @@ impl Session {
                 return;
             }
             self.journal_raw(&n, None).await;
+        } else if n.method() == method::ACPD_SESSION_USAGE {
+            // The agent's report to acpd (the built-in agent's, per model call): not relayed.
+            self.on_usage_report(&n.params_value().unwrap_or(Value::Null))
+                .await;
         } else {
             let params = n.params_value().unwrap_or(Value::Null);
             let need = Need::of_notification(n.method());
@@ -77,6 +81,9 @@ impl Session {
             req.responder.respond_now(result);
             return;
         }
+        let Some(req) = self.auto_approve(req) else {
+            return;
+        };
         let params = req.params.unwrap_or(Value::Null);
         // Rewrite the agent's session id; a request without one stays without.
         let params = if params.get("sessionId").is_some() {
@@ -97,6 +104,7 @@ impl Session {
     async fn on_agent_response(&mut self, tag: u64, result: Result<Value, ResponseError>) {
         match self.agent.answered(tag) {
             Some(Inflight::Prompt { responder }) => {
+                self.usage_answered(&result);
                 let result = match self.judge_answer(tag, result).await {
                     Some(Err(_)) if self.turn.cancel_requested => {
                         Ok(json!({ "stopReason": "cancelled" }))
@@ -127,6 +135,7 @@ impl Session {
     /// journal commit moves it (`acpd_store::Store::append`), and the turn journaled its
     /// prompt at least.
     pub(super) fn end_turn(&mut self, responder: Responder, result: Result<Value, ResponseError>) {
+        self.turn_spent();
         let reason = crate::metrics::stop_reason_label(&result);
         metrics::counter!(crate::metrics::PROMPTS_TOTAL, "stop_reason" => reason).increment(1);
         self.after_rows(Out::Reply { responder, result });
@@ -139,6 +148,7 @@ impl Session {
         let was_restoring = matches!(self.agent.state, AgentState::Restoring { .. });
         self.agent.state = AgentState::Unbound;
         let cancelled = self.turn.cancel_requested;
+        self.turn_spent();
         for (_, f) in self.agent.inflight.drain() {
             match f {
                 Inflight::Prompt { responder } => {

@@ -39,9 +39,13 @@ impl Session {
             return;
         };
         let seq = self.position.assign();
-        if let Some(update) = spliced.update_value() {
-            self.observe(&spliced.kind, &update);
+        let update = spliced.update_value();
+        if let Some(update) = &update {
+            self.observe(&spliced.kind, update);
         }
+        let usage_update = (&*spliced.kind == "usage_update")
+            .then_some(update)
+            .flatten();
         let text: Arc<str> = spliced.text.into();
         let need = crate::session::capabilities::Need::of_update(&spliced.kind);
         // The whole text bounds what is stored of it (the journal form stores less).
@@ -89,6 +93,9 @@ impl Session {
             exclude,
             need,
         });
+        if let Some(update) = usage_update {
+            self.on_usage_update(&update).await;
+        }
     }
 
     /// The store has room again (`None`: it closed): the held entries go, in order.

@@ -16,11 +16,13 @@ use acpd_wire::{Members, RawNotification};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-/// Kinds whose body changes the session row (`Session::observe`): only these are parsed.
-const OBSERVED: [&str; 3] = [
+/// Kinds whose body changes the session row (`Session::observe`) or counts against budgets
+/// (`usage_update`'s cost, `usage.rs`): only these are parsed.
+const OBSERVED: [&str; 4] = [
     "session_info_update",
     "current_mode_update",
     "config_option_update",
+    "usage_update",
 ];
 
 pub(super) struct Spliced {

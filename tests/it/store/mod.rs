@@ -57,6 +57,7 @@ mod packs;
 mod rejection;
 mod retention;
 mod sessions;
+mod usage;
 mod web;
 
 pub(super) async fn open(url: &str) -> Store {

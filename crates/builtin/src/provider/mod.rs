@@ -61,6 +61,24 @@ impl Usage {
     pub fn context_used(&self) -> u64 {
         self.input + self.output + self.cache_read + self.cache_write
     }
+
+    pub fn add(&mut self, o: &Usage) {
+        self.input += o.input;
+        self.output += o.output;
+        self.cache_read += o.cache_read;
+        self.cache_write += o.cache_write;
+    }
+
+    /// In ACP's words (a prompt answer's `usage`).
+    pub fn to_acp(&self) -> serde_json::Value {
+        serde_json::json!({
+            "inputTokens": self.input,
+            "outputTokens": self.output,
+            "cachedReadTokens": self.cache_read,
+            "cachedWriteTokens": self.cache_write,
+            "totalTokens": self.context_used(),
+        })
+    }
 }
 
 /// One normalized piece of a streamed answer.

@@ -47,6 +47,8 @@ pub struct TurnCtx {
     pub cancel: CancellationToken,
     /// Tools of the session's MCP servers.
     pub mcp: Arc<Vec<crate::tools::mcp::McpTool>>,
+    /// What the turn's model calls spent so far (the prompt answer's `usage`).
+    pub spent: watch::Sender<Option<provider::Usage>>,
 }
 
 pub type StopReason = &'static str;
@@ -71,6 +73,25 @@ pub async fn run(
         conv.title = Some(title);
     }
     (conv, result)
+}
+
+/// A model call's usage: to acpd, which counts it against budgets as it is spent (not
+/// relayed to clients), into the turn's total, and to the client as `usage_update` when the
+/// context's size is known.
+async fn report_usage(ctx: &TurnCtx, u: provider::Usage, context_window: Option<u64>) {
+    let report = json!({ "usage": u.to_acp() });
+    ctx.client
+        .notify(acpd_protocol::method::ACPD_SESSION_USAGE, report)
+        .await;
+    ctx.spent
+        .send_modify(|t| t.get_or_insert_with(Default::default).add(&u));
+    if let Some(size) = context_window {
+        ctx.client
+            .update(
+                json!({ "sessionUpdate": "usage_update", "used": u.context_used(), "size": size }),
+            )
+            .await;
+    }
 }
 
 async fn prompt_turn(
@@ -281,12 +302,8 @@ async fn model_call(
         )
         .await;
     }
-    if let (Some(u), Some(size)) = (usage, spec.context_window) {
-        ctx.client
-            .update(
-                json!({ "sessionUpdate": "usage_update", "used": u.context_used(), "size": size }),
-            )
-            .await;
+    if let Some(u) = usage {
+        report_usage(ctx, u, spec.context_window).await;
     }
     let complete = !cancelled && finish != Finish::Length;
     let (message, _) = assemble(parts, complete, &ctx.client).await;
