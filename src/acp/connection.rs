@@ -384,6 +384,12 @@ impl Connection {
     }
 
     fn initialize(&mut self, params: Value, responder: Responder) {
+        let login = super::initialize::login_offer(
+            &params,
+            self.ctx.config.agents.get(&self.ctx.profile),
+            &self.ctx.principal_name,
+        )
+        .cloned();
         let init = Arc::new(params);
         self.init = Some(init.clone());
         let agent = self.agent(init);
@@ -394,7 +400,12 @@ impl Connection {
         };
         self.handlers.spawn(async move {
             let result = match agent.await {
-                Ok(agent) => Ok(super::initialize::result(&agent, &conn_id, busy)),
+                Ok(agent) => Ok(super::initialize::result(
+                    &agent,
+                    &conn_id,
+                    busy,
+                    login.as_ref(),
+                )),
                 Err(e) => Err(e.into()),
             };
             responder.respond(result).await;

@@ -273,6 +273,8 @@ mod tests {
             cwd: None,
             home: None,
             login: vec![],
+            login_principals: vec![],
+            login_timeout: std::time::Duration::from_secs(1),
         }
     }
 
