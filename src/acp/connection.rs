@@ -47,6 +47,9 @@ pub struct ConnectionCtx {
     /// acp-shim's `acpd-mcp:` servers may be tunnelled over this connection (WebSocket
     /// upgrades only: the transport acp-shim uses).
     pub mcp_tunnel: bool,
+    /// The client is acp-shim (its resumable link): a terminal auth method may name its
+    /// `--login` (`initialize::login_offer`).
+    pub via_shim: bool,
 }
 
 /// Runs one connection until its link closes or `shutdown` fires.
@@ -386,6 +389,7 @@ impl Connection {
     fn initialize(&mut self, params: Value, responder: Responder) {
         let login = super::initialize::login_offer(
             &params,
+            self.ctx.via_shim,
             self.ctx.config.agents.get(&self.ctx.profile),
             &self.ctx.principal_name,
         )

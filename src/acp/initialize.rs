@@ -71,15 +71,17 @@ pub(super) fn result(
 }
 
 /// The profile whose login a client may run through acp-shim (`--login NAME`): a hosted
-/// agent's, when the client runs terminal logins (`clientCapabilities.auth.terminal`) and its
-/// principal is among the profile's `login_principals`.
+/// agent's, when the client is acp-shim (`via_shim`: the method's `args` are its flags), runs
+/// terminal logins (`clientCapabilities.auth.terminal`), and its principal is among the
+/// profile's `login_principals`.
 pub(super) fn login_offer<'a>(
     params: &Value,
+    via_shim: bool,
     profile: Option<&'a AgentProfile>,
     principal_name: &str,
 ) -> Option<&'a AgentProfile> {
     let terminal = params.pointer("/clientCapabilities/auth/terminal") == Some(&json!(true));
-    profile.filter(|p| terminal && p.may_log_in(principal_name))
+    profile.filter(|p| via_shim && terminal && p.may_log_in(principal_name))
 }
 
 /// The agent's auth methods as a remote client sees them. Its terminal login cannot run on
@@ -207,9 +209,10 @@ mod tests {
         let p = profile(&[]);
         let yes = json!({ "clientCapabilities": { "auth": { "terminal": true } } });
         let no = json!({ "clientCapabilities": { "terminal": true } });
-        assert!(login_offer(&yes, Some(&p), "alice").is_some());
-        assert!(login_offer(&yes, Some(&p), "bob").is_none());
-        assert!(login_offer(&no, Some(&p), "alice").is_none());
-        assert!(login_offer(&yes, None, "alice").is_none());
+        assert!(login_offer(&yes, true, Some(&p), "alice").is_some());
+        assert!(login_offer(&yes, false, Some(&p), "alice").is_none());
+        assert!(login_offer(&yes, true, Some(&p), "bob").is_none());
+        assert!(login_offer(&no, true, Some(&p), "alice").is_none());
+        assert!(login_offer(&yes, true, None, "alice").is_none());
     }
 }

@@ -455,6 +455,7 @@ fn connection_ctx(
         hub: hub.clone(),
         max_requests_per_second: config.limits.max_requests_per_second,
         mcp_tunnel: false,
+        via_shim: false,
     }
 }
 
@@ -547,6 +548,7 @@ async fn acp_upgrade(
         .requested_protocols()
         .any(|p| p.as_bytes() == transport::resume::SUBPROTOCOL.as_bytes());
     if resumable || headers.contains_key(transport::resume::RESUME_HEADER) {
+        ctx.via_shim = true;
         let ws = ws.max_message_size(hard_cap).max_frame_size(hard_cap);
         let principal = ctx.principal.clone();
         let start = move |link| async move {
