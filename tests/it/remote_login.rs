@@ -24,7 +24,8 @@ use crate::support::{scripted_agent_bin, shim_bin};
 const EDITOR_HOST: &str = "127.0.0.2";
 
 /// A daemon whose profile `lg` needs the scripted login (HOME of its own), `slow` the same
-/// with a 1 s login timeout, and `theirs` one that only principal `bob` may log in.
+/// with a 1 s login timeout, `theirs` one that only principal `bob` may log in, and `size`
+/// one whose login prints its terminal's size at each line typed.
 async fn daemon(auth: bool) -> Result<Daemon> {
     let dir = Arc::new(tempfile::tempdir()?);
     let agent = scripted_agent_bin();
@@ -34,7 +35,8 @@ async fn daemon(auth: bool) -> Result<Daemon> {
         format!(
             "[agents.lg]\ncommand = \"{agent}\"\nargs = [\"--need-login\"]\nhome = \"homes/lg\"\n\
              [agents.slow]\ncommand = \"{agent}\"\nargs = [\"--need-login\"]\nhome = \"homes/slow\"\nlogin_timeout_secs = 1\n\
-             [agents.theirs]\ncommand = \"{agent}\"\nargs = [\"--need-login\"]\nlogin_principals = [\"bob\"]\n"
+             [agents.theirs]\ncommand = \"{agent}\"\nargs = [\"--need-login\"]\nlogin_principals = [\"bob\"]\n\
+             [agents.size]\ncommand = \"{agent}\"\nlogin = [\"sh\", \"-c\", \"stty size; while read x; do stty size; done\"]\n"
         ),
     )?;
     let config = config.display().to_string();
@@ -77,7 +79,7 @@ struct Terminal {
     writer: Box<dyn Write + Send>,
     child: Box<dyn portable_pty::Child + Send + Sync>,
     browser_log: PathBuf,
-    _master: Box<dyn portable_pty::MasterPty + Send>,
+    master: Box<dyn portable_pty::MasterPty + Send>,
 }
 
 impl Terminal {
@@ -142,7 +144,7 @@ impl Terminal {
             writer,
             child,
             browser_log,
-            _master: pty.master,
+            master: pty.master,
         })
     }
 
@@ -358,5 +360,34 @@ async fn only_the_principals_a_profile_names_may_log_it_in() -> Result<()> {
     assert_eq!(term.exit_code().await?, 77, "{}", term.text());
     assert!(term.text().contains("may not log in"), "{}", term.text());
     d.wait_log("remote login refused").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_editors_terminal_size_and_its_changes_reach_the_login() -> Result<()> {
+    let d = daemon(false).await?;
+    let args = ["--login".to_owned(), "size".to_owned()];
+    let mut term = Terminal::run(&d.url(), None, &args, d.dir.path())?;
+    term.wait_for("30 100").await?;
+    term.master
+        .resize(PtySize {
+            rows: 41,
+            cols: 123,
+            pixel_width: 0,
+            pixel_height: 0,
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The resize (SIGWINCH in the shim, a message to acpd) and the next line race: ask again
+    // until the login sees the new size.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !term.text().contains("41 123") {
+        if tokio::time::Instant::now() > deadline {
+            bail!("the login never saw 41x123:\n{}", term.text());
+        }
+        term.type_in(b"\r")?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    term.type_in(&[4])?;
+    assert_eq!(term.exit_code().await?, 0, "{}", term.text());
     Ok(())
 }
