@@ -17,7 +17,7 @@ use crate::config::AgentProfile;
 
 /// How often the login's listening ports are looked up.
 const PORT_POLL: Duration = Duration::from_millis(200);
-/// How long output may still come after the login exited (its terminal closing).
+/// How long output and forwarded answers may still come after the login exited.
 const DRAIN: Duration = Duration::from_secs(2);
 /// The exit code of a login acpd ended, as `timeout(1)` has it.
 const TIMED_OUT: i32 = 124;
@@ -140,9 +140,10 @@ impl State {
                     return (1, Some("acpd is shutting down".into()));
                 }
             }
-            // Exited, and its output is all out (or is taking too long): done.
+            // Exited, and its output and its callbacks' answers are all out (or are taking
+            // too long): done.
             if let Some(e) = &self.ended
-                && (!output_open || drain.is_elapsed())
+                && ((!output_open && self.tunnels.all_carried()) || drain.is_elapsed())
             {
                 let message = e.signal.clone().map(|s| format!("ended by {s}"));
                 return (e.code, message);
@@ -198,7 +199,7 @@ impl State {
                 self.socket.send(Message::Binary(frame.into())).await
             }
             None => {
-                self.tunnels.close(conn);
+                self.tunnels.ended(conn);
                 self.send_control(&Control::Close { conn }).await
             }
         };

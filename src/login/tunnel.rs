@@ -17,6 +17,8 @@ const QUEUE: usize = 32;
 /// The open forwarded connections of one login, and the tasks that run them.
 pub struct Tunnels {
     writers: HashMap<u32, mpsc::Sender<Vec<u8>>>,
+    /// Connections whose bytes from the login are not all on the link yet.
+    live: std::collections::HashSet<u32>,
     tasks: JoinSet<()>,
     events: mpsc::Sender<TunnelEvent>,
 }
@@ -25,6 +27,7 @@ impl Tunnels {
     pub fn new(events: mpsc::Sender<TunnelEvent>) -> Tunnels {
         Tunnels {
             writers: HashMap::new(),
+            live: Default::default(),
             tasks: JoinSet::new(),
             events,
         }
@@ -34,6 +37,7 @@ impl Tunnels {
     pub fn open(&mut self, conn: u32, port: u16) {
         let (tx, rx) = mpsc::channel(QUEUE);
         self.writers.insert(conn, tx);
+        self.live.insert(conn);
         let events = self.events.clone();
         self.tasks.spawn(async move {
             let stream = match TcpStream::connect(("127.0.0.1", port)).await {
@@ -62,6 +66,18 @@ impl Tunnels {
     /// The client closed `conn`: our side is shut for writing once queued bytes are out.
     pub fn close(&mut self, conn: u32) {
         self.writers.remove(&conn);
+    }
+
+    /// Our side of `conn` read its end: everything it said is on the link.
+    pub fn ended(&mut self, conn: u32) {
+        self.writers.remove(&conn);
+        self.live.remove(&conn);
+    }
+
+    /// Whether every connection's bytes from the login are on the link (a login that
+    /// answers its callback and exits at once must still have its answer delivered).
+    pub fn all_carried(&self) -> bool {
+        self.live.is_empty()
     }
 }
 

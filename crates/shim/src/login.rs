@@ -23,6 +23,9 @@ use crate::Exit;
 use crate::connect::{self, Target, Ws};
 use forward::{Forwarded, Forwards};
 
+/// How long the answers forwarded to local connections may take to go out at the end.
+const FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How a login run ends: the login's own exit status, or the shim's failure.
 pub enum Ended {
     Status(i32),
@@ -104,6 +107,7 @@ impl Login {
                 Event::Key(None) => keys_open = false,
                 Event::FromDaemon(Some(m)) => {
                     if let Some(end) = self.on_daemon(m).await {
+                        self.forwards.finish(FLUSH).await;
                         return end;
                     }
                 }

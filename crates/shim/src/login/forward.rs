@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -26,6 +27,8 @@ pub struct Forwards {
     next: u32,
     writers: HashMap<u32, mpsc::Sender<Vec<u8>>>,
     tasks: JoinSet<()>,
+    /// The writing halves: what the daemon side sent, into the local connections.
+    flushing: JoinSet<()>,
     events: mpsc::Sender<Forwarded>,
 }
 
@@ -37,6 +40,7 @@ impl Forwards {
             next: 0,
             writers: HashMap::new(),
             tasks: JoinSet::new(),
+            flushing: JoinSet::new(),
             events,
         }
     }
@@ -66,8 +70,9 @@ impl Forwards {
         let conn = self.next;
         let (tx, rx) = mpsc::channel(QUEUE);
         self.writers.insert(conn, tx);
-        self.tasks
-            .spawn(carry(conn, stream, rx, self.events.clone()));
+        let (rd, wr) = stream.into_split();
+        self.tasks.spawn(read(conn, rd, self.events.clone()));
+        self.flushing.spawn(write(wr, rx));
         conn
     }
 
@@ -84,37 +89,41 @@ impl Forwards {
     pub fn close(&mut self, conn: u32) {
         self.writers.remove(&conn);
     }
+
+    /// At the login's end: what the daemon side sent is written out (a callback's answer
+    /// reaches the browser), for at most `within`.
+    pub async fn finish(&mut self, within: std::time::Duration) {
+        self.writers.clear();
+        let _ = tokio::time::timeout(within, async {
+            while self.flushing.join_next().await.is_some() {}
+        })
+        .await;
+    }
 }
 
-async fn carry(
-    conn: u32,
-    stream: TcpStream,
-    mut from_link: mpsc::Receiver<Vec<u8>>,
-    events: mpsc::Sender<Forwarded>,
-) {
-    let (mut rd, mut wr) = stream.into_split();
-    let reading = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let bytes = Some(buf[..n].to_vec());
-                    if events.send(Forwarded::Bytes { conn, bytes }).await.is_err() {
-                        break;
-                    }
+/// The local connection's bytes to the loop, then its end.
+async fn read(conn: u32, mut rd: OwnedReadHalf, events: mpsc::Sender<Forwarded>) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let bytes = Some(buf[..n].to_vec());
+                if events.send(Forwarded::Bytes { conn, bytes }).await.is_err() {
+                    break;
                 }
             }
         }
-        let _ = events.send(Forwarded::Bytes { conn, bytes: None }).await;
-    };
-    let writing = async {
-        while let Some(bytes) = from_link.recv().await {
-            if wr.write_all(&bytes).await.is_err() {
-                break;
-            }
+    }
+    let _ = events.send(Forwarded::Bytes { conn, bytes: None }).await;
+}
+
+/// The daemon side's bytes into the local connection, then its end.
+async fn write(mut wr: OwnedWriteHalf, mut from_link: mpsc::Receiver<Vec<u8>>) {
+    while let Some(bytes) = from_link.recv().await {
+        if wr.write_all(&bytes).await.is_err() {
+            break;
         }
-        let _ = wr.shutdown().await;
-    };
-    tokio::join!(reading, writing);
+    }
+    let _ = wr.shutdown().await;
 }
