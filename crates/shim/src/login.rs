@@ -213,12 +213,7 @@ impl Login {
 /// given the URL; empty: none), else the system's (`opener`). Loopback URLs are the login's
 /// own callback, not a page to open. What cannot be opened is printed.
 fn open_url(url: &str) {
-    let host = url
-        .split_once("://")
-        .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""))
-        .unwrap_or("");
-    let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
-    if matches!(host, "localhost" | "127.0.0.1" | "[::1]") {
+    if is_loopback(url) {
         return;
     }
     let opened = match std::env::var("ACP_SHIM_BROWSER") {
@@ -234,5 +229,31 @@ fn open_url(url: &str) {
         terminal::say(&format!("opened {url} in the browser"));
     } else {
         terminal::say(&format!("open this URL in a browser: {url}"));
+    }
+}
+
+/// Whether `url` points at loopback (the login's own callback).
+fn is_loopback(url: &str) -> bool {
+    let host = url
+        .split_once("://")
+        .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""))
+        .unwrap_or("");
+    let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    matches!(host, "localhost" | "127.0.0.1" | "[::1]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback;
+
+    #[test]
+    fn only_the_logins_own_callback_urls_are_loopback() {
+        assert!(is_loopback("http://localhost:8085/callback?code=x"));
+        assert!(is_loopback("http://127.0.0.1:1455/auth"));
+        assert!(is_loopback("http://[::1]:9000"));
+        assert!(!is_loopback(
+            "https://accounts.example.com/o/oauth2?redirect_uri=http://localhost:1"
+        ));
+        assert!(!is_loopback("https://localhost.example.com/"));
     }
 }
