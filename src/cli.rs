@@ -366,6 +366,7 @@ async fn run_stdio(config: Config) -> Result<(), String> {
         hub: core.hub.clone(),
         max_requests_per_second: 0,
         mcp_tunnel: false,
+        via_shim: false,
     };
     let cancel = core.drain.child_token();
     let (link, pump) =

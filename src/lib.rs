@@ -10,6 +10,7 @@ mod cli;
 mod cluster;
 mod config;
 mod error;
+mod login;
 mod mcp_tunnel;
 mod metrics;
 mod server;

@@ -47,6 +47,9 @@ pub struct ConnectionCtx {
     /// acp-shim's `acpd-mcp:` servers may be tunnelled over this connection (WebSocket
     /// upgrades only: the transport acp-shim uses).
     pub mcp_tunnel: bool,
+    /// The client is acp-shim (its resumable link): a terminal auth method may name its
+    /// `--login` (`initialize::login_offer`).
+    pub via_shim: bool,
 }
 
 /// Runs one connection until its link closes or `shutdown` fires.
@@ -384,6 +387,13 @@ impl Connection {
     }
 
     fn initialize(&mut self, params: Value, responder: Responder) {
+        let login = super::initialize::login_offer(
+            &params,
+            self.ctx.via_shim,
+            self.ctx.config.agents.get(&self.ctx.profile),
+            &self.ctx.principal_name,
+        )
+        .cloned();
         let init = Arc::new(params);
         self.init = Some(init.clone());
         let agent = self.agent(init);
@@ -394,7 +404,12 @@ impl Connection {
         };
         self.handlers.spawn(async move {
             let result = match agent.await {
-                Ok(agent) => Ok(super::initialize::result(&agent, &conn_id, busy)),
+                Ok(agent) => Ok(super::initialize::result(
+                    &agent,
+                    &conn_id,
+                    busy,
+                    login.as_ref(),
+                )),
                 Err(e) => Err(e.into()),
             };
             responder.respond(result).await;

@@ -65,6 +65,8 @@ mod tests {
             cwd: None,
             home: None,
             login: vec![],
+            login_principals: vec![],
+            login_timeout: std::time::Duration::from_secs(1),
         };
         assert!(env(&p).is_empty());
         p.home = Some("/data/homes/a".into());

@@ -1,8 +1,9 @@
 //! Logging a hosted agent in on acpd's host: `acpd agent login NAME`, and the hint that
 //! names it in an agent's "authentication required" error.
 //!
-//! Remote editors cannot run an agent's terminal login (acpd hides terminal auth methods from
-//! them), so the login runs here, attached to the operator's terminal, with the profile's
+//! Remote editors must not run an agent's terminal login themselves (through acp-shim acpd
+//! offers `crate::login`, which runs `command_for` here too), so the login runs here,
+//! attached to the operator's terminal, with the profile's
 //! command, environment, cwd and HOME — the same credentials the hosted agent will read. The
 //! command is the profile's `login = [...]` if given; else the agent is asked (`initialize`
 //! with `auth.terminal`) and its terminal auth method is run: the agent's own command with
@@ -273,6 +274,8 @@ mod tests {
             cwd: None,
             home: None,
             login: vec![],
+            login_principals: vec![],
+            login_timeout: std::time::Duration::from_secs(1),
         }
     }
 

@@ -76,6 +76,24 @@ pub struct AgentProfile {
     /// `login = [...]`: what `acpd agent login NAME` runs instead of the agent's advertised
     /// terminal auth method.
     pub login: Vec<String>,
+    /// The principals (by name) who may run this profile's login from an editor or the web
+    /// console (`login_principals`; default: `local`, the daemon's own user). The login sets
+    /// the credentials every user of the profile shares, so it is the operator's to grant.
+    pub login_principals: Vec<String>,
+    /// A remote login running longer is ended (`login_timeout_secs`, default 600).
+    pub login_timeout: Duration,
+}
+
+/// Who may log a profile in remotely unless `login_principals` says otherwise.
+pub const DEFAULT_LOGIN_PRINCIPAL: &str = "local";
+/// How long a remote login may run unless `login_timeout_secs` says otherwise.
+pub const DEFAULT_LOGIN_TIMEOUT: Duration = Duration::from_secs(600);
+
+impl AgentProfile {
+    /// May `principal_name` run this profile's login remotely?
+    pub fn may_log_in(&self, principal_name: &str) -> bool {
+        self.login_principals.iter().any(|p| p == principal_name)
+    }
 }
 
 /// Size limits on what a client may send.
@@ -548,6 +566,12 @@ fn agents(
             cwd: a.cwd,
             home: a.home.map(|h| data_dir.join(h)),
             login: a.login,
+            login_principals: a
+                .login_principals
+                .unwrap_or_else(|| vec![DEFAULT_LOGIN_PRINCIPAL.to_owned()]),
+            login_timeout: a
+                .login_timeout_secs
+                .map_or(DEFAULT_LOGIN_TIMEOUT, Duration::from_secs),
         };
         agents.insert(name, profile);
     }
@@ -576,6 +600,8 @@ fn agents(
                 cwd: None,
                 home: None,
                 login: vec![],
+                login_principals: vec![DEFAULT_LOGIN_PRINCIPAL.to_owned()],
+                login_timeout: DEFAULT_LOGIN_TIMEOUT,
             },
         );
     }

@@ -159,6 +159,11 @@ pub struct FileAgent {
     pub login: Vec<String>,
     /// `"reads"`: read-only tool calls are approved `allow_once` automatically.
     pub approve: Option<String>,
+    /// Principals (by name) who may run the login from an editor or the console (default:
+    /// `["local"]`).
+    pub login_principals: Option<Vec<String>>,
+    /// A remote login running longer is ended (default 600).
+    pub login_timeout_secs: Option<u64>,
 }
 
 /// Options shared by `serve`, `stdio` and the admin subcommands. Each field is named like

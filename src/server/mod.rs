@@ -67,6 +67,8 @@ struct AppState {
     http: streamable::HttpState,
     /// The web console, unless `web_console = false`: its cookie is a credential on `/acp`.
     web: Option<crate::web::WebState>,
+    /// Remote agent logins running now (`/acp/login`).
+    logins: crate::login::Logins,
 }
 
 impl FromRef<AppState> for streamable::HttpState {
@@ -259,6 +261,7 @@ fn app_state(core: &Core, auth: Auth) -> AppState {
         config: core.config.clone(),
         hub: core.hub.clone(),
         web: web.clone(),
+        logins: crate::login::Logins::default(),
         auth,
         tasks: core.tasks.clone(),
         shutdown: core.drain.clone(),
@@ -298,6 +301,7 @@ async fn app(
                 .post(streamable::post)
                 .delete(streamable::delete),
         )
+        .route("/acp/login", get(login_upgrade))
         .route_layer(axum::middleware::from_fn_with_state(origins, origin::guard))
         .route(crate::cluster::link::PEER_PATH, get(peer::upgrade))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -451,6 +455,7 @@ fn connection_ctx(
         hub: hub.clone(),
         max_requests_per_second: config.limits.max_requests_per_second,
         mcp_tunnel: false,
+        via_shim: false,
     }
 }
 
@@ -543,6 +548,7 @@ async fn acp_upgrade(
         .requested_protocols()
         .any(|p| p.as_bytes() == transport::resume::SUBPROTOCOL.as_bytes());
     if resumable || headers.contains_key(transport::resume::RESUME_HEADER) {
+        ctx.via_shim = true;
         let ws = ws.max_message_size(hard_cap).max_frame_size(hard_cap);
         let principal = ctx.principal.clone();
         let start = move |link| async move {
@@ -577,6 +583,35 @@ async fn acp_upgrade(
         resp.headers_mut().insert("acp-connection-id", v);
     }
     resp
+}
+
+/// `GET /acp/login`: a remote agent login (`crate::login`), for a token or the console.
+async fn login_upgrade(
+    State(st): State<AppState>,
+    Query(q): Query<crate::login::LoginQuery>,
+    uri: Uri,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let agent = AcpQuery {
+        agent: q.agent.clone(),
+    };
+    let (identity, profile) = match caller(&st, &agent, &uri, &headers).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    crate::login::upgrade(
+        ws,
+        crate::login::LoginRequest {
+            principal_name: identity.name,
+            profile: st.config.agents.get(&profile).cloned(),
+            logins: st.logins.clone(),
+            tasks: st.tasks.clone(),
+            shutdown: st.shutdown.clone(),
+            cols: q.cols.unwrap_or(80),
+            rows: q.rows.unwrap_or(24),
+        },
+    )
 }
 
 /// `GET /metrics` on the main listener: a valid token first (none under `--no-auth`), since

@@ -54,6 +54,7 @@ mod operations;
 mod profiles;
 mod prompt_turn;
 mod python_sdk;
+mod remote_login;
 mod replicas;
 mod request_order;
 mod revocation;

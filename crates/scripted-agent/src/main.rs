@@ -12,7 +12,9 @@
 //! Flags: `--no-load` (no `loadSession`), `--no-resume` (no `sessionCapabilities.resume`),
 //! `--fork` (`session/fork`), `--list` (`session/list`, with titles only there),
 //! `--list-by-cwd` (as `--list`, but like qwen-code's: one cwd's sessions, its own without one),
-//! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes).
+//! `--pid-dir DIR` (creates `DIR/<pid>` at start so tests can find leftover processes),
+//! `--need-login` (`session/new` needs `--login` to have run in `$HOME`), `--login` (the
+//! terminal login its `term` auth method runs: `login.rs`).
 //! A `session/new` with `_meta.scripted.quiet: true` is answered without the
 //! `available_commands_update` that otherwise comes before the answer.
 //! `_scripted/echo` answers its params; `_scripted/hang` is never answered (a stuck agent).
@@ -20,6 +22,7 @@
 
 mod elicit;
 mod io;
+mod login;
 mod mcp_http;
 mod script;
 mod state;
@@ -36,7 +39,7 @@ use state::{Agent, Flags, MODES, VERBOSITY};
 fn usage() -> ! {
     eprintln!(
         "usage: acpd-scripted-agent [--no-load] [--no-resume] [--fork] [--list] [--list-by-cwd] \
-         [--pid-dir DIR]"
+         [--pid-dir DIR] [--need-login] [--login]"
     );
     std::process::exit(64);
 }
@@ -50,6 +53,8 @@ async fn main() {
             "--no-load" => flags.no_load = true,
             "--no-resume" => flags.no_resume = true,
             "--fork" => flags.fork = true,
+            "--login" => login::run(),
+            "--need-login" => flags.need_login = true,
             "--list" => flags.list = true,
             "--list-by-cwd" => {
                 flags.list = true;
@@ -216,6 +221,9 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
 
 /// A new session: its place, its MCP servers; its commands announced (unless quiet).
 fn new_session(agent: &Arc<Agent>, params: Value) -> Result<Value, RpcError> {
+    if agent.flags.need_login && !login::logged_in() {
+        return Err(RpcError::new(-32000, "Authentication required"));
+    }
     start_mcp_servers(&params);
     let sid = agent.create_session();
     let cwd = params["cwd"].as_str().unwrap_or_default().to_owned();

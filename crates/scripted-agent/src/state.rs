@@ -32,6 +32,8 @@ pub struct Flags {
     /// No line on stderr per request (`ACPD_SCRIPTED_AGENT_QUIET`): the benchmark's agent,
     /// whose stderr acpd would log line by line while the other paths drop it.
     pub quiet: bool,
+    /// `--need-login`: `session/new` is answered -32000 until `--login` has run in `$HOME`.
+    pub need_login: bool,
 }
 
 /// One item of a session's history.

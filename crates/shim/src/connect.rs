@@ -206,3 +206,63 @@ fn classify(e: tokio_tungstenite::tungstenite::Error) -> ConnectError {
         other => ConnectError::Protocol(other.to_string()),
     }
 }
+
+/// Opens the login link (`acpd_wire::login`) at `t.uri`. A refusal comes back with the
+/// daemon's reason: not this principal's profile (403), a login already running (409), no
+/// such agent (404).
+pub async fn connect_login(t: &Target) -> Result<Ws, crate::Exit> {
+    use crate::Exit;
+    let inner = async {
+        let stream = open_stream(t).await.map_err(|e| match e {
+            ConnectError::Tls(m) => Exit::Tls(m),
+            other => Exit::Unavailable(other.to_string()),
+        })?;
+        let mut req = t
+            .uri
+            .clone()
+            .into_client_request()
+            .map_err(|e| Exit::Usage(e.to_string()))?;
+        let h = req.headers_mut();
+        h.insert(
+            "sec-websocket-protocol",
+            HeaderValue::from_static(acpd_wire::login::SUBPROTOCOL),
+        );
+        if let Some(token) = &t.token {
+            let v = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| Exit::Usage("the token is not a valid header value".into()))?;
+            h.insert("authorization", v);
+        }
+        let (ws, _) = tokio_tungstenite::client_async(req, stream)
+            .await
+            .map_err(login_refusal)?;
+        Ok(ws)
+    };
+    match tokio::time::timeout(t.handshake_timeout, inner).await {
+        Ok(r) => r,
+        Err(_) => Err(Exit::Unavailable(format!(
+            "no answer from {}:{} within {:?}",
+            t.host, t.port, t.handshake_timeout
+        ))),
+    }
+}
+
+fn login_refusal(e: tokio_tungstenite::tungstenite::Error) -> crate::Exit {
+    use crate::Exit;
+    use tokio_tungstenite::tungstenite::Error as E;
+    let E::Http(resp) = e else {
+        return Exit::Unavailable(e.to_string());
+    };
+    let status = resp.status();
+    let body = resp
+        .body()
+        .as_deref()
+        .map(|b| String::from_utf8_lossy(b).trim().to_owned())
+        .unwrap_or_default();
+    let why = format!("acpd refused the login ({status}): {body}");
+    match status {
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Exit::Auth(why),
+        StatusCode::NOT_FOUND => Exit::Usage(why),
+        StatusCode::CONFLICT => Exit::Unavailable(why),
+        _ => Exit::Protocol(why),
+    }
+}

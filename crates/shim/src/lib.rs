@@ -18,6 +18,7 @@ mod bad_line;
 mod connect;
 mod editor;
 mod frame;
+mod login;
 mod map;
 mod mcp;
 mod pipe;
@@ -129,6 +130,10 @@ struct Cli {
     /// `mcp = "local" | "remote" | "drop"` (--mcp wins).
     #[arg(long, value_name = "FILE", env = "ACP_SHIM_CONFIG")]
     config: Option<PathBuf>,
+    /// Run agent NAME's login on the daemon's host, in this terminal, and exit with its
+    /// status (what an editor's "log in" runs: acpd offers it as a terminal auth method).
+    #[arg(long, value_name = "NAME")]
+    login: Option<String>,
     /// The daemon: ws://HOST:PORT[/acp] or wss://HOST[:PORT][/acp].
     url: String,
 }
@@ -184,6 +189,11 @@ pub fn main() -> ExitCode {
             .build()
         {
             Ok(rt) => {
+                if let Some(agent) = &cli.login {
+                    let ended = rt.block_on(login::run(target, agent));
+                    rt.shutdown_background();
+                    return login_exit(ended);
+                }
                 let keepalive = Duration::from_millis(cli.keepalive_ms.max(50));
                 let max_line = cli.max_line_bytes.max(1024);
                 let exit = rt.block_on(relay::run(
@@ -205,6 +215,19 @@ pub fn main() -> ExitCode {
         eprintln!("acp-shim: {m}");
     }
     ExitCode::from(exit.code())
+}
+
+/// The shim's exit after `--login`: the login's own status, or the shim's failure.
+fn login_exit(ended: login::Ended) -> ExitCode {
+    match ended {
+        login::Ended::Status(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        login::Ended::Failed(exit) => {
+            if let Some(m) = exit.message() {
+                eprintln!("acp-shim: {m}");
+            }
+            ExitCode::from(exit.code())
+        }
+    }
 }
 
 fn init_logging() {

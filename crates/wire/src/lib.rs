@@ -5,6 +5,7 @@
 mod envelope;
 pub mod lines;
 pub mod local;
+pub mod login;
 mod members;
 mod msg;
 mod out_frame;
