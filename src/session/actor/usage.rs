@@ -377,6 +377,7 @@ impl Session {
         self.outbox.push(Out::Raw {
             text: text.to_string().into(),
             except: None,
+            need: None,
         });
     }
 
