@@ -140,12 +140,14 @@ fn bad(at: &str, message: &str) -> ConfigError {
 
 /// The profiles with `approve = "reads"`: permission requests about read-only tool calls are
 /// answered `allow_once` by acpd (journaled as automatic).
-pub(super) fn approve_presets(
-    agents: &BTreeMap<String, super::settings::FileAgent>,
+/// `agents` is each profile's name and its `approve` key (taken apart by the caller, so this
+/// file does not import `settings`, which imports it).
+pub(super) fn approve_presets<'a>(
+    agents: impl IntoIterator<Item = (&'a String, Option<&'a str>)>,
 ) -> Result<std::collections::BTreeSet<String>, ConfigError> {
     let mut out = std::collections::BTreeSet::new();
-    for (name, a) in agents {
-        match a.approve.as_deref() {
+    for (name, approve) in agents {
+        match approve {
             None => {}
             Some("reads") => {
                 out.insert(name.clone());

@@ -341,7 +341,11 @@ impl Config {
         let mcp_policy = acpd_builtin::McpPolicy::new(&s.mcp_stdio, s.mcp_stdio_allow.clone())
             .map_err(|m| invalid("mcp_stdio", &m))?;
         let mut sessions = session_settings(&s, &mcp_policy)?;
-        sessions.approve_reads = budgets::approve_presets(&s.agents)?;
+        sessions.approve_reads = budgets::approve_presets(
+            s.agents
+                .iter()
+                .map(|(name, a)| (name, a.approve.as_deref())),
+        )?;
         let builtin = builtin_table(s.builtin.clone(), &mcp_policy)?;
         let budgets = s.budgets.validate()?;
         let keepalive = Duration::from_millis(s.keepalive_ms);
