@@ -86,7 +86,9 @@ fn shim(mode: Mode, bins: &Bins, server: &Server) -> std::process::Command {
 
 fn websocat_client(mode: Mode, bins: &Bins, url: &str) -> std::process::Command {
     let mut cmd = mode.command(&bins.websocat);
-    cmd.args(["--text", "-q", url]);
+    // `-B`: websocat splits a message longer than its 64 KiB buffer into broken lines; a
+    // replay's merged chunks are up to acpd's 16 MiB message limit.
+    cmd.args(["--text", "-q", "-B", "16777216", url]);
     cmd
 }
 

@@ -179,7 +179,7 @@ impl Server {
     pub fn websocat(mode: Mode, bins: &Bins, target: Option<&Path>) -> Result<Server> {
         let port = free_port()?;
         let mut cmd = mode.command(&bins.websocat);
-        cmd.args(["--text", "--exit-on-eof", "-q"])
+        cmd.args(["--text", "--exit-on-eof", "-q", "-B", "16777216"])
             .arg(format!("ws-l:127.0.0.1:{port}"));
         match target {
             Some(t) => cmd.arg(format!("exec:{}", t.display())),
