@@ -363,9 +363,17 @@ impl Connection {
                 false => cmd,
             };
             if let Err(cmd) = handle.send(cmd).await {
-                reject(cmd, AcpError::SessionGone).await;
-                for cmd in queue {
+                // Its actor ended between the hub's answer and this send (it closes its
+                // queue before it tells the hub): open the session again for the rest.
+                if let Some(init) = self.init.clone() {
+                    for cmd in std::iter::once(cmd).chain(queue) {
+                        self.send_session(sid.clone(), cmd, &init).await;
+                    }
+                } else {
                     reject(cmd, AcpError::SessionGone).await;
+                    for cmd in queue {
+                        reject(cmd, AcpError::SessionGone).await;
+                    }
                 }
                 return;
             }

@@ -43,6 +43,8 @@ use acpd_wire::{PeerError, Responder, ResponseError};
 /// Most agent events handled in one pass of the actor's loop.
 const EVENT_BURST: usize = 256;
 /// How often a session holding appends for a full store queue looks whether the store stalled.
+/// The most commands held for the hub while the session ends (more are refused: try again).
+const HAND_BACK_MAX: usize = 256;
 const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 pub(super) fn spawn(
@@ -87,6 +89,7 @@ pub(super) fn spawn(
         pending: PendingRequests::default(),
         tasks: JoinSet::new(),
         ending: false,
+        handed_back: Vec::new(),
         upkeep: Upkeep::default(),
         rows: rows::RowWrites::default(),
         status,
@@ -229,6 +232,9 @@ pub(super) struct Session {
     status: watch::Sender<super::LiveStatus>,
     /// What its turns spend, and its budgets (`usage.rs`).
     usage: usage::Accounting,
+    /// Commands that reached the session after it decided to end: the hub opens the session
+    /// again for them (`hand_back`).
+    handed_back: Vec<SessionCommand>,
 }
 
 impl Session {
@@ -289,7 +295,37 @@ impl Session {
             }
             self.recount(&mut counted);
         }
+        // Closed before the end is announced: a later send fails and its sender opens the
+        // session again; what got in before is handed back with the end. `recv`, not
+        // `try_recv`: a send that holds a permit still lands after `close`, and `recv` ends
+        // only once no permit is out (it waits on no peer: a permit's send is immediate).
+        // Commands waiting for the agent came before those that met the session ending.
+        let met_the_end = std::mem::take(&mut self.handed_back);
+        while let Some(cmd) = self.agent.next_deferred() {
+            self.hand_back(cmd);
+        }
+        self.handed_back.extend(met_the_end);
+        commands.close();
+        while let Some(cmd) = commands.recv().await {
+            self.hand_back(*cmd);
+        }
         self.wind_down(counted, serial).await;
+    }
+
+    /// A command for a session that is ending. After a delete the session is gone; at a
+    /// shutdown nothing opens again; otherwise the command goes back to the hub with the
+    /// session's end, so a resume that races a close's end is neither dropped nor refused.
+    /// Commands that expect no answer and attach no one (a cancel, a detach) are moot.
+    fn hand_back(&mut self, cmd: SessionCommand) {
+        if self.rows.deleted {
+            return self.refuse(cmd, AcpError::SessionNotFound(self.id.to_string()).into());
+        }
+        if self.shared.shutdown.is_cancelled() || self.handed_back.len() >= HAND_BACK_MAX {
+            return self.refuse(cmd, AcpError::SessionGone.into());
+        }
+        if matches!(cmd, SessionCommand::Attach { .. }) || cmd.expects_answer() {
+            self.handed_back.push(cmd);
+        }
     }
 
     /// An agent event, and the events already queued behind it: one flush (and one pass of
@@ -350,6 +386,7 @@ impl Session {
         self.tasks.detach_all();
         self.finish_rows().await;
         self.flush().await;
+        let handed_back = std::mem::take(&mut self.handed_back);
         if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } =
             &self.agent.state
         {
@@ -368,6 +405,8 @@ impl Session {
             .send(HubCommand::Ended {
                 id: self.id.clone(),
                 serial,
+                owner: Arc::from(self.row.principal_id.as_str()),
+                handed_back,
             })
             .await;
     }
@@ -403,7 +442,7 @@ impl Session {
 
     async fn on_command(&mut self, cmd: SessionCommand) {
         if self.ending || self.rows.closing() {
-            return self.refuse(cmd, AcpError::SessionGone.into());
+            return self.hand_back(cmd);
         }
         if needs_agent(&cmd) && !self.agent.bound() {
             if let SessionCommand::Attach { client, .. } = &cmd {

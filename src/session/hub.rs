@@ -230,9 +230,40 @@ impl HubTask {
                     principal,
                     stop_agents,
                 } => self.revoked(principal, stop_agents),
-                HubCommand::Ended { id, serial } => self.live.remove(&id, serial),
+                HubCommand::Ended {
+                    id,
+                    serial,
+                    owner,
+                    handed_back,
+                } => self.ended(&id, serial, &owner, handed_back),
             }
         }
+    }
+
+    fn ended(&mut self, id: &str, serial: u64, owner: &str, handed_back: Vec<SessionCommand>) {
+        self.live.remove(id, serial);
+        if !handed_back.is_empty() {
+            self.reopen(id, owner, handed_back);
+        }
+    }
+
+    /// Opens a session again for the commands that reached its actor as it ended (a resume
+    /// racing a `session/close`'s end): they go to the new actor in order, or get the error.
+    fn reopen(&mut self, id: &str, owner: &str, commands: Vec<SessionCommand>) {
+        let (reply, opened) = oneshot::channel();
+        self.open(id.to_owned(), owner.to_owned(), None, reply);
+        self.shared.tasks.spawn(async move {
+            let handle = match opened.await {
+                Ok(Ok(h)) => h,
+                Ok(Err(e)) => return reject_all(commands, e).await,
+                Err(_) => return reject_all(commands, AcpError::SessionGone).await,
+            };
+            for cmd in commands {
+                if let Err(cmd) = handle.send(cmd).await {
+                    cmd.reject(AcpError::SessionGone.into()).await;
+                }
+            }
+        });
     }
 
     fn open(
@@ -454,6 +485,14 @@ pub(super) async fn lease_new(shared: &Shared, id: &str) -> Result<Option<i64>, 
 /// Whether a session of profile `agent` is visible to a request scoped to `profile`.
 fn in_profile(agent: &str, profile: &Option<String>) -> bool {
     profile.as_deref().is_none_or(|p| p == agent)
+}
+
+/// Answers every command with `e` (those with no one waiting are dropped).
+async fn reject_all(commands: Vec<SessionCommand>, e: AcpError) {
+    let e: acpd_wire::ResponseError = e.into();
+    for cmd in commands {
+        cmd.reject(e.clone()).await;
+    }
 }
 
 #[cfg(test)]

@@ -173,6 +173,21 @@ impl SessionCommand {
         }
     }
 
+    /// Whether someone waits for this command's answer.
+    pub fn expects_answer(&self) -> bool {
+        matches!(
+            self,
+            SessionCommand::Attach {
+                responder: Some(_),
+                ..
+            } | SessionCommand::Prompt { .. }
+                | SessionCommand::Relay { .. }
+                | SessionCommand::Fork { .. }
+                | SessionCommand::Close { .. }
+                | SessionCommand::Delete { .. }
+        )
+    }
+
     /// The responder the command would answer, if it expects an answer.
     pub fn into_responder(self) -> Option<Responder> {
         match self {
@@ -282,10 +297,7 @@ pub(crate) enum HubCommand {
     },
     /// `session/new` started this session's actor: live from now on (its reserved place is
     /// given back).
-    Started {
-        handle: SessionHandle,
-        serial: u64,
-    },
+    Started { handle: SessionHandle, serial: u64 },
     Spawn {
         row: Box<SessionRow>,
         agent: Option<(AgentHandle, String)>,
@@ -307,10 +319,7 @@ pub(crate) enum HubCommand {
         stop_agents: bool,
     },
     /// A grant on a session was revoked: its live actor cuts the grantee's clients off.
-    GrantRevoked {
-        session: String,
-        principal: String,
-    },
+    GrantRevoked { session: String, principal: String },
     /// Whether a principal may start one more live session; yes reserves the place (given
     /// back by `Spawn` or `Release`).
     Admit {
@@ -318,12 +327,14 @@ pub(crate) enum HubCommand {
         reply: oneshot::Sender<bool>,
     },
     /// A reserved place that will not be used (`hub::Reservation` dropped).
-    Release {
-        principal: String,
-    },
+    Release { principal: String },
+    /// A session's actor ended. `handed_back`: commands that reached it after it decided to
+    /// end (not after a delete); the hub opens the session again for them, as the owner.
     Ended {
         id: Arc<str>,
         serial: u64,
+        owner: Arc<str>,
+        handed_back: Vec<SessionCommand>,
     },
 }
 

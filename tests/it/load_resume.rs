@@ -318,3 +318,44 @@ async fn load_replays_the_compacted_history_then_the_state_once_and_attach_every
     assert_eq!(seqs, (1..=last).collect::<Vec<_>>(), "every seq once");
     assert_eq!(agent_texts(&all).len(), 200 + 3, "every chunk on its own");
 }
+
+/// A resume that reaches a session while its `session/close` is ending it (sent right behind
+/// the close, or by another connection as the actor winds down) opens the session again: it
+/// is answered, never dropped nor refused as "closing", and the session takes prompts.
+#[tokio::test]
+async fn a_resume_racing_a_close_opens_the_session_again() {
+    let daemon = Daemon::start().await;
+    let mut owner = daemon.client().await;
+    let mut other = daemon.client().await;
+    let cwd = daemon.work_dir();
+    let sid = owner.open_session(&cwd).await;
+    let params = json!({ "sessionId": sid, "cwd": cwd, "mcpServers": [] });
+    for round in 0..40u64 {
+        let (_, result) = owner.prompt(&sid, &format!("echo round {round}")).await;
+        result.unwrap();
+        let close = owner
+            .send_request("session/close", json!({ "sessionId": sid }))
+            .await;
+        // Sweep the window: right behind the close, then later into the actor's end.
+        tokio::time::sleep(std::time::Duration::from_micros(round * 150)).await;
+        let resumer = if round % 2 == 0 {
+            &mut owner
+        } else {
+            &mut other
+        };
+        let resume = resumer.send_request("session/resume", params.clone()).await;
+        let resumed = resumer.wait_response(&resume).await;
+        assert!(
+            resumed.is_ok(),
+            "round {round}: session/resume: {resumed:?}"
+        );
+        owner.wait_response(&close).await.expect("session/close");
+        // Whoever resumed, the owner prompts next (attaching again if it was closed for it).
+        let (updates, result) = owner.prompt(&sid, &format!("echo after {round}")).await;
+        assert_eq!(result.unwrap()["stopReason"], "end_turn", "round {round}");
+        assert!(
+            agent_texts(&updates).contains(&format!("after {round}")),
+            "round {round}: {updates:?}"
+        );
+    }
+}

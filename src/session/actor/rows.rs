@@ -20,6 +20,8 @@ pub(super) struct RowWrites {
     busy: bool,
     /// The session ends: close (or delete, when `true`) once the updates are written.
     pub close: Option<(Responder, bool)>,
+    /// The session's delete is written or being written: it is gone, not reopened.
+    pub deleted: bool,
     /// Outbox items that go once the row updates queued before them are written (a prompt's
     /// answer: a client that sees it and lists the sessions sees the turn's title).
     /// Each with the last seq journaled when it was parked (a turn's answer vouches for the
@@ -117,6 +119,7 @@ impl Session {
             });
         } else if let Some((responder, delete)) = self.rows.close.take() {
             self.rows.busy = true;
+            self.rows.deleted |= delete;
             let patch = SessionPatch {
                 closed: Some(true),
                 ..self.patch()
