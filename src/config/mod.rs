@@ -337,9 +337,9 @@ impl Config {
         }
         let limits = limits(&s)?;
         let fs_roots = roots::FsRoots::new(s.roots.clone(), s.default_roots.clone(), &data_dir)
-            .map_err(|m| invalid("roots", &m))?;
+            .map_err(|e| invalid("roots", &e.to_string()))?;
         let mcp_policy = acpd_builtin::McpPolicy::new(&s.mcp_stdio, s.mcp_stdio_allow.clone())
-            .map_err(|m| invalid("mcp_stdio", &m))?;
+            .map_err(|e| invalid("mcp_stdio", &e.to_string()))?;
         let mut sessions = session_settings(&s, &mcp_policy)?;
         sessions.approve_reads = budgets::approve_presets(
             s.agents

@@ -72,29 +72,38 @@ fn overlaps(a: &Path, b: &Path) -> bool {
     a.starts_with(b) || b.starts_with(a)
 }
 
+/// A `roots`/`default_roots` entry that cannot be a root.
+#[derive(Debug, thiserror::Error)]
+pub enum RootsError {
+    #[error("data_dir {} is not absolute", .0.display())]
+    DataDirNotAbsolute(PathBuf),
+    #[error("root {} is not an absolute path", .0.display())]
+    NotAbsolute(PathBuf),
+    #[error("root {} would reach the data directory {}", root.display(), data_dir.display())]
+    ReachesDataDir { root: PathBuf, data_dir: PathBuf },
+}
+
 impl FsRoots {
     /// Validates: every root absolute, none containing or inside the data directory.
     pub fn new(
         principals: BTreeMap<String, Vec<PathBuf>>,
         default: Vec<PathBuf>,
         data_dir: &Path,
-    ) -> Result<FsRoots, String> {
+    ) -> Result<FsRoots, RootsError> {
         // Resolved like the session paths will be, so a symlink on the way does not hide
         // an overlap.
-        let data_dir = resolve(data_dir)
-            .ok_or_else(|| format!("data_dir {} is not absolute", data_dir.display()))?;
-        let checked = |roots: Vec<PathBuf>| -> Result<Vec<PathBuf>, String> {
+        let data_dir =
+            resolve(data_dir).ok_or_else(|| RootsError::DataDirNotAbsolute(data_dir.to_owned()))?;
+        let checked = |roots: Vec<PathBuf>| -> Result<Vec<PathBuf>, RootsError> {
             roots
                 .into_iter()
                 .map(|r| {
-                    let n = resolve(&r)
-                        .ok_or_else(|| format!("root {} is not an absolute path", r.display()))?;
+                    let n = resolve(&r).ok_or_else(|| RootsError::NotAbsolute(r.clone()))?;
                     if overlaps(&n, &data_dir) {
-                        return Err(format!(
-                            "root {} would reach the data directory {}",
-                            r.display(),
-                            data_dir.display()
-                        ));
+                        return Err(RootsError::ReachesDataDir {
+                            root: r,
+                            data_dir: data_dir.clone(),
+                        });
                     }
                     Ok(n)
                 })
@@ -104,7 +113,7 @@ impl FsRoots {
         let principals = principals
             .into_iter()
             .map(|(name, roots)| Ok((name, checked(roots)?)))
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, RootsError>>()?;
         Ok(FsRoots {
             principals,
             default,

@@ -40,7 +40,7 @@ pub async fn run(mut socket: WebSocket, run: Run) {
     let shown = shell_words::join(std::iter::once(&login.program).chain(&login.args));
     let pty = match super::pty::spawn(&login, &run.profile, run.cols, run.rows) {
         Ok(p) => p,
-        Err(e) => return fail(&mut socket, e).await,
+        Err(e) => return fail(&mut socket, e.to_string()).await,
     };
     tracing::info!(target: "acpd::audit", principal = %run.principal_name, agent = %run.profile.name, command = %shown, "remote login started");
     let started = Control::Started { command: shown };

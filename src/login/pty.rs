@@ -14,6 +14,22 @@ use crate::config::AgentProfile;
 /// Output chunks buffered between the reader thread and the link.
 const OUTPUT_QUEUE: usize = 64;
 
+/// Why a login did not start (its text goes to the client that asked for it).
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("cannot create {}: {source}", path.display())]
+    Home {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open a pseudo-terminal: {0}")]
+    Open(String),
+    #[error("cannot start {program:?}: {reason}")]
+    Start { program: String, reason: String },
+    #[error("pseudo-terminal: {0}")]
+    Io(String),
+}
+
 /// How the login ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ended {
@@ -49,14 +65,16 @@ pub fn spawn(
     profile: &AgentProfile,
     cols: u16,
     rows: u16,
-) -> Result<Pty, String> {
+) -> Result<Pty, SpawnError> {
     if let Some(home) = &profile.home {
-        crate::agent::home::prepare(home)
-            .map_err(|e| format!("cannot create {}: {e}", home.display()))?;
+        crate::agent::home::prepare(home).map_err(|source| SpawnError::Home {
+            path: home.clone(),
+            source,
+        })?;
     }
     let pair = native_pty_system()
         .openpty(size(cols, rows))
-        .map_err(|e| format!("cannot open a pseudo-terminal: {e}"))?;
+        .map_err(|e| SpawnError::Open(e.to_string()))?;
     let mut cmd = CommandBuilder::new(&login.program);
     cmd.args(&login.args);
     cmd.env_clear();
@@ -71,18 +89,21 @@ pub fn spawn(
     let mut child = pair
         .slave
         .spawn_command(cmd)
-        .map_err(|e| format!("cannot start {:?}: {e}", login.program))?;
+        .map_err(|e| SpawnError::Start {
+            program: login.program.clone(),
+            reason: e.to_string(),
+        })?;
     // Only the child holds the terminal's other end: its exit closes our reader.
     drop(pair.slave);
     let pid = child.process_id().map(|p| p as i32);
     let reader = pair
         .master
         .try_clone_reader()
-        .map_err(|e| format!("pseudo-terminal: {e}"))?;
+        .map_err(|e| SpawnError::Io(e.to_string()))?;
     let writer = pair
         .master
         .take_writer()
-        .map_err(|e| format!("pseudo-terminal: {e}"))?;
+        .map_err(|e| SpawnError::Io(e.to_string()))?;
     let (out_tx, output) = mpsc::channel(OUTPUT_QUEUE);
     let (in_tx, in_rx) = mpsc::channel(OUTPUT_QUEUE);
     let (exit_tx, exited) = oneshot::channel();

@@ -391,7 +391,7 @@ impl BuiltinConfig {
             file.mcp_stdio.as_deref().unwrap_or("ask"),
             file.mcp_stdio_allow.unwrap_or_default(),
         )
-        .map_err(BuiltinConfigError::Invalid)?
+        .map_err(|e| BuiltinConfigError::Invalid(e.to_string()))?
         .under_shell(host_shell && !shell_denied);
         Ok(BuiltinConfig {
             state_dir: data_dir.join("builtin"),

@@ -33,7 +33,7 @@ use acpd_protocol::method;
 use acpd_wire::{Incoming, IncomingRequest, Link, Notification, PeerHandle, ResponseError, code};
 use client::ClientCaps;
 pub use config::{BuiltinConfig, BuiltinConfigError};
-pub use mcp_policy::McpPolicy;
+pub use mcp_policy::{McpPolicy, McpPolicyError};
 pub use provider::model_problem;
 use session::{Ended, Session, SessionCmd};
 use state::StateError;

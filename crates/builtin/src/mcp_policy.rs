@@ -37,6 +37,15 @@ pub enum McpDecision {
     Refuse(String),
 }
 
+/// A policy that cannot be: its text names the setting's value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum McpPolicyError {
+    #[error("{0:?}: expected \"ask\", \"allow\" or \"deny\"")]
+    Mode(String),
+    #[error("mcp_stdio_allow entry {0:?} is empty")]
+    EmptyAllow(String),
+}
+
 /// `mcpServers` with only what may start, and the command lines still to ask about.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Filtered {
@@ -49,19 +58,15 @@ impl McpPolicy {
     /// The top-level keys, also written into the `[builtin]` table for the built-in agent.
     pub const KEYS: [&'static str; 2] = ["mcp_stdio", "mcp_stdio_allow"];
 
-    pub fn new(mode: &str, allow: Vec<String>) -> Result<McpPolicy, String> {
+    pub fn new(mode: &str, allow: Vec<String>) -> Result<McpPolicy, McpPolicyError> {
         let mode = match mode {
             "ask" => McpStdio::Ask,
             "allow" => McpStdio::Allow,
             "deny" => McpStdio::Deny,
-            other => {
-                return Err(format!(
-                    "{other:?}: expected \"ask\", \"allow\" or \"deny\""
-                ));
-            }
+            other => return Err(McpPolicyError::Mode(other.to_owned())),
         };
         if let Some(bad) = allow.iter().find(|a| a.trim().is_empty()) {
-            return Err(format!("mcp_stdio_allow entry {bad:?} is empty"));
+            return Err(McpPolicyError::EmptyAllow(bad.clone()));
         }
         Ok(McpPolicy { mode, allow })
     }
