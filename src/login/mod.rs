@@ -169,6 +169,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_login_is_refused_for_no_profile_another_principal_or_one_running() {
+        let profile = AgentProfile {
+            name: "lg".into(),
+            program: "x".into(),
+            args: vec![],
+            env: vec![],
+            pass_env: vec![],
+            cwd: None,
+            home: None,
+            login: vec![],
+            login_principals: vec!["alice".into()],
+            login_timeout: std::time::Duration::from_secs(1),
+        };
+        let logins = Logins::default();
+        let status =
+            |p: Option<&AgentProfile>, who: &str, l: &Logins| refusal(p, who, l).map(|r| r.0);
+        assert_eq!(status(None, "alice", &logins), Some(StatusCode::NOT_FOUND));
+        assert_eq!(
+            status(Some(&profile), "bob", &logins),
+            Some(StatusCode::FORBIDDEN)
+        );
+        assert_eq!(status(Some(&profile), "alice", &logins), None);
+        let _claim = logins.claim("lg").expect("claimed");
+        assert_eq!(
+            status(Some(&profile), "alice", &logins),
+            Some(StatusCode::CONFLICT)
+        );
+    }
+
+    #[test]
     fn one_login_per_profile_at_a_time() {
         let logins = Logins::default();
         let a = logins.claim("a").expect("first");
