@@ -3,7 +3,8 @@
 //! page runs the scripted login on the daemon's host over `/acp/login` with the console's
 //! cookie, shows the URL it prints as a link, sends the typed line, delivers the sign-in's
 //! loopback redirect through the link and shows success; a failing login and one ended with
-//! the Ctrl-C button show failure; another principal's agent shows the daemon's refusal.
+//! the Ctrl-C button show failure; a device-code login shows its code and link, without the
+//! terminal's escape sequences; another principal's agent shows the daemon's refusal.
 
 use fantoccini::{Client as Browser, Locator};
 use serde_json::json;
@@ -12,6 +13,9 @@ use super::browser::{Chromedriver, click, screenshot, until, viewport};
 use super::support::{csp_violations, origin, sign_in_link};
 use crate::support::security_support::local_token;
 use crate::support::{Daemon, DaemonOptions, scripted_agent_bin};
+
+/// A device-code login: a bold prompt (escape sequences), a code, a URL; exits 0 on a line.
+const DEVICE_LOGIN: &str = "printf '\\033[1mEnter the code\\033[0m WDJB-MJHT at https://device.example.test/activate\\n'; read x; echo done";
 
 /// Waits until the login's screen shows `text`.
 async fn until_screen_has(b: &Browser, text: &str) {
@@ -69,7 +73,8 @@ async fn an_agents_login_runs_from_the_console_and_shows_its_url_and_outcome() {
         &config,
         format!(
             "[agents.lg]\ncommand = {agent:?}\nargs = [\"--need-login\"]\nhome = {:?}\n\
-             [agents.theirs]\ncommand = {agent:?}\nargs = [\"--need-login\"]\nlogin_principals = [\"bob\"]\n",
+             [agents.theirs]\ncommand = {agent:?}\nargs = [\"--need-login\"]\nlogin_principals = [\"bob\"]\n\
+             [agents.device]\ncommand = {agent:?}\nlogin = [\"sh\", \"-c\", {DEVICE_LOGIN:?}]\n",
             home.display().to_string()
         ),
     )
@@ -186,6 +191,43 @@ async fn an_agents_login_runs_from_the_console_and_shows_its_url_and_outcome() {
     click(&b, "interrupt").await;
     let outcome = until_outcome(&b, "failure").await;
     assert!(outcome.contains("failed"), "{outcome}");
+
+    // A device-code login: the code in large type, its URL a link, no escape sequences.
+    b.goto(&format!("{base}/agents/device/login"))
+        .await
+        .expect("the device login page");
+    until(
+        &b,
+        "the start button",
+        "return !document.getElementById('start').hidden",
+    )
+    .await;
+    click(&b, "start").await;
+    until(
+        &b,
+        "the device code",
+        "return !document.getElementById('device-code').hidden",
+    )
+    .await;
+    assert_eq!(
+        b.find(Locator::Id("code"))
+            .await
+            .expect("code")
+            .text()
+            .await
+            .expect("text"),
+        "WDJB-MJHT"
+    );
+    until(
+        &b,
+        "the activation link",
+        "return !!document.querySelector('#urls a[href=\"https://device.example.test/activate\"]')",
+    )
+    .await;
+    until_screen_has(&b, "Enter the code WDJB-MJHT at").await;
+    type_line(&b, "").await;
+    let outcome = until_outcome(&b, "success").await;
+    assert!(outcome.contains("exited with status 0"), "{outcome}");
 
     // Another principal's agent: the daemon's refusal, and no way to start it.
     b.goto(&format!("{base}/agents/theirs/login"))
