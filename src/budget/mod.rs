@@ -157,6 +157,19 @@ impl Spent {
     }
 }
 
+/// What a rollup row counts against budgets in `currency` (the session actor's ledger and the
+/// console's budget readings count alike).
+pub fn spent_of(r: &acpd_store::UsageRollup, currency: &str) -> Spent {
+    let tokens = [r.input_tokens, r.output_tokens, r.thought_tokens];
+    Spent {
+        tokens: tokens.iter().flatten().map(|t| *t as u64).sum(),
+        cost_micros: match r.currency.as_deref() {
+            Some(c) if c == currency => r.cost_micros.unwrap_or(0) as u64,
+            _ => 0,
+        },
+    }
+}
+
 /// What a session, its principal and its principal's profile spent, per window.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Spend {

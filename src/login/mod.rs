@@ -39,6 +39,12 @@ pub struct Claim {
 }
 
 impl Logins {
+    /// Whether `profile`'s login runs now.
+    pub fn running(&self, profile: &str) -> bool {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.contains(profile)
+    }
+
     /// Claims `profile`'s login; `None` while another runs.
     pub fn claim(&self, profile: &str) -> Option<Claim> {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
@@ -75,26 +81,54 @@ pub struct LoginRequest {
     pub rows: u16,
 }
 
+/// Why `principal_name` may not start `profile`'s login now (`None`: it may): the status
+/// and the line `/acp/login` refuses with. Pure, so the console can tell a person beforehand
+/// exactly what the upgrade would answer (a browser never sees a refused upgrade's body).
+pub fn refusal(
+    profile: Option<&AgentProfile>,
+    principal_name: &str,
+    logins: &Logins,
+) -> Option<(StatusCode, String)> {
+    let Some(profile) = profile else {
+        return Some((
+            StatusCode::NOT_FOUND,
+            "no hosted agent of that name (the built-in agent has no login)".into(),
+        ));
+    };
+    if !profile.may_log_in(principal_name) {
+        return Some((
+            StatusCode::FORBIDDEN,
+            format!(
+                "principal {principal_name:?} may not log in agent {:?} (its login_principals)",
+                profile.name
+            ),
+        ));
+    }
+    logins.running(&profile.name).then(|| {
+        (
+            StatusCode::CONFLICT,
+            format!(
+                "a login of agent {:?} is already running; finish or end it first",
+                profile.name
+            ),
+        )
+    })
+}
+
 /// The upgrade of `/acp/login`: refused with a status and a line saying why when the
 /// principal may not log this profile in, or its login already runs.
 pub fn upgrade(ws: WebSocketUpgrade, req: LoginRequest) -> Response {
     let refuse = |status: StatusCode, why: String| (status, format!("{why}\n")).into_response();
-    let Some(profile) = req.profile else {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            "no hosted agent of that name (the built-in agent has no login)".into(),
-        );
-    };
-    if !profile.may_log_in(&req.principal_name) {
-        tracing::warn!(target: "acpd::audit", principal = %req.principal_name, agent = %profile.name, "remote login refused: not in the profile's login_principals");
-        return refuse(
-            StatusCode::FORBIDDEN,
-            format!(
-                "principal {:?} may not log in agent {:?} (its login_principals)",
-                req.principal_name, profile.name
-            ),
-        );
+    if let Some((status, why)) = refusal(req.profile.as_ref(), &req.principal_name, &req.logins) {
+        if status == StatusCode::FORBIDDEN {
+            tracing::warn!(target: "acpd::audit", principal = %req.principal_name, agent = %req.profile.as_ref().map_or("", |p| p.name.as_str()), "remote login refused: not in the profile's login_principals");
+        }
+        return refuse(status, why);
     }
+    let Some(profile) = req.profile else {
+        return refuse(StatusCode::NOT_FOUND, "no hosted agent of that name".into());
+    };
+    // Between the check and the claim another upgrade may have claimed it.
     let Some(claim) = req.logins.claim(&profile.name) else {
         return refuse(
             StatusCode::CONFLICT,
@@ -135,10 +169,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_login_is_refused_for_no_profile_another_principal_or_one_running() {
+        let profile = AgentProfile {
+            name: "lg".into(),
+            program: "x".into(),
+            args: vec![],
+            env: vec![],
+            pass_env: vec![],
+            cwd: None,
+            home: None,
+            login: vec![],
+            login_principals: vec!["alice".into()],
+            login_timeout: std::time::Duration::from_secs(1),
+        };
+        let logins = Logins::default();
+        let status =
+            |p: Option<&AgentProfile>, who: &str, l: &Logins| refusal(p, who, l).map(|r| r.0);
+        assert_eq!(status(None, "alice", &logins), Some(StatusCode::NOT_FOUND));
+        assert_eq!(
+            status(Some(&profile), "bob", &logins),
+            Some(StatusCode::FORBIDDEN)
+        );
+        assert_eq!(status(Some(&profile), "alice", &logins), None);
+        let _claim = logins.claim("lg").expect("claimed");
+        assert_eq!(
+            status(Some(&profile), "alice", &logins),
+            Some(StatusCode::CONFLICT)
+        );
+    }
+
+    #[test]
     fn one_login_per_profile_at_a_time() {
         let logins = Logins::default();
         let a = logins.claim("a").expect("first");
         assert!(logins.claim("a").is_none());
+        assert!(logins.running("a") && !logins.running("b"));
         let _b = logins.claim("b").expect("another profile");
         drop(a);
         assert!(logins.claim("a").is_some());

@@ -249,19 +249,21 @@ fn app_state(core: &Core, auth: Auth) -> AppState {
         conns: transport::http_stream::Connections::new(core.config.resume_grace),
         gate: core.gate.clone(),
     };
+    let logins = crate::login::Logins::default();
     let web = core.config.web_console.then(|| {
         crate::web::WebState::new(
             core.config.clone(),
             core.store.clone(),
             core.hub.clone(),
             (auth.local_principal(), LOCAL_PRINCIPAL),
+            logins.clone(),
         )
     });
     AppState {
         config: core.config.clone(),
         hub: core.hub.clone(),
         web: web.clone(),
-        logins: crate::login::Logins::default(),
+        logins,
         auth,
         tasks: core.tasks.clone(),
         shutdown: core.drain.clone(),

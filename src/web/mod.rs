@@ -11,6 +11,7 @@
 mod api;
 mod cookie;
 mod csp;
+mod logins;
 mod render;
 mod usage;
 
@@ -57,6 +58,9 @@ pub struct WebState {
     no_auth: Option<(String, String)>,
     /// `POST /web/csp`'s rate and log summary (a std Mutex: one decision, no await).
     csp: Arc<std::sync::Mutex<csp::CspReports>>,
+    /// The daemon's running agent logins (`/acp/login`), so the console can say beforehand
+    /// why a login would be refused.
+    logins: crate::login::Logins,
 }
 
 impl WebState {
@@ -66,6 +70,7 @@ impl WebState {
         store: impl Into<WebStore>,
         hub: SessionHub,
         local: (&str, &str),
+        logins: crate::login::Logins,
     ) -> WebState {
         metrics::describe_counter!(
             CSP_VIOLATIONS_TOTAL,
@@ -82,6 +87,7 @@ impl WebState {
             hub,
             no_auth,
             csp: Arc::default(),
+            logins,
         }
     }
 
@@ -130,6 +136,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(st: WebState) -> Router<S> {
         .route("/", get(sessions_page))
         .route("/login", get(login_page))
         .route("/s/{id}", get(session_page))
+        .route("/agents/{name}/login", get(agent_login_page))
         .route("/web/{asset}", get(asset))
         .route("/web/csp", post(csp_report))
         .route("/web/api/login", post(cookie::login))
@@ -141,6 +148,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(st: WebState) -> Router<S> {
         .route("/web/api/sessions/{id}/entries", get(api::entries))
         .route("/web/api/sessions/{id}/usage", get(usage::session))
         .route("/web/api/usage", get(usage::principal))
+        .route("/web/api/logins", get(logins::list))
         .layer(axum::middleware::from_fn_with_state(st.clone(), guard))
         .with_state(st)
 }
@@ -175,6 +183,7 @@ fn secured(mut resp: Response) -> Response {
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const SESSION_HTML: &str = include_str!("assets/session.html");
 const LOGIN_HTML: &str = include_str!("assets/login.html");
+const AGENT_LOGIN_HTML: &str = include_str!("assets/agent-login.html");
 const NOT_FOUND_HTML: &str = include_str!("assets/not_found.html");
 
 fn html(status: StatusCode, body: &'static str) -> Response {
@@ -197,6 +206,16 @@ async fn sessions_page(State(st): State<WebState>, headers: HeaderMap) -> Respon
 
 async fn login_page() -> Response {
     html(StatusCode::OK, LOGIN_HTML)
+}
+
+/// `GET /agents/{name}/login`: the page that runs an agent's login (`logins.rs`); the page
+/// itself says when the principal may not (the name is read by its script).
+async fn agent_login_page(State(st): State<WebState>, headers: HeaderMap) -> Response {
+    match st.identity(&headers).await {
+        Ok(Some(_)) => html(StatusCode::OK, AGENT_LOGIN_HTML),
+        Ok(None) => Redirect::to("/login").into_response(),
+        Err(resp) => resp,
+    }
 }
 
 /// `GET /s/{id}`: a session's page; another principal's session is exactly an unknown one.
@@ -227,6 +246,8 @@ fn asset_body(name: &str) -> Option<(&'static str, &'static str)> {
         "session.js" => (JS, include_str!("assets/session.js")),
         "acp.js" => (JS, include_str!("assets/acp.js")),
         "login.js" => (JS, include_str!("assets/login.js")),
+        "agent-login.js" => (JS, include_str!("assets/agent-login.js")),
+        "usage.js" => (JS, include_str!("assets/usage.js")),
         _ => return None,
     })
 }

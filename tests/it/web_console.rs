@@ -3,9 +3,11 @@
 //! uses it: following the stream, turn markers, new sessions, the approval badge; both need
 //! `ACPD_TEST_CHROMEDRIVER`).
 
+mod agent_login;
 mod browser;
 mod cookies;
 mod flow;
 mod hardening;
 mod pages;
+mod spend;
 mod support;

@@ -12,7 +12,7 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 use super::{Session, TaskDone};
-use crate::budget::{self, Meter, Spent, Status};
+use crate::budget::{self, Meter, Spent, Status, spent_of};
 use crate::error::AcpError;
 use crate::session::outbox::Out;
 use acpd_protocol::method;
@@ -134,18 +134,6 @@ pub(super) async fn load(
         s
     });
     TaskDone::Usage(Box::new(Loaded { owner, spent }))
-}
-
-/// What a rollup row counts against budgets in `currency`.
-fn spent_of(r: &acpd_store::UsageRollup, currency: &str) -> Spent {
-    let tokens = [r.input_tokens, r.output_tokens, r.thought_tokens];
-    Spent {
-        tokens: tokens.iter().flatten().map(|t| *t as u64).sum(),
-        cost_micros: match r.currency.as_deref() {
-            Some(c) if c == currency => r.cost_micros.unwrap_or(0) as u64,
-            _ => 0,
-        },
-    }
 }
 
 /// Fills the ledger with this month's spending from the store (at start: budgets survive a

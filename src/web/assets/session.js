@@ -7,9 +7,11 @@
 // The page follows the conversation's end unless the user scrolled up ("Jump to latest"
 // brings it back); how a turn ended (cancelled, failed and why) and who answered a permission
 // are marked in the conversation itself; a permission waiting for this page puts a count in
-// the tab's title and, if the user allowed it, a browser notification.
+// the tab's title and, if the user allowed it, a browser notification. What the session spent
+// and who approved what is a panel of its own (`usage.js`).
 import { api, el, describeClients, wireSignOut, errorText } from '/web/common.js';
 import { Peer } from '/web/acp.js';
+import { wireSessionSpend } from '/web/usage.js';
 
 const id = decodeURIComponent(location.pathname.split('/').pop());
 const wanted = new URLSearchParams(location.search).get('role') === 'controller' ? 'controller' : 'observer';
@@ -482,6 +484,7 @@ async function main() {
   setTitle(meta.title);
   api('/web/api/me').then((who) => { me = who.principal; }).catch(() => {});
   document.getElementById('meta').textContent = `${meta.agent} · ${meta.cwd}`;
+  wireSessionSpend(id);
   await firstPage();
   older.addEventListener('click', loadOlder);
   wireFollow();

@@ -1,8 +1,11 @@
 // The sessions page: the principal's sessions, newest first, paged like session/list and
 // polled every two seconds (a JSON read; cheaper to build than a push channel). "New session"
 // starts one over ACP (`session/new` on the /acp WebSocket, like any client) and opens it.
+// Above the list: the principal's spend (`usage.js`) and the agents whose login the principal
+// may run from here (`agent-login.js`).
 import { api, el, when, describeClients, wireSignOut, errorText } from '/web/common.js';
 import { Peer } from '/web/acp.js';
+import { wirePrincipalSpend } from '/web/usage.js';
 
 const POLL_MS = 2000;
 const tbody = document.querySelector('#sessions tbody');
@@ -111,7 +114,24 @@ form.addEventListener('submit', async (ev) => {
   }
 });
 
+// The hosted agents this principal may log in (a login of one that runs now is listed too).
+async function showLogins() {
+  const info = await api('/web/api/logins');
+  const mine = info.logins.filter((l) => !l.refusal || l.refusal.status === 409);
+  const items = mine.map((l) => {
+    const link = el('a', { href: `/agents/${encodeURIComponent(l.agent)}/login`, text: `Log in ${l.agent}` });
+    const item = el('li', {}, link);
+    if (l.refusal) item.append(el('span', { class: 'muted', text: ' (a login of it is running)' }));
+    item.dataset.agent = l.agent;
+    return item;
+  });
+  document.getElementById('agent-login-list').replaceChildren(...items);
+  document.getElementById('agent-logins').hidden = !items.length;
+}
+
 more.addEventListener('click', () => { pages += 1; load(); });
+wirePrincipalSpend();
+showLogins().catch(() => { /* the section stays hidden */ });
 wireSignOut();
 api('/web/api/me').then((me) => { document.getElementById('who').textContent = me.principal; });
 poll();

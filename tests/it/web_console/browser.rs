@@ -165,6 +165,11 @@ pub(super) async fn screenshot(b: &Browser, name: &str, width: u32, height: u32)
     b.execute("window.scrollTo(0, document.body.scrollHeight)", vec![])
         .await
         .expect("scroll");
+    screenshot_here(b, name).await;
+}
+
+/// A screenshot of the viewport as it is scrolled now (see `screenshot`).
+pub(super) async fn screenshot_here(b: &Browser, name: &str) {
     // Layout settles after the resize (a media query may apply).
     tokio::time::sleep(Duration::from_millis(300)).await;
     let png = b.screenshot().await.expect("screenshot");
