@@ -317,7 +317,13 @@ async fn run(command: Command) -> ExitCode {
         },
         Command::Token { action } => token(action).await,
         Command::Usage(u) => usage_command(u).await,
-        Command::Budget(b) => budget::command(b).await,
+        Command::Budget(b) => match budget::run(b).await {
+            Ok(table) => {
+                print!("{table}");
+                ExitCode::SUCCESS
+            }
+            Err(code) => code,
+        },
         Command::Share {
             session,
             with,

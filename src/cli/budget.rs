@@ -23,28 +23,16 @@ pub(super) struct BudgetArgs {
     pub args: crate::config::Args,
 }
 
-/// `acpd budget`: the table on stdout.
-pub(super) async fn command(b: BudgetArgs) -> ExitCode {
-    let config = match super::config_of(&b.args, Purpose::Admin) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
+/// `acpd budget`: the table, for `cli.rs` to print (or the exit code of a failure, told).
+pub(super) async fn run(b: BudgetArgs) -> Result<String, ExitCode> {
+    let config = super::config_of(&b.args, Purpose::Admin)?;
     if config.budgets.is_empty() {
         eprintln!("acpd: no budgets are set: they are the config file's [budgets] table");
     }
-    let store = match super::admin_store(&b.args).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+    let store = super::admin_store(&b.args).await?;
     let r = table(b.principal.as_deref(), &config.budgets, &store, Utc::now()).await;
     store.close().await;
-    match r {
-        Ok(table) => {
-            print!("{table}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => super::fail(e),
-    }
+    r.map_err(super::fail)
 }
 
 /// This month's spending from the store, and the principals' names.
