@@ -317,13 +317,7 @@ async fn run(command: Command) -> ExitCode {
         },
         Command::Token { action } => token(action).await,
         Command::Usage(u) => usage_command(u).await,
-        Command::Budget(b) => match budget::run(b).await {
-            Ok(table) => {
-                print!("{table}");
-                ExitCode::SUCCESS
-            }
-            Err(code) => code,
-        },
+        Command::Budget(b) => budget_command(b).await,
         Command::Share {
             session,
             with,
@@ -423,6 +417,17 @@ async fn usage_command(u: usage::UsageArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),
+    }
+}
+
+/// `acpd budget`: the table on stdout.
+async fn budget_command(b: budget::BudgetArgs) -> ExitCode {
+    match budget::run(b).await {
+        Ok(table) => {
+            print!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
     }
 }
 
