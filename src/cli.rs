@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+mod budget;
 mod docs;
 mod logging;
 mod start;
@@ -80,6 +81,9 @@ enum Command {
     },
     /// Print what turns spent (tokens, cost) per day, principal and profile.
     Usage(usage::UsageArgs),
+    /// Print every budget set in the config file ([budgets]) with what it has used this
+    /// period, in percent, and when it resets. Budgets are changed in the config, not here.
+    Budget(budget::BudgetArgs),
     /// Write a self-signed TLS certificate and key; print its SHA-256 fingerprint.
     Cert(server::cert::CertArgs),
     /// Print a single-use sign-in link for the web console (the code is in the link's
@@ -313,6 +317,7 @@ async fn run(command: Command) -> ExitCode {
         },
         Command::Token { action } => token(action).await,
         Command::Usage(u) => usage_command(u).await,
+        Command::Budget(b) => budget_command(b).await,
         Command::Share {
             session,
             with,
@@ -412,6 +417,17 @@ async fn usage_command(u: usage::UsageArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),
+    }
+}
+
+/// `acpd budget`: the table on stdout.
+async fn budget_command(b: budget::BudgetArgs) -> ExitCode {
+    match budget::run(b).await {
+        Ok(table) => {
+            print!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
     }
 }
 

@@ -3,13 +3,21 @@
 //! survive a restart) and added to by the session actors as their turns spend.
 //!
 //! `Tallies` is the state, plain and synchronous; `Ledger` shares it between the session
-//! actors behind a mutex that is held for a few map operations and never across an await
-//! (a counter table, like `Shared::turns`, that owns nothing that waits).
+//! actors behind a mutex. Why a lock and not an actor: every session actor reads it on each
+//! report and prompt, and a session actor never waits on another task (ARCHITECTURE's
+//! invariant), so a round trip to a ledger task would be an await in its hot path; the lock
+//! is held for a few map operations of a table of this month's days (`with`, a synchronous
+//! closure: never across an await), and owns nothing that waits, like `Shared::turns`.
+//!
+//! A session whose budgets count more than its own spending (a principal's or a profile's
+//! day or month) learns that another session spent through `watch`: a counter bumped after
+//! every `add`, outside the lock, that its actor awaits in a helper task.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
+use tokio::sync::watch;
 
 use super::{Meter, Spend, Spent, Status, Window, day_of, month_start, period, threshold};
 
@@ -69,6 +77,15 @@ impl Tallies {
         s
     }
 
+    /// The principals (ids) that spent this month, through `profile` if given.
+    pub fn spenders(&self, profile: Option<&str>) -> std::collections::BTreeSet<String> {
+        self.spent
+            .keys()
+            .filter(|(_, prof, _)| profile.is_none_or(|p| p == prof))
+            .map(|(p, _, _)| p.clone())
+            .collect()
+    }
+
     /// The thresholds the readings reach that were not announced in their period yet, now
     /// marked announced: each `(status, threshold)` once per meter, principal and period.
     pub fn crossings(
@@ -107,19 +124,41 @@ impl Tallies {
 }
 
 /// `Tallies` shared by the session actors. Cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Ledger {
     inner: Arc<Mutex<Tallies>>,
+    /// Bumped after every `add` (`watch`).
+    moved: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Ledger {
+    fn default() -> Ledger {
+        Ledger {
+            inner: Arc::default(),
+            moved: Arc::new(watch::Sender::new(0)),
+        }
+    }
 }
 
 impl Ledger {
+    /// The one place the lock is taken: `f` is synchronous, so it is never held across an
+    /// await; a poisoned lock (a panic mid-update) still holds usable counters.
     fn with<T>(&self, f: impl FnOnce(&mut Tallies) -> T) -> T {
         let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut t)
     }
 
     pub fn add(&self, principal: &str, profile: &str, day: &str, spent: Spent) {
-        self.with(|t| t.add(principal, profile, day, spent))
+        if spent == Spent::default() {
+            return;
+        }
+        self.with(|t| t.add(principal, profile, day, spent));
+        self.moved.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes each time spending is added, by any session: `changed()` wakes its holder.
+    pub fn watch(&self) -> watch::Receiver<u64> {
+        self.moved.subscribe()
     }
 
     pub fn spend(

@@ -104,22 +104,31 @@ impl Budgets {
 
     /// The limits that apply to a session of `principal` (by name) on `profile`.
     pub fn meters(&self, principal: &str, profile: &str) -> Vec<Meter> {
+        let mut out = self.principal_meters(principal);
+        out.extend(self.profile_meters(profile));
+        out
+    }
+
+    /// What `principal` (by name) may spend through every profile: its own table, else the
+    /// default.
+    pub fn principal_meters(&self, principal: &str) -> Vec<Meter> {
         let (own, name) = match self.principals.get(principal) {
             Some(l) => (l, format!("principals.{principal}")),
             None => (&self.default, "default".to_owned()),
         };
-        let mut out: Vec<Meter> = own
-            .iter()
+        own.iter()
             .map(|l| meter(Scope::Principal(principal.to_owned()), l, &name))
-            .collect();
-        if let Some(l) = self.profiles.get(profile) {
-            let name = format!("profiles.{profile}");
-            out.extend(
-                l.iter()
-                    .map(|l| meter(Scope::Profile(profile.to_owned()), l, &name)),
-            );
-        }
-        out
+            .collect()
+    }
+
+    /// What each principal may spend through `profile`.
+    pub fn profile_meters(&self, profile: &str) -> Vec<Meter> {
+        let name = format!("profiles.{profile}");
+        self.profiles.get(profile).map_or_else(Vec::new, |l| {
+            l.iter()
+                .map(|l| meter(Scope::Profile(profile.to_owned()), l, &name))
+                .collect()
+        })
     }
 }
 
@@ -218,11 +227,7 @@ impl Status {
                 json!(self.spent as f64 / 1e6),
             ),
         };
-        let status = match (self.exhausted(), self.percent >= 80) {
-            (true, _) if l.action == Action::Stop => "exceeded",
-            (true, _) | (_, true) => "warning",
-            _ => "ok",
-        };
+        let status = self.state();
         json!({
             "id": self.meter.name,
             "window": l.window.name(),
@@ -235,6 +240,88 @@ impl Status {
             "resetsAt": resets_at(l.window, now).map(|t| t.to_rfc3339()),
         })
     }
+}
+
+impl Status {
+    /// The quotas RFD's `status`: `exceeded` (a `stop` budget used up: prompts are refused),
+    /// `warning` (80 % or more, or a `warn` budget past its limit), else `ok`.
+    pub fn state(&self) -> &'static str {
+        match (self.exhausted(), self.percent >= 80) {
+            (true, _) if self.meter.limit.action == Action::Stop => "exceeded",
+            (true, _) | (_, true) => "warning",
+            _ => "ok",
+        }
+    }
+
+    /// The reading as the quotas RFD's meter (`quota_update`, `quota/read`): amounts are
+    /// `{value, unit}` with the value a decimal string, `window` an ISO 8601 duration (none
+    /// for a session's budget, which never resets).
+    pub fn quota_meter(&self, currency: &str, now: DateTime<Utc>) -> Value {
+        let l = &self.meter.limit;
+        let amount = |n: u64| match l.unit {
+            Unit::Tokens => json!({ "value": n.to_string(), "unit": "tokens" }),
+            Unit::Cost => json!({ "value": decimal_micros(n), "unit": currency }),
+        };
+        let mut m = json!({
+            "id": self.meter.name,
+            "label": format!("{} ({})", self.meter.name, describe_limit(l, currency)),
+            "usedPercent": self.percent,
+            "used": amount(self.spent),
+            "limit": amount(l.amount),
+            "remaining": amount(l.amount.saturating_sub(self.spent)),
+            "status": self.state(),
+        });
+        if let Some(w) = iso_window(l.window) {
+            m["window"] = json!(w);
+        }
+        if let Some(t) = resets_at(l.window, now) {
+            m["resetsAt"] = json!(t.to_rfc3339());
+        }
+        m
+    }
+}
+
+/// The quotas RFD's `pools`: acpd's budgets of a session as one pool (none without budgets),
+/// `exhausted` while a `stop` budget is used up.
+pub fn quota_pools(statuses: &[Status], currency: &str, now: DateTime<Utc>) -> Value {
+    if statuses.is_empty() {
+        return json!([]);
+    }
+    let state = if gate(statuses).is_some() {
+        "exhausted"
+    } else {
+        "available"
+    };
+    let meters: Vec<Value> = statuses
+        .iter()
+        .map(|s| s.quota_meter(currency, now))
+        .collect();
+    json!([{ "id": "acpd", "label": "acpd budgets", "state": state, "meters": meters }])
+}
+
+/// A window as an ISO 8601 duration (the RFD's `window`).
+fn iso_window(w: Window) -> Option<&'static str> {
+    match w {
+        Window::Session => None,
+        Window::Day => Some("P1D"),
+        Window::Month => Some("P1M"),
+    }
+}
+
+/// Millionths as a decimal string without trailing zeros: `2500000` is `"2.5"`.
+pub fn decimal_micros(n: u64) -> String {
+    let (whole, frac) = (n / 1_000_000, n % 1_000_000);
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let frac = format!("{frac:06}");
+    format!("{whole}.{}", frac.trim_end_matches('0'))
+}
+
+/// Whether any meter counts more than its session's spending (a day's or a month's): such a
+/// session's budgets move when another session of its principal spends.
+pub fn counts_others(meters: &[Meter]) -> bool {
+    meters.iter().any(|m| m.limit.window != Window::Session)
 }
 
 /// Every meter's reading.

@@ -138,3 +138,83 @@ fn windows_reset_at_the_next_utc_day_and_month() {
         "2026-03-01T00:00:00+00:00"
     );
 }
+
+#[test]
+fn the_quota_snapshot_has_the_rfds_shape_and_marks_a_used_up_stop_budget() {
+    let now = Utc.with_ymd_and_hms(2026, 12, 6, 12, 0, 0).unwrap();
+    let b = budgets();
+    let meters = b.meters("bob", "claude");
+    let mut spend = Spend::default();
+    spend.principal_day.tokens = 850;
+    spend.profile_month.cost_micros = 500_000;
+    let pools = quota_pools(&statuses(&meters, &spend), "USD", now);
+    assert_eq!(pools[0]["id"], "acpd");
+    assert_eq!(pools[0]["state"], "available");
+    let day = &pools[0]["meters"][0];
+    assert_eq!(day["id"], "default.day.tokens");
+    assert_eq!(day["usedPercent"], 85);
+    assert_eq!(day["used"], json!({ "value": "850", "unit": "tokens" }));
+    assert_eq!(
+        day["remaining"],
+        json!({ "value": "150", "unit": "tokens" })
+    );
+    assert_eq!(day["window"], "P1D");
+    assert_eq!(day["status"], "warning");
+    assert_eq!(day["resetsAt"], "2026-12-07T00:00:00+00:00");
+    let cost = &pools[0]["meters"][1];
+    assert_eq!(cost["used"], json!({ "value": "0.5", "unit": "USD" }));
+    assert_eq!(cost["limit"], json!({ "value": "2", "unit": "USD" }));
+    assert_eq!(cost["status"], "ok");
+    spend.profile_month.cost_micros = 2_000_001;
+    let pools = quota_pools(&statuses(&meters, &spend), "USD", now);
+    assert_eq!(pools[0]["state"], "exhausted");
+    assert_eq!(pools[0]["meters"][1]["status"], "exceeded");
+    assert_eq!(
+        pools[0]["meters"][1]["remaining"],
+        json!({ "value": "0", "unit": "USD" })
+    );
+    // A session's budget never resets; no budgets, no pool.
+    let alice = quota_pools(&statuses(&b.meters("alice", "x"), &spend), "USD", now);
+    assert_eq!(alice[0]["meters"][0].get("window"), None);
+    assert_eq!(alice[0]["meters"][0].get("resetsAt"), None);
+    assert_eq!(quota_pools(&[], "USD", now), json!([]));
+    assert_eq!(decimal_micros(12_340_000), "12.34");
+    assert_eq!(decimal_micros(1), "0.000001");
+}
+
+#[test]
+fn only_day_and_month_budgets_count_other_sessions() {
+    let b = budgets();
+    assert!(!counts_others(&b.meters("alice", "x")));
+    assert!(counts_others(&b.meters("alice", "claude")));
+    assert!(counts_others(&b.meters("bob", "x")));
+}
+
+#[tokio::test]
+async fn the_ledger_wakes_its_watchers_when_spending_is_added_and_not_for_nothing() {
+    let ledger = Ledger::default();
+    let mut rx = ledger.watch();
+    ledger.add("a", "p", "2026-12-06", Spent::default());
+    assert!(!rx.has_changed().expect("open"), "nothing was spent");
+    ledger.add(
+        "b",
+        "p",
+        "2026-12-06",
+        Spent {
+            tokens: 5,
+            cost_micros: 0,
+        },
+    );
+    tokio::time::timeout(std::time::Duration::from_secs(5), rx.changed())
+        .await
+        .expect("woken")
+        .expect("open");
+    let now = Utc.with_ymd_and_hms(2026, 12, 6, 12, 0, 0).unwrap();
+    assert_eq!(
+        ledger
+            .spend("b", "p", Spent::default(), now)
+            .principal_day
+            .tokens,
+        5
+    );
+}

@@ -164,7 +164,7 @@ enum TaskDone {
         page: Result<Vec<acpd_store::JournalEntry>, StoreError>,
     },
     Row(rows::RowDone),
-    /// The owner's name and what the session spent before (`usage.rs`).
+    /// What `usage.rs`'s helper tasks bring back: the owner and past spending, or a ledger move.
     Usage(Box<usage::Loaded>),
     /// A turn's spending or a permission decision written (`usage.rs`, `approvals.rs`).
     UsageRecorded(Result<String, StoreError>),

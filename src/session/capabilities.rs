@@ -232,7 +232,7 @@ mod tests {
             "fs": { "readTextFile": true, "writeTextFile": false },
             "terminal": true,
             "elicitation": { "form": {}, "url": null },
-            "session": { "notices": {} },
+            "session": { "notices": {}, "quota": {} },
         });
         assert!(Need::ReadTextFile.met_by(&caps));
         assert!(!Need::WriteTextFile.met_by(&caps));
@@ -242,6 +242,8 @@ mod tests {
         assert!(!Need::ElicitForm.met_by(&json!({ "elicitation": {} })));
         assert!(!Need::ElicitUnknown.met_by(&caps));
         assert!(Need::Notices.met_by(&caps));
+        assert!(Need::Quota.met_by(&caps));
+        assert!(!Need::Quota.met_by(&json!({ "session": { "quota": null } })));
         assert!(!Need::Compaction.met_by(&caps));
         assert!(!Need::Terminal.met_by(&Value::Null));
         assert_eq!(Need::ElicitUrl.name(), "elicitation/url");
@@ -269,6 +271,7 @@ mod tests {
         );
         assert_eq!(Need::of_notification("_x/note"), None);
         assert_eq!(Need::of_update("notice"), Some(Need::Notices));
+        assert_eq!(Need::of_update("quota_update"), Some(Need::Quota));
         assert_eq!(
             Need::of_update("compaction_summary_chunk"),
             Some(Need::Compaction)

@@ -3,7 +3,9 @@
 //! running turn and refuses the next prompt with its reset time, budgets survive a restart,
 //! and `/metrics` carries the counters. The scripted agent reports `usage` and `cost`; the
 //! built-in agent's model calls are counted as the scripted model server spends them (100
-//! input and 20 output tokens a call).
+//! input and 20 output tokens a call). Clients that declared `session.quota` get
+//! `quota_update`s, live only; a principal's budget used up in one session stops the turn
+//! running in another; `acpd budget` prints every budget with its use.
 
 use std::path::Path;
 
@@ -13,7 +15,7 @@ use crate::builtin_support::model::{Ev, tool};
 use crate::builtin_support::{Acpd, ModelServer, builtin_config, no_caps};
 use crate::logging::metric;
 use crate::operations::http_get;
-use crate::support::{Client, Daemon, DaemonOptions};
+use crate::support::{Client, Daemon, DaemonOptions, kind};
 
 /// The error code of a used-up `stop` budget (`quotaExceeded`).
 const QUOTA_EXCEEDED: i64 = -32013;
@@ -391,12 +393,287 @@ month = { cost = 10.0, action = "warn" }
     let tokens = by_id("default.session.tokens");
     assert_eq!(
         (tokens["used"].clone(), tokens["usedPercent"].clone()),
-        (json!(250), json!(25))
+        (json!({ "value": "250", "unit": "tokens" }), json!(25))
     );
     assert_eq!(tokens["status"], "ok");
+    assert_eq!(
+        tokens.get("resetsAt"),
+        None,
+        "a session's budget never resets"
+    );
     let cost = by_id("default.month.cost");
     assert_eq!(cost["usedPercent"], 25);
+    assert_eq!(cost["used"], json!({ "value": "2.5", "unit": "USD" }));
+    assert_eq!(cost["window"], "P1M");
     assert!(cost["resetsAt"].is_string());
+}
+
+/// A client whose `initialize` declares `caps` (and a name).
+async fn client_with(daemon: &Daemon, name: &str, caps: Value) -> Client {
+    let mut c = daemon.connect().await;
+    let init = json!({
+        "protocolVersion": 1,
+        "clientCapabilities": caps,
+        "clientInfo": { "name": name, "version": "0" },
+    });
+    c.request("initialize", init).await.expect("initialize");
+    c
+}
+
+fn quota_updates(updates: &[Value]) -> Vec<Value> {
+    updates
+        .iter()
+        .filter(|u| kind(u) == "quota_update")
+        .cloned()
+        .collect()
+}
+
+/// The meter `id` of a `quota_update`'s params.
+fn meter(update: &Value, id: &str) -> Value {
+    let meters = update["update"]["pools"][0]["meters"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    meters
+        .into_iter()
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("no meter {id} in {update}"))
+}
+
+#[tokio::test]
+async fn quota_update_goes_live_to_clients_that_declared_session_quota_and_is_never_replayed() {
+    let config = r#"
+[budgets.default]
+session = { tokens = 1000, action = "stop" }
+month = { cost = 10.0, action = "warn" }
+"#;
+    let (daemon, _cfg) = daemon_with(config, DaemonOptions::default()).await;
+    let quota = json!({ "session": { "quota": {} } });
+    let mut a = client_with(&daemon, "quota-aware", quota.clone()).await;
+    let sid = a.new_session(&daemon.work_dir()).await;
+    let mut plain = client_with(&daemon, "plain", json!({})).await;
+    plain.attach_after(&sid, 0).await.1.expect("attach");
+
+    let (ups, r) = a
+        .prompt(&sid, "cost 2.5 USD\nusage 200 50\necho marker")
+        .await;
+    r.expect("turn");
+    let quota_ups = quota_updates(&ups);
+    // One when the cost is reported, one when the turn's tokens are counted.
+    assert_eq!(quota_ups.len(), 2, "{ups:?}");
+    let first = &quota_ups[0];
+    assert_eq!(meter(first, "default.month.cost")["usedPercent"], 25);
+    assert_eq!(meter(first, "default.session.tokens")["usedPercent"], 0);
+    let last = &quota_ups[1];
+    assert!(last["update"]["updatedAt"].is_string(), "{last}");
+    assert_eq!(last["update"]["pools"][0]["state"], "available");
+    let tokens = meter(last, "default.session.tokens");
+    assert_eq!(tokens["usedPercent"], 25);
+    assert_eq!(tokens["used"], json!({ "value": "250", "unit": "tokens" }));
+    assert_eq!(
+        tokens["limit"],
+        json!({ "value": "1000", "unit": "tokens" })
+    );
+    assert_eq!(tokens["status"], "ok");
+    let cost = meter(last, "default.month.cost");
+    assert_eq!(cost["usedPercent"], 25);
+    assert_eq!(cost["window"], "P1M");
+    assert!(cost["resetsAt"].is_string(), "{cost}");
+    assert_eq!(
+        last.pointer("/_meta/acpd/seq"),
+        None,
+        "live state: not journaled"
+    );
+
+    // The plain client saw the turn, and no quota_update before a later turn's end.
+    let mut seen = plain.updates_until_text("marker").await;
+    let (_, r) = a.prompt(&sid, "echo fence").await;
+    r.expect("turn");
+    seen.extend(plain.updates_until_text("fence").await);
+    assert!(
+        quota_updates(&seen).is_empty(),
+        "a client that did not declare session.quota got one: {seen:?}"
+    );
+    assert!(seen.iter().any(|u| kind(u) == "usage_update"), "{seen:?}");
+
+    // A load replays the history, never a quota_update, even to a client that declared it.
+    let mut loader = client_with(&daemon, "quota-aware loader", quota).await;
+    let (replayed, r) = loader.load(&sid, &daemon.work_dir()).await;
+    r.expect("load");
+    assert!(
+        replayed.iter().any(|u| kind(u) == "usage_update"),
+        "{replayed:?}"
+    );
+    assert!(
+        quota_updates(&replayed).is_empty(),
+        "replayed: {replayed:?}"
+    );
+}
+
+fn next_month_start() -> String {
+    use chrono::Datelike;
+    let today = chrono::Utc::now().date_naive();
+    let (y, m) = if today.month() == 12 {
+        (today.year() + 1, 1)
+    } else {
+        (today.year(), today.month() + 1)
+    };
+    format!("{y:04}-{m:02}-01T00:00:00+00:00")
+}
+
+fn tomorrow_start() -> String {
+    let tomorrow = chrono::Utc::now().date_naive() + chrono::Days::new(1);
+    format!("{}T00:00:00+00:00", tomorrow.format("%Y-%m-%d"))
+}
+
+#[tokio::test]
+async fn a_principals_stop_budget_crossed_in_one_session_stops_the_turn_running_in_another() {
+    // A principal's day in cost (reported live, mid-turn) and a profile's month in tokens
+    // (reported in the prompt's answer, at the turn's end).
+    let cases = [
+        (
+            "[budgets.default]\nday = { cost = 1.0, action = \"stop\" }\n",
+            "cost 1.5 USD\necho spent",
+            "default.day.cost",
+            tomorrow_start(),
+        ),
+        (
+            "[budgets.profiles.scripted]\nmonth = { tokens = 100, action = \"stop\" }\n",
+            "usage 150 0\necho spent",
+            "profiles.scripted.month.tokens",
+            next_month_start(),
+        ),
+    ];
+    for (config, spend, budget, resets) in cases {
+        let (daemon, _cfg) = daemon_with(config, DaemonOptions::default()).await;
+        let (mut b, b_sid) = session(&daemon).await;
+        let running = b.send_prompt(&b_sid, "echo started\nwait_for_cancel").await;
+        b.updates_until_text("started").await;
+
+        let (mut a, a_sid) = session(&daemon).await;
+        a.prompt(&a_sid, spend)
+            .await
+            .1
+            .expect("the turn that spends");
+
+        let r = b
+            .wait_response(&running)
+            .await
+            .expect("the other session's turn ends");
+        assert_eq!(r["stopReason"], "cancelled", "{budget}");
+        let stopped = b
+            .next_notification_where("the stop notice", |m| {
+                m["method"] == "_acpd/session/budget" && m["params"]["event"] == "stopped"
+            })
+            .await;
+        assert_eq!(stopped["params"]["sessionId"], b_sid.as_str());
+        assert_eq!(stopped["params"]["meter"]["id"], budget);
+
+        let e = b
+            .prompt(&b_sid, "echo again")
+            .await
+            .1
+            .expect_err("the next prompt is refused");
+        assert_eq!(e.code, QUOTA_EXCEEDED, "{e}");
+        let data = e.data.expect("data");
+        assert_eq!(data["budget"], budget);
+        assert_eq!(data["resetsAt"], json!(resets), "{budget}");
+        let log = std::fs::read_to_string(daemon.log_path()).unwrap_or_default();
+        assert!(
+            log.contains("budget used up by another session"),
+            "the audit line: {log}"
+        );
+    }
+}
+
+/// `acpd budget ARGS` against the daemon's store and `config`, with a container's
+/// environment (a listener `serve` would refuse): its lines after the header.
+async fn budget_table(daemon: &Daemon, config: &Path, args: &[&str]) -> Vec<String> {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_acpd"))
+        .arg("budget")
+        .args(["--config", &config.display().to_string()])
+        .args(["--store", &daemon.store_url()])
+        .args([
+            "--data-dir",
+            &daemon.dir().join("data").display().to_string(),
+        ])
+        .args(args)
+        .env_remove("ACPD_CONFIG")
+        .env("ACPD_LISTEN", "0.0.0.0:7420")
+        .output()
+        .await
+        .expect("run acpd budget");
+    assert!(
+        out.status.success(),
+        "acpd budget failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines().map(str::to_owned);
+    assert_eq!(
+        lines.next().as_deref(),
+        Some("budget\tscope\tprincipal\twindow\tlimit\taction\tused\tpercent\tresets")
+    );
+    lines.collect()
+}
+
+#[tokio::test]
+async fn acpd_budget_prints_every_budget_with_its_use_and_reset() {
+    let config = r#"
+[budgets]
+currency = "USD"
+
+[budgets.default]
+day = { tokens = 1000, action = "warn" }
+
+[budgets.principals.ci]
+month = { cost = 20.0, action = "stop" }
+session = { tokens = 500, action = "stop" }
+
+[budgets.profiles.scripted]
+month = { tokens = 400, action = "stop" }
+"#;
+    let (daemon, dir) = daemon_with(config, DaemonOptions::default()).await;
+    let file = dir.path().join("acpd.toml");
+    let (mut c, sid) = session(&daemon).await;
+    c.prompt(&sid, "usage 200 50\ncost 1.5 USD")
+        .await
+        .1
+        .expect("turn");
+    let (day, month) = (tomorrow_start(), next_month_start());
+    let want = [
+        format!(
+            "default.day.tokens\tdefault\tlocal\tday\t1000 tokens\twarn\t250 tokens\t25%\t{day}"
+        ),
+        "principals.ci.session.tokens\tprincipal\tci\tsession\t500 tokens\tstop\t-\t-\t-"
+            .to_owned(),
+        format!("principals.ci.month.cost\tprincipal\tci\tmonth\t20 USD\tstop\t0 USD\t0%\t{month}"),
+        format!(
+            "profiles.scripted.month.tokens\tprofile\tlocal\tmonth\t400 tokens\tstop\t250 tokens\t62%\t{month}"
+        ),
+    ];
+    // The turn's row is written as the turn ends: read until it is there.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut all = budget_table(&daemon, &file, &[]).await;
+    while all != want && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        all = budget_table(&daemon, &file, &[]).await;
+    }
+    assert_eq!(all, want);
+
+    let ci = budget_table(&daemon, &file, &["--principal", "ci"]).await;
+    assert_eq!(
+        ci,
+        [
+            want[1].clone(),
+            want[2].clone(),
+            format!(
+                "profiles.scripted.month.tokens\tprofile\tci\tmonth\t400 tokens\tstop\t0 tokens\t0%\t{month}"
+            ),
+        ]
+    );
+    let local = budget_table(&daemon, &file, &["--principal", "local"]).await;
+    assert_eq!(local, [want[0].clone(), want[3].clone()]);
 }
 
 #[tokio::test]

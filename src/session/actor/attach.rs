@@ -162,6 +162,14 @@ impl Session {
     }
 
     pub(super) async fn cancel(&mut self) {
+        for p in self.cancel_turn() {
+            p.answer_cancelled().await;
+        }
+    }
+
+    /// `cancel` up to the pending questions, which it returns for the caller to answer
+    /// (a synchronous caller, `usage.rs`, has a task answer them).
+    pub(super) fn cancel_turn(&mut self) -> Vec<crate::session::pending::Pending> {
         self.turn.cancel_requested = true;
         self.guard_cancel();
         // A cancel ends the session's activity: the prompts queued behind the turn too.
@@ -169,9 +177,7 @@ impl Session {
         self.notify_agent(method::SESSION_CANCEL, json!({}));
         // The client must answer pending permission requests `cancelled` (an elicitation:
         // `cancel`); acpd does it for the clients it relayed them to, and withdraws them there.
-        for p in self.pending.take_questions() {
-            p.answer_cancelled().await;
-        }
+        self.pending.take_questions()
     }
 
     pub(super) async fn close(&mut self, responder: Responder, delete: bool) {

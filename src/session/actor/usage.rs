@@ -7,13 +7,22 @@
 //! live report adds to the `budget::Ledger` and is checked against the session's meters: a
 //! threshold reached is announced once, a `stop` budget used up cancels the running turn, and
 //! a prompt is refused while one is.
+//!
+//! A session whose budgets are a principal's or a profile's day or month watches the ledger
+//! (a helper task awaiting `Ledger::watch`): when another session of its principal spends,
+//! its meters are read again, so a `stop` budget crossed there cancels the turn running here
+//! at once. Each time the readings change, the clients that declared `session.quota` get a
+//! `quota_update` (the quotas RFD): live state, never journaled, so never replayed.
 
 use chrono::Utc;
 use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::{Session, TaskDone};
-use crate::budget::{self, Meter, Spent, Status, spent_of};
+use crate::budget::{self, Meter, Spent, Status};
 use crate::error::AcpError;
+use crate::session::capabilities::Need;
 use crate::session::outbox::Out;
 use acpd_protocol::method;
 use acpd_store::{StoreError, TurnUsageRow, UsageQuery};
@@ -95,12 +104,31 @@ pub(super) struct Accounting {
     last_cost: Option<f64>,
     /// The budget that cancelled the running turn (once per turn).
     stopped: bool,
+    /// The pools of the last `quota_update` sent (an identical one is not sent again).
+    quota_sent: Option<Value>,
+    /// Ends the ledger watch (cancelled when the session's actor ends).
+    watching: Option<CancellationToken>,
 }
 
-/// What the load task read.
-pub(super) struct Loaded {
-    owner: Option<String>,
-    spent: Result<Spent, StoreError>,
+impl Drop for Accounting {
+    fn drop(&mut self) {
+        if let Some(end) = &self.watching {
+            end.cancel();
+        }
+    }
+}
+
+/// What a helper task of the accounting brings back (`TaskDone::Usage`).
+pub(super) enum Loaded {
+    /// The owner's name and what the session spent before.
+    Past {
+        owner: Option<String>,
+        spent: Result<Spent, StoreError>,
+    },
+    /// Spending was added to the ledger (by any session): the meters are read again.
+    Moved(watch::Receiver<u64>),
+    /// The watch ended with the session.
+    Ended,
 }
 
 impl Accounting {
@@ -129,11 +157,28 @@ pub(super) async fn load(
     let spent = store.usage_rollup(&q).await.map(|rows| {
         let mut s = Spent::default();
         for r in rows {
-            s.add(spent_of(&r, &currency));
+            s.add(budget::spent_of(&r, &currency));
         }
         s
     });
-    TaskDone::Usage(Box::new(Loaded { owner, spent }))
+    TaskDone::Usage(Box::new(Loaded::Past { owner, spent }))
+}
+
+/// A snapshot's `updatedAt`: UTC, milliseconds (the RFD's advice).
+fn updated_at(now: chrono::DateTime<Utc>) -> String {
+    now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Waits for the ledger to move (or the session to end).
+async fn ledger_moved(mut rx: watch::Receiver<u64>, end: CancellationToken) -> TaskDone {
+    tokio::select! {
+        r = rx.changed() => match r {
+            Ok(()) => TaskDone::Usage(Box::new(Loaded::Moved(rx))),
+            // The ledger lives as long as the daemon's sessions.
+            Err(_) => TaskDone::Usage(Box::new(Loaded::Ended)),
+        },
+        () = end.cancelled() => TaskDone::Usage(Box::new(Loaded::Ended)),
+    }
 }
 
 /// Fills the ledger with this month's spending from the store (at start: budgets survive a
@@ -147,7 +192,7 @@ pub(in crate::session) async fn load_ledger(shared: &crate::session::Shared) {
     match shared.store.usage_rollup(&q).await {
         Ok(rows) => {
             for r in &rows {
-                let spent = spent_of(r, currency);
+                let spent = budget::spent_of(r, currency);
                 shared
                     .ledger
                     .add(&r.principal_id, &r.profile, &r.day, spent);
@@ -161,11 +206,14 @@ pub(in crate::session) async fn load_ledger(shared: &crate::session::Shared) {
 
 impl Session {
     pub(super) fn usage_loaded(&mut self, loaded: Loaded) {
+        let (owner, spent) = match loaded {
+            Loaded::Past { owner, spent } => (owner, spent),
+            Loaded::Moved(rx) => return self.ledger_moved(rx),
+            Loaded::Ended => return,
+        };
         let a = &mut self.usage;
-        a.owner = loaded
-            .owner
-            .unwrap_or_else(|| self.row.principal_id.clone());
-        match loaded.spent {
+        a.owner = owner.unwrap_or_else(|| self.row.principal_id.clone());
+        match spent {
             Ok(s) => a.session.add(s),
             Err(e) => {
                 tracing::warn!(session = %self.id, error = %e, "cannot read what the session spent before; counting from now")
@@ -177,6 +225,30 @@ impl Session {
             .budgets
             .meters(&a.owner, &self.row.agent);
         a.loaded = true;
+        if budget::counts_others(&a.meters) {
+            let end = CancellationToken::new();
+            let rx = self.shared.ledger.watch();
+            self.tasks.spawn(ledger_moved(rx, end.clone()));
+            self.usage.watching = Some(end);
+        }
+    }
+
+    /// Another session (or this one) spent: the meters are read again, the change announced,
+    /// and a `stop` budget used up cancels the running turn, as this session's own spending
+    /// would.
+    fn ledger_moved(&mut self, rx: watch::Receiver<u64>) {
+        if let Some(end) = self.usage.watching.clone() {
+            self.tasks.spawn(ledger_moved(rx, end));
+        }
+        let now = Utc::now();
+        let statuses = self.announce_thresholds(now);
+        if let Some(s) = self.stop_due(&statuses, now) {
+            tracing::warn!(target: "acpd::audit", session = %self.id, principal = %self.usage.owner, budget = %s, "budget used up by another session: cancelling the running turn");
+            for question in self.cancel_turn() {
+                // Answering never waits (`Pending::answer_cancelled`).
+                self.shared.tasks.spawn(question.answer_cancelled());
+            }
+        }
     }
 
     /// A prompt is about to start: the error to refuse it with while a `stop` budget is used
@@ -204,18 +276,14 @@ impl Session {
     }
 
     /// `quota/read`: the session's budgets as the quotas RFD's snapshot (one pool, a meter
-    /// per limit), live state.
+    /// per limit; no pool without budgets), live state.
     pub(super) fn quota_snapshot(&self) -> Value {
         let now = Utc::now();
         let currency = &self.shared.settings.budgets.currency;
-        let meters: Vec<Value> = self
-            .budget_statuses(now)
-            .iter()
-            .map(|s| s.describe(currency, now))
-            .collect();
+        let statuses = self.budget_statuses(now);
         json!({
-            "pools": [{ "id": "acpd", "name": "acpd budgets", "meters": meters }],
-            "updatedAt": now.to_rfc3339(),
+            "pools": budget::quota_pools(&statuses, currency, now),
+            "updatedAt": updated_at(now),
         })
     }
 
@@ -300,19 +368,27 @@ impl Session {
     async fn check_budgets(&mut self) {
         let now = Utc::now();
         let statuses = self.announce_thresholds(now);
-        if self.usage.turn.is_none() || self.usage.stopped {
-            return;
-        }
-        if let Some(s) = budget::gate(&statuses) {
-            self.usage.stopped = true;
-            let e = self.exceeded(s, now);
-            tracing::warn!(target: "acpd::audit", session = %self.id, principal = %self.usage.owner, budget = %s.meter.name, "budget used up: cancelling the running turn");
-            self.tell_clients(("stopped", 100), s, e.to_string(), now);
+        if let Some(s) = self.stop_due(&statuses, now) {
+            tracing::warn!(target: "acpd::audit", session = %self.id, principal = %self.usage.owner, budget = %s, "budget used up: cancelling the running turn");
             self.cancel().await;
         }
     }
 
-    /// The meters' readings; the thresholds newly reached are announced (and the gauges set).
+    /// Whether the running turn is to be cancelled now (a `stop` budget is used up, and it
+    /// was not cancelled for one already): the clients are told why, the budget named.
+    fn stop_due(&mut self, statuses: &[Status], now: chrono::DateTime<Utc>) -> Option<String> {
+        if self.usage.turn.is_none() || self.usage.stopped {
+            return None;
+        }
+        let s = budget::gate(statuses)?;
+        self.usage.stopped = true;
+        let e = self.exceeded(s, now);
+        self.tell_clients(("stopped", 100), s, e.to_string(), now);
+        Some(s.meter.name.clone())
+    }
+
+    /// The meters' readings; the thresholds newly reached are announced (and the gauges set),
+    /// and a changed reading goes to the clients as a `quota_update`.
     fn announce_thresholds(&mut self, now: chrono::DateTime<Utc>) -> Vec<Status> {
         if self.usage.meters.is_empty() {
             return Vec::new();
@@ -332,7 +408,36 @@ impl Session {
         for (status, threshold) in crossed {
             self.announce(&status, threshold, now);
         }
+        self.send_quota(&statuses, now);
         statuses
+    }
+
+    /// `quota_update` (the session's budgets, as `quota/read` has them) to the clients that
+    /// declared `session.quota`, when it differs from the last one sent: live state, pushed as
+    /// a raw message, never journaled, so a `session/load` never replays it.
+    fn send_quota(&mut self, statuses: &[Status], now: chrono::DateTime<Utc>) {
+        if !self.outbox.clients().any(|c| Need::Quota.met_by(c.caps())) {
+            return;
+        }
+        let currency = &self.shared.settings.budgets.currency;
+        let pools = budget::quota_pools(statuses, currency, now);
+        if self.usage.quota_sent.as_ref() == Some(&pools) {
+            return;
+        }
+        self.usage.quota_sent = Some(pools.clone());
+        let text = json!({ "jsonrpc": "2.0", "method": method::SESSION_UPDATE, "params": {
+            "sessionId": &*self.id,
+            "update": {
+                "sessionUpdate": "quota_update",
+                "updatedAt": updated_at(now),
+                "pools": pools,
+            },
+        }});
+        self.outbox.push(Out::Raw {
+            text: text.to_string().into(),
+            except: None,
+            need: Some(Need::Quota),
+        });
     }
 
     fn announce(&mut self, s: &Status, threshold: u8, now: chrono::DateTime<Utc>) {
