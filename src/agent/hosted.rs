@@ -270,10 +270,7 @@ impl Process {
 }
 
 /// What acpd tells a hosted agent in `initialize`: the first client's capabilities, minus
-/// terminal auth, which a remote editor cannot run next to the agent (ACP auth-methods RFD),
-/// plus both elicitation modes: acpd serves them for every session whoever attaches later
-/// (the question goes to the clients that declared its mode, or is declined at once when none
-/// did — `session::capabilities`), so the first client's set must not decide for the others.
+/// terminal auth, which a remote editor cannot run next to the agent (ACP auth-methods RFD).
 fn initialize_params(client_init: &Value) -> Value {
     let mut caps = client_init
         .get("clientCapabilities")
@@ -284,9 +281,6 @@ fn initialize_params(client_init: &Value) -> Value {
     }
     if let Some(meta) = caps.get_mut("_meta").and_then(Value::as_object_mut) {
         meta.remove("terminal-auth");
-    }
-    if let Some(caps) = caps.as_object_mut() {
-        caps.insert("elicitation".into(), json!({ "form": {}, "url": {} }));
     }
     let mut params = json!({ "protocolVersion": 1, "clientCapabilities": caps });
     if let Some(info) = client_init.get("clientInfo") {
