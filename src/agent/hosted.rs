@@ -269,18 +269,29 @@ impl Process {
     }
 }
 
-/// What acpd tells a hosted agent in `initialize`: the first client's capabilities, minus
-/// terminal auth, which a remote editor cannot run next to the agent (ACP auth-methods RFD).
+/// What acpd tells a hosted agent in `initialize`: the first client's capabilities, with
+/// terminal auth (both its forms) said true whatever that client said: acpd runs an agent's
+/// terminal login itself, on this host (`acpd agent login`, or `/acp/login` for acp-shim),
+/// and an agent such as claude-agent-acp lists its terminal methods only to a client that
+/// can run them. Clients never see those methods as the agent wrote them
+/// (`acp::initialize::auth_methods`).
 fn initialize_params(client_init: &Value) -> Value {
     let mut caps = client_init
         .get("clientCapabilities")
         .cloned()
+        .filter(Value::is_object)
         .unwrap_or_else(|| json!({}));
-    if let Some(auth) = caps.get_mut("auth").and_then(Value::as_object_mut) {
-        auth.remove("terminal");
+    match caps.get_mut("auth").and_then(Value::as_object_mut) {
+        Some(auth) => {
+            auth.insert("terminal".into(), json!(true));
+        }
+        None => caps["auth"] = json!({ "terminal": true }),
     }
-    if let Some(meta) = caps.get_mut("_meta").and_then(Value::as_object_mut) {
-        meta.remove("terminal-auth");
+    match caps.get_mut("_meta").and_then(Value::as_object_mut) {
+        Some(meta) => {
+            meta.insert("terminal-auth".into(), json!(true));
+        }
+        None => caps["_meta"] = json!({ "terminal-auth": true }),
     }
     let mut params = json!({ "protocolVersion": 1, "clientCapabilities": caps });
     if let Some(info) = client_init.get("clientInfo") {

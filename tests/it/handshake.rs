@@ -98,8 +98,11 @@ async fn initialize_advertises_what_acpd_serves() {
     );
 }
 
+/// acpd runs an agent's terminal login on the agent's host, so it tells the agent it can run
+/// terminal logins whatever the editor said: an agent that lists its terminal methods only to
+/// such a client (claude-agent-acp 0.49, and the scripted agent) then offers them to acpd.
 #[tokio::test]
-async fn agent_sees_fs_and_terminal_but_not_terminal_auth() {
+async fn agent_sees_fs_terminal_and_that_acpd_runs_terminal_logins() {
     let daemon = Daemon::start().await;
     let mut client = daemon.client().await;
     let sid = client.open_session(&daemon.work_dir()).await;
@@ -110,11 +113,8 @@ async fn agent_sees_fs_and_terminal_but_not_terminal_auth() {
     assert_eq!(caps["fs"]["readTextFile"], true, "{caps}");
     assert_eq!(caps["fs"]["writeTextFile"], true, "{caps}");
     assert_eq!(caps["terminal"], true, "{caps}");
-    let terminal_auth = &caps["auth"]["terminal"];
-    assert!(
-        terminal_auth.is_null() || *terminal_auth == false,
-        "agent saw auth.terminal: {caps}"
-    );
+    assert_eq!(caps["auth"]["terminal"], true, "{caps}");
+    assert_eq!(caps["_meta"]["terminal-auth"], true, "{caps}");
 }
 
 #[tokio::test]

@@ -163,7 +163,9 @@ fn handle_request(agent: &Arc<Agent>, method: &str, params: Value) -> Result<Val
                 .get("clientCapabilities")
                 .cloned()
                 .unwrap_or(Value::Null);
-            Ok(initialize_result(&agent.flags))
+            let terminal =
+                params.pointer("/clientCapabilities/auth/terminal") == Some(&json!(true));
+            Ok(initialize_result(&agent.flags, terminal))
         }
         method::AUTHENTICATE | method::LOGOUT => Ok(json!({})),
         method::SESSION_NEW => new_session(agent, params),
@@ -336,7 +338,9 @@ fn start_mcp_servers(params: &Value) {
     }
 }
 
-fn initialize_result(flags: &Flags) -> Value {
+/// The terminal login is listed only to a client that says it can run one
+/// (`clientCapabilities.auth.terminal`), as claude-agent-acp does.
+fn initialize_result(flags: &Flags, terminal: bool) -> Value {
     let mut session_caps = json!({});
     if !flags.no_resume {
         session_caps["resume"] = json!({});
@@ -355,10 +359,10 @@ fn initialize_result(flags: &Flags) -> Value {
             "mcpCapabilities": { "http": false, "sse": false },
             "sessionCapabilities": session_caps,
         },
-        "authMethods": [
+        "authMethods": if terminal { json!([
             { "id": "token", "name": "Token" },
             { "id": "term", "name": "Terminal login", "type": "terminal", "args": ["--login"], "env": {} },
-        ],
+        ]) } else { json!([{ "id": "token", "name": "Token" }]) },
         "agentInfo": { "name": "scripted-agent", "version": "0.1.0" },
     })
 }
