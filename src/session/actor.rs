@@ -166,8 +166,6 @@ enum TaskDone {
     Row(rows::RowDone),
     /// What `usage.rs`'s helper tasks bring back: the owner and past spending, or a ledger move.
     Usage(Box<usage::Loaded>),
-    /// A turn's spending or a permission decision written (`usage.rs`, `approvals.rs`).
-    UsageRecorded(Result<String, StoreError>),
 }
 
 /// The running turn (its in-band requests are the agent side's `inflight`).
@@ -563,7 +561,6 @@ impl Session {
             TaskDone::Row(done) => self.on_row_done(done),
             TaskDone::Retention(r) => self.retention_done(r),
             TaskDone::Usage(loaded) => self.usage_loaded(*loaded),
-            TaskDone::UsageRecorded(r) => self.usage_recorded(r),
             TaskDone::AgentReady(Err(e)) => {
                 self.agent.state = AgentState::Unbound;
                 let err: ResponseError = AcpError::Agent(e).into();

@@ -266,7 +266,9 @@ day = { tokens = 100, action = "stop" }
     let resets = e.data.as_ref().expect("data")["resetsAt"].clone();
     assert_eq!(resets, json!(format!("{tomorrow}T00:00:00+00:00")));
     drop(c);
-    daemon.restart().await;
+    // A stop and a start: the turn's record is written before acpd exits, even when its
+    // session ended first (a SIGKILL right after a turn may lose that record).
+    daemon.restart_gracefully().await;
     let (mut c, fresh) = session(&daemon).await;
     let e = c
         .prompt(&fresh, "echo after restart")

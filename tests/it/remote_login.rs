@@ -4,7 +4,7 @@
 //! opens the URL it prints, forwards its loopback callback port, and exits with its status.
 //!
 //! The "editor's machine" and the daemon host are one machine here: the shim forwards to
-//! 127.0.0.2 (`ACP_SHIM_FORWARD_HOST`), where only it listens, so a request there reaches the
+//! 127.0.0.3 (`ACP_SHIM_FORWARD_HOST`), where only it listens, so a request there reaches the
 //! login (on 127.0.0.1) through the link or not at all.
 
 use std::io::{Read, Write};
@@ -21,7 +21,9 @@ use crate::shim_support::{Daemon, Shim, WAIT};
 use crate::support::{scripted_agent_bin, shim_bin};
 
 /// The forwarded side's loopback address (see the module comment).
-const EDITOR_HOST: &str = "127.0.0.2";
+// Not 127.0.0.2: `listener_starvation` floods from there, and its thousands of client sockets
+// hold ephemeral ports on that address (a forward bound to one of them fails in use).
+const EDITOR_HOST: &str = "127.0.0.3";
 
 /// A daemon whose profile `lg` needs the scripted login (HOME of its own), `slow` the same
 /// with a 1 s login timeout, `theirs` one that only principal `bob` may log in, and `size`

@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Session, TaskDone};
+use super::Session;
 use acpd_protocol::method;
 use acpd_store::DecisionRow;
 use acpd_wire::IncomingRequest;
@@ -72,10 +72,13 @@ impl Session {
             automatic: by.is_none(),
             decided_by: by.map(|b| b.to_string()),
         };
+        // On the daemon's tracker, not the actor's set: a shutdown waits for it even when
+        // the session ends first (an actor's end lets its own tasks go).
         let store = self.shared.store.clone();
-        self.tasks.spawn(async move {
-            let r = store.record_decision(&row).await;
-            TaskDone::UsageRecorded(r.map(|()| row.session_id))
+        self.shared.tasks.spawn(async move {
+            if let Err(e) = store.record_decision(&row).await {
+                tracing::warn!(session = %row.session_id, error = %e, "cannot record a permission decision");
+            }
         });
     }
 }

@@ -516,16 +516,15 @@ impl Session {
             cost_micros: turn.cost.as_ref().map(|c| c.0 as i64),
             currency: turn.cost.map(|c| c.1),
         };
+        // On the daemon's tracker, not the actor's set: a shutdown waits for it even when
+        // the session ends first (an actor's end lets its own tasks go). A crash before it
+        // commits loses this turn's record (docs/src/budgets.md).
         let store = self.shared.store.clone();
-        self.tasks.spawn(async move {
-            TaskDone::UsageRecorded(store.record_turn_usage(&row).await.map(|()| row.session_id))
+        self.shared.tasks.spawn(async move {
+            if let Err(e) = store.record_turn_usage(&row).await {
+                tracing::warn!(session = %row.session_id, error = %e, "cannot record what a turn spent");
+            }
         });
-    }
-
-    pub(super) fn usage_recorded(&mut self, r: Result<String, StoreError>) {
-        if let Err(e) = r {
-            tracing::warn!(session = %self.id, error = %e, "cannot record what a turn spent");
-        }
     }
 
     fn count_metrics(&self, tokens: Option<Tokens>, turn: &TurnTally) {

@@ -460,6 +460,13 @@ impl Daemon {
             .expect("wait for acpd")
     }
 
+    /// SIGTERM (acpd drains and exits) and start again on the same data dir and store.
+    pub async fn restart_gracefully(&mut self) {
+        let status = self.sigterm().await;
+        assert!(status.success(), "acpd exited with {status} after SIGTERM");
+        self.spawn().await;
+    }
+
     /// SIGKILL (if running) and start again on the same data dir and store.
     pub async fn restart(&mut self) {
         self.kill().await;
