@@ -206,7 +206,7 @@ pub fn run(opts: &Opts, bins: &Bins, tmp: &Path, report: &mut Report) -> Result<
     );
     eprintln!("[unpinned] fanout: {n} sessions streaming over {c} connections");
     let title = format!(
-        "sessions streaming at once through acpd (SQLite, journal on; plain WebSocket clients in one thread; `tick`: each chunk stamped when written, the next once it is) — updates/s; agent write → client read p50 / p99; acpd RSS per session opened"
+        "sessions streaming at once through acpd (SQLite, journal on; up to {n} sessions over {c} plain WebSocket connections, clients in one thread; `tick`: each chunk stamped when written, the next once it is) — updates/s; agent write → client read p50 / p99; acpd RSS per session opened"
     );
     let srv = Server::acpd(Mode::Unpinned, bins, &tmp.join("fanout"), None)?;
     let pid = srv.pid();
@@ -238,7 +238,16 @@ pub fn run(opts: &Opts, bins: &Bins, tmp: &Path, report: &mut Report) -> Result<
         ),
     ];
     for (label, conns, sessions, script, per) in rows {
-        let r = rt.block_on(round(srv.port, pid, conns, sessions, &script, per))?;
+        let r = rt
+            .block_on(round(srv.port, pid, conns, sessions, &script, per))
+            .with_context(|| {
+                let log = std::fs::read_to_string(tmp.join("fanout/acpd.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                format!(
+                    "{label}; acpd's log ends:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })?;
         let p = match r.lat.is_empty() {
             true => vec![f64::NAN, f64::NAN],
             false => percentiles(r.lat),
