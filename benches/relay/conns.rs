@@ -75,9 +75,9 @@ pub async fn hold(
     })
 }
 
-type Socket = tokio_tungstenite::WebSocketStream<TcpStream>;
+pub type Socket = tokio_tungstenite::WebSocketStream<TcpStream>;
 
-async fn open(port: u16, path: &str, kind: Kind) -> Result<(Socket, Duration)> {
+pub async fn open(port: u16, path: &str, kind: Kind) -> Result<(Socket, Duration)> {
     let t = Instant::now();
     let stream = TcpStream::connect(("127.0.0.1", port)).await?;
     stream.set_nodelay(true)?;

@@ -6,6 +6,8 @@
 //! appear when `ACPD_TEST_DATABASE_URL` names a server (a throwaway database is used).
 
 mod conns;
+mod fanout;
+mod lowrate;
 mod new_session;
 mod opts;
 mod procs;
@@ -160,7 +162,9 @@ fn run_mode(
     paths.push(Route::WebsocatAcpd);
 
     let mut clients = Vec::new();
-    let needs_clients = opts.wants("rt") || opts.wants("stream") || opts.wants("load");
+    let needs_clients = ["rt", "stream", "load", "lowrate"]
+        .iter()
+        .any(|s| opts.wants(s));
     for &p in paths.iter().filter(|_| needs_clients) {
         let mut c = open(mode, bins, &sv, p).with_context(|| p.label())?;
         let sid = c.open_session().with_context(|| p.label())?;
@@ -178,6 +182,9 @@ fn run_mode(
     }
     if opts.wants("stream") {
         streaming(mode, opts, &mut clients, report)?;
+    }
+    if opts.wants("lowrate") {
+        lowrate::latency(mode, opts, &mut clients, report)?;
     }
     if opts.wants("load") {
         loads(mode, opts, &mut clients, report)?;
@@ -565,6 +572,9 @@ fn main() -> Result<()> {
         }
         if opts.wants("conns") {
             run_conns(&opts, &bins, tmp.path(), &mut report)?;
+        }
+        if opts.wants("fanout") {
+            fanout::run(&opts, &bins, tmp.path(), &mut report)?;
         }
         if opts.wants("sessions") {
             new_session::held(&opts, &bins, tmp.path(), &mut report)?;

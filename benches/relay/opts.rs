@@ -15,6 +15,12 @@ pub struct Opts {
     /// Live sessions the `sessions` section opens and holds.
     pub sessions: usize,
     pub store_appends: i64,
+    /// `lowrate`: ticks, one every 10 ms.
+    pub lowrate_updates: u64,
+    /// `fanout`: sessions streaming at once, over how many connections, updates each.
+    pub fanout_sessions: usize,
+    pub fanout_conns: usize,
+    pub fanout_updates: u64,
     /// Sections to run (`--only`); all when empty.
     pub only: Vec<String>,
     /// Round trips the `rt` section times (`--rt`); all when empty.
@@ -24,8 +30,8 @@ pub struct Opts {
 }
 
 /// The sections `--only` can pick.
-const SECTIONS: [&str; 8] = [
-    "rt", "stream", "load", "start", "store", "conns", "sessions", "replicas",
+const SECTIONS: [&str; 10] = [
+    "rt", "stream", "load", "start", "store", "conns", "sessions", "replicas", "lowrate", "fanout",
 ];
 
 /// The round trips `--rt` can pick: `session/prompt`, `_scripted/echo`, `session/new`.
@@ -42,6 +48,10 @@ impl Opts {
             conns: vec![1000, 10_000],
             sessions: 5000,
             store_appends: 100_000,
+            lowrate_updates: 1000,
+            fanout_sessions: 1000,
+            fanout_conns: 100,
+            fanout_updates: 300,
             only: Vec::new(),
             rt: Vec::new(),
             pinned_only: false,
@@ -66,6 +76,10 @@ impl Opts {
                         conns: vec![1000],
                         sessions: 1000,
                         store_appends: 20_000,
+                        lowrate_updates: 200,
+                        fanout_sessions: o.fanout_sessions,
+                        fanout_conns: o.fanout_conns,
+                        fanout_updates: 100,
                         only: std::mem::take(&mut o.only),
                         rt: std::mem::take(&mut o.rt),
                         pinned_only: o.pinned_only,
@@ -78,6 +92,10 @@ impl Opts {
                 "--starts" => o.starts = num(&a)?.max(1) as usize,
                 "--loads" => o.loads = num(&a)?.max(1) as usize,
                 "--sessions" => o.sessions = num(&a)?.max(1) as usize,
+                "--lowrate-updates" => o.lowrate_updates = num(&a)?.max(1),
+                "--fanout-sessions" => o.fanout_sessions = num(&a)?.max(1) as usize,
+                "--fanout-conns" => o.fanout_conns = num(&a)?.max(1) as usize,
+                "--fanout-updates" => o.fanout_updates = num(&a)?.max(1),
                 "--only" => o.only = picks(args.next(), &a, "section", &SECTIONS)?,
                 // The websocat pair's `session/prompt` takes ~44 ms (Nagle holds its second
                 // message), so `--rt echo,new` is the quick way to time the other two.
@@ -93,7 +111,8 @@ impl Opts {
                 _ => bail!(
                     "usage: relay [--quick] [--pinned] [--only SECTION,...] [--round-trips N] [--updates N] \
                      [--runs N] [--starts N] [--loads N] [--conns N,N] [--sessions N] \
-                     [--rt ROUND_TRIP,...]\n\
+                     [--rt ROUND_TRIP,...] [--lowrate-updates N] [--fanout-sessions N] \
+                     [--fanout-conns N] [--fanout-updates N]\n\
                      sections: {}\nround trips: {}",
                     SECTIONS.join(","),
                     ROUND_TRIPS.join(",")

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -230,6 +230,24 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
         .ok_or_else(|| anyhow!("no VmRSS for {pid}"))
 }
 
+/// The wall clock in ns since the epoch: the scripted agent's `tick` stamps are this clock,
+/// shared by every process of the machine.
+pub fn unix_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// A `tick` chunk's number (`_meta.scripted.n`) and stamp (its text `tick UNIX_NS`).
+pub fn tick_of(update: &Value) -> Option<(u64, u128)> {
+    let at = update["content"]["text"]
+        .as_str()?
+        .strip_prefix("tick ")?
+        .parse()
+        .ok()?;
+    Some((update["_meta"]["scripted"]["n"].as_u64()?, at))
+}
+
 /// What the client reads of each line: enough to find responses and count updates.
 #[derive(Deserialize)]
 struct Probe<'a> {
@@ -360,6 +378,51 @@ impl LineClient {
             }
         }
         Ok((answer, at, text))
+    }
+
+    /// Reads until the answer to `id`, timing each `tick` update (the scripted agent's `tick N
+    /// MS`: its text is the wall-clock ns it was made) from the agent's write to this read;
+    /// fails unless every chunk arrives once and in order (`_meta.scripted.n` counts up by 1).
+    pub fn wait_ticks(&mut self, id: u64) -> Result<(Answer, Vec<Duration>)> {
+        let mut lat = Vec::new();
+        let mut last_n: Option<u64> = None;
+        loop {
+            self.line.clear();
+            if self.r.read_line(&mut self.line)? == 0 {
+                bail!("the relay closed its stdout");
+            }
+            let now = unix_ns();
+            let probe: Probe<'_> = serde_json::from_str(&self.line)
+                .with_context(|| format!("bad line from the relay: {}", self.line.trim_end()))?;
+            match (probe.method.as_deref(), probe.id) {
+                (Some("session/update"), _) => {
+                    let msg: Value = serde_json::from_str(&self.line)?;
+                    let Some((n, at)) = tick_of(&msg["params"]["update"]) else {
+                        continue;
+                    };
+                    if let Some(prev) = last_n {
+                        ensure!(n == prev + 1, "tick {n} arrived after tick {prev}");
+                    }
+                    last_n = Some(n);
+                    lat.push(Duration::from_nanos(now.saturating_sub(at) as u64));
+                }
+                (None, Some(got)) if got.as_u64() == Some(id) => {
+                    let mut msg: Value = serde_json::from_str(&self.line)?;
+                    if let Some(e) = msg.get("error") {
+                        bail!("request {id} failed: {e}");
+                    }
+                    let updates = lat.len() as u64;
+                    return Ok((
+                        Answer {
+                            result: msg["result"].take(),
+                            updates,
+                        },
+                        lat,
+                    ));
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Reads until every one of `ids` is answered (in any order), failing on an error answer.

@@ -37,6 +37,8 @@ pub enum Unit {
     /// Live sessions held: KiB each, seconds to open all, session/new p50 / p99 in µs as
     /// the live set grows.
     Sessions,
+    /// Sessions streaming at once: updates/s, latency p50 / p99 in ms, KiB per session, n.
+    Fanout,
 }
 
 struct Row {
@@ -352,15 +354,16 @@ impl Report {
             for r in s.rows.iter().filter(|r| !r.relay) {
                 if let Some(v) = r.vals[slot(Mode::Unpinned)].as_deref() {
                     out.push(format!(
-                        "< 64 KiB per idle connection — {}, {} held: {:.1} KiB ({})",
+                        "≤ 24 KiB per idle connection (issue 45; issue 13: < 64) — {}, {} held: {:.1} KiB ({})",
                         r.label,
                         v[5],
                         v[0],
-                        verdict(v[0] < 64.0)
+                        verdict(v[0] <= 24.0)
                     ));
                 }
             }
         }
+        out.extend(self.scale_goals());
         let line = per_mode(&|m| {
             let v = self.get("load", SHIM_SQLITE, m)?[0];
             Some(format!("{v:.1} ms ({})", verdict(v <= 30.0)))
@@ -369,6 +372,65 @@ impl Report {
             out.push(format!(
                 "10 000-entry session/load ≤ 30 ms on SQLite (issue 13) — {SHIM_SQLITE}: {line}"
             ));
+        }
+        out
+    }
+}
+
+impl Report {
+    /// Issue 45's scale and latency goals.
+    fn scale_goals(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+        for m in [Mode::Pinned, Mode::Unpinned] {
+            for label in [SHIM_SQLITE, SHIM_PG] {
+                if let Some(x) = self.ratio_to("lowrate", label, m, Against::Ssh) {
+                    out.push(format!(
+                        "low-rate update latency p50 ≤ 1.5× ssh -T (ControlMaster) — {label}, {}: p50 {:.2}× p99 {:.2}× ({})",
+                        m.label(),
+                        x[0],
+                        x[1],
+                        verdict(x[0] <= 1.5)
+                    ));
+                }
+            }
+        }
+        if let Some(s) = self.sections.iter().find(|s| s.key == "fanout") {
+            let slot = slot(Mode::Unpinned);
+            if let (Some(one), Some(many)) = (
+                s.rows.first().and_then(|r| r.vals[slot].as_deref()),
+                s.rows.last().and_then(|r| r.vals[slot].as_deref()),
+            ) {
+                out.push(format!(
+                    "{} concurrent streaming sessions: aggregate ≥ the single-session rate, p99 ≤ 10 ms — {:.0}/s = {:.2}× one session's {:.0}/s, p99 {:.2} ms, nothing lost or duplicated (checked) ({})",
+                    many[4],
+                    many[0],
+                    many[0] / one[0],
+                    one[0],
+                    many[2],
+                    verdict(many[0] >= one[0] && many[2] <= 10.0)
+                ));
+            }
+        }
+        if let Some(s) = self.sections.iter().find(|s| s.key == "sessions") {
+            let slot = slot(Mode::Unpinned);
+            let rows: Vec<&[f64]> = s
+                .rows
+                .iter()
+                .filter_map(|r| r.vals[slot].as_deref())
+                .collect();
+            if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+                out.push(format!(
+                    "live sessions ≤ 16 KiB each, session/new p99 flat (≤ 1.5× at {} live) — {} live: {:.1} KiB each, p99 {:.0} µs = {:.2}× {:.0} µs ({})",
+                    first[5],
+                    last[5],
+                    last[0],
+                    last[3],
+                    last[3] / first[3],
+                    first[3],
+                    verdict(last[0] <= 16.0 && last[3] <= 1.5 * first[3])
+                ));
+            }
         }
         out
     }
@@ -391,13 +453,18 @@ fn value(unit: Unit, v: &[f64]) -> String {
             "{:.1} KiB, {:.2} s ({:.0}/{:.0} µs)",
             v[0], v[1], v[2], v[3]
         ),
+        Unit::Fanout if v[1].is_nan() => format!("{:.0}/s, (no ticks), {:.1} KiB", v[0], v[3]),
+        Unit::Fanout => format!(
+            "{:.0}/s, {:.2} / {:.2} ms, {:.1} KiB",
+            v[0], v[1], v[2], v[3]
+        ),
     }
 }
 
 fn ratio(unit: Unit, x: &[f64]) -> String {
     match unit {
         Unit::RoundTrip => format!("{:.2} / {:.2}", x[0], x[1]),
-        Unit::Store | Unit::Sessions => "—".to_owned(),
+        Unit::Store | Unit::Sessions | Unit::Fanout => "—".to_owned(),
         _ => format!("{:.2}", x[0]),
     }
 }

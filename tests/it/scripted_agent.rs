@@ -220,6 +220,36 @@ async fn stop_and_error_end_the_turn_early() {
 }
 
 #[tokio::test]
+async fn tick_sends_numbered_chunks_stamped_with_the_wall_clock_at_the_pace_asked() {
+    let (_agent, mut client) = started(&[]).await;
+    let sid = client.new_session(&cwd()).await;
+    let _bootstrap = client.next_update().await;
+    let clock = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    };
+    let before = clock();
+    let (updates, result) = client.prompt(&sid, "tick 3 5").await;
+    let after = clock();
+    assert_eq!(result.unwrap()["stopReason"], "end_turn");
+    let stamps: Vec<u128> = agent_texts(&updates)
+        .iter()
+        .map(|t| t.strip_prefix("tick ").unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(stamps.len(), 3, "{updates:?}");
+    assert!(before <= stamps[0] && stamps[2] <= after, "{stamps:?}");
+    // Three ticks 5 ms apart span at least two intervals.
+    assert!(stamps[2] - stamps[0] >= 10_000_000, "{stamps:?}");
+    let numbers: Vec<u64> = updates
+        .iter()
+        .map(|u| u["update"]["_meta"]["scripted"]["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, [1, 2, 3], "numbered like every chunk");
+}
+
+#[tokio::test]
 async fn permission_outcomes_are_reported() {
     let (_agent, mut client) = started(&[]).await;
     let sid = client.new_session(&cwd()).await;

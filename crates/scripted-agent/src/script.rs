@@ -19,6 +19,13 @@ pub enum Command {
         size: usize,
     },
     Thought(String),
+    /// `tick N MS`: N message chunks whose text is the wall-clock time they were made
+    /// (`tick UNIX_NS`), MS ms apart (0: back to back), each made only once the one before it
+    /// was written: the benchmark's update latency (agent write → client read).
+    Tick {
+        count: u64,
+        every_ms: u64,
+    },
     Tool,
     /// `permission [PATH]`: the tool call asked about names PATH in its `locations`.
     Permission(Option<String>),
@@ -115,6 +122,10 @@ fn parse_line(line: &str) -> Result<Command, String> {
             size: int(args.get(1), "S")? as usize,
         },
         "thought" => Command::Thought(rest.to_string()),
+        "tick" => Command::Tick {
+            count: int(args.first(), "N")?,
+            every_ms: int(args.get(1), "MS")?,
+        },
         "tool" => Command::Tool,
         "permission" => Command::Permission(args.first().map(|s| s.to_string())),
         "ask_tool" => Command::AskTool,
@@ -270,6 +281,7 @@ async fn run_one(
     match command {
         Command::Echo(text) => agent.say(sid, text),
         Command::Stream { count, size } => stream(agent, sid, count, size, cancel).await?,
+        Command::Tick { count, every_ms } => tick(agent, sid, count, every_ms, cancel).await?,
         Command::Thought(text) => agent.emit(
             sid,
             json!({ "sessionUpdate": "agent_thought_chunk", "content": { "type": "text", "text": text } }),
@@ -413,6 +425,35 @@ async fn stream(
         };
         agent.stream(sid, i, n, size, permit);
         i += n;
+    }
+    Ok(())
+}
+
+/// `tick N MS`: one stamped chunk at a time, the next made once the writer has written the
+/// one before (a one-permit semaphore whose permit the written burst releases), so the stamp
+/// measures the relay and not a queue inside this agent.
+async fn tick(
+    agent: &Arc<Agent>,
+    sid: &str,
+    count: u64,
+    every_ms: u64,
+    cancel: &CancellationToken,
+) -> Flow {
+    let written = Arc::new(tokio::sync::Semaphore::new(1));
+    let mut every = tokio::time::interval(Duration::from_millis(every_ms.max(1)));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for _ in 0..count {
+        if every_ms > 0 {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = cancel.cancelled() => return Err(cancelled()),
+            }
+        }
+        let permit = tokio::select! {
+            p = written.clone().acquire_owned() => p.expect("never closed"),
+            _ = cancel.cancelled() => return Err(cancelled()),
+        };
+        agent.tick(sid, permit);
     }
     Ok(())
 }

@@ -275,6 +275,35 @@ impl Agent {
         }
     }
 
+    /// Sends one `agent_message_chunk` whose text is `tick UNIX_NS`, the wall-clock time now,
+    /// written before `permit` is released. Not kept in the history: a benchmark's stamps are
+    /// not worth replaying.
+    pub fn tick(&self, session_id: &str, permit: OwnedSemaphorePermit) {
+        let mut sessions = self.sessions.lock().unwrap();
+        let Some(session) = sessions.get_mut(session_id) else {
+            return;
+        };
+        session.chunk_n += 1;
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let msg = json!({
+            "jsonrpc": "2.0",
+            "method": method::SESSION_UPDATE,
+            "params": {
+                "sessionId": session_id,
+                "update": {
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": { "type": "text", "text": format!("tick {ns}") },
+                    "_meta": { "scripted": { "n": session.chunk_n } },
+                },
+            },
+        });
+        let mut line = serde_json::to_vec(&msg).expect("JSON values always serialize");
+        line.push(b'\n');
+        self.out.burst(line, Some(permit));
+    }
+
     /// Sends an `agent_message_chunk` with plain text.
     pub fn say(&self, session_id: &str, text: impl Into<String>) {
         let text: String = text.into();

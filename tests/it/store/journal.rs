@@ -24,6 +24,47 @@ both!(
     check_delete_removes_journal
 );
 both!(sqlite_compaction, postgres_compaction, check_compaction);
+both!(
+    sqlite_a_batch_over_many_sessions_raises_every_row,
+    postgres_a_batch_over_many_sessions_raises_every_row,
+    check_a_batch_over_many_sessions_raises_every_row
+);
+
+/// Appends to 700 sessions at once (more than one statement's worth of sessions, 512, in a
+/// group commit): every session's row reaches its last seq and its newest entry's time.
+async fn check_a_batch_over_many_sessions_raises_every_row(url: String) {
+    const SESSIONS: usize = 700;
+    const PER: i64 = 3;
+    let ids: Vec<String> = (0..SESSIONS).map(|i| format!("s{i}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let store = super::open_with_sessions(&url, &refs).await;
+    let sids: Vec<Arc<str>> = ids.iter().map(|s| Arc::from(s.as_str())).collect();
+    let marks: Vec<_> = sids.iter().map(|_| watermark()).collect();
+    for seq in 1..=PER {
+        for (sid, (durable, _)) in sids.iter().zip(&marks) {
+            store
+                .append(
+                    new_entry(sid, seq, "agent_message_chunk", odd_body(seq)),
+                    durable.clone(),
+                )
+                .await
+                .expect("append");
+        }
+    }
+    for (_, mut rx) in marks {
+        wait_durable(&mut rx, PER).await;
+    }
+    for id in &ids {
+        let row = store.session(id).await.expect("get").expect("exists");
+        assert_eq!(
+            (row.last_seq, row.updated_at_ms),
+            (PER, 1_000 + PER),
+            "{id}"
+        );
+        assert_eq!(whole_journal(&store, id).await.len(), PER as usize, "{id}");
+    }
+    store.close().await;
+}
 
 async fn check_append_10k(url: String) {
     const N: i64 = 10_000;
