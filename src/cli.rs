@@ -153,6 +153,13 @@ pub fn main() -> ExitCode {
     {
         return crate::agent::supervisor::main(&argv[2..]);
     }
+    // A remote login's first step in its terminal (`login::exec_main`): likewise bare.
+    if argv
+        .get(1)
+        .is_some_and(|a| a == crate::login::EXEC_SUBCOMMAND)
+    {
+        return crate::login::exec_main(&argv[2..]);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

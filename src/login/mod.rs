@@ -11,6 +11,7 @@
 mod link;
 mod ports;
 mod pty;
+pub use pty::{EXEC_SUBCOMMAND, exec_main};
 mod tunnel;
 mod urls;
 

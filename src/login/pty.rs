@@ -59,6 +59,28 @@ pub fn size(cols: u16, rows: u16) -> PtySize {
     }
 }
 
+/// `acpd _login-exec PROGRAM ARGS…`: what runs in the login's terminal. It drops the
+/// capabilities that read other processes' `/proc` (the bounding set, as for hosted agents),
+/// then becomes PROGRAM (same pid, terminal and environment).
+pub const EXEC_SUBCOMMAND: &str = "_login-exec";
+
+/// The `_login-exec` side: returns only when PROGRAM cannot be started (exit 127, as a shell).
+pub fn exec_main(args: &[std::ffi::OsString]) -> std::process::ExitCode {
+    use std::os::unix::process::CommandExt;
+    let Some((program, rest)) = args.split_first() else {
+        return std::process::ExitCode::from(64);
+    };
+    acpd_builtin::child_env::drop_proc_reading_caps();
+    let e = std::process::Command::new(program).args(rest).exec();
+    // The terminal's reader shows this to the person logging in; no logging is set up here.
+    let _ = writeln!(
+        std::io::stderr(),
+        "cannot start {}: {e}",
+        program.to_string_lossy()
+    );
+    std::process::ExitCode::from(127)
+}
+
 /// Starts `login` for `profile` in a new pseudo-terminal of `cols`×`rows`.
 pub fn spawn(
     login: &LoginCommand,
@@ -75,7 +97,11 @@ pub fn spawn(
     let pair = native_pty_system()
         .openpty(size(cols, rows))
         .map_err(|e| SpawnError::Open(e.to_string()))?;
-    let mut cmd = CommandBuilder::new(&login.program);
+    // Through acpd itself (`exec_main`): portable-pty has no pre-exec hook, and a login run
+    // as root must lose what a hosted agent loses (`child_env::clean`).
+    let mut cmd = CommandBuilder::new("/proc/self/exe");
+    cmd.arg(EXEC_SUBCOMMAND);
+    cmd.arg(&login.program);
     cmd.args(&login.args);
     cmd.env_clear();
     for (k, v) in environment(profile, login) {

@@ -26,8 +26,9 @@ use crate::support::{scripted_agent_bin, shim_bin};
 const EDITOR_HOST: &str = "127.0.0.3";
 
 /// A daemon whose profile `lg` needs the scripted login (HOME of its own), `slow` the same
-/// with a 1 s login timeout, `theirs` one that only principal `bob` may log in, and `size`
-/// one whose login prints its terminal's size at each line typed.
+/// with a 1 s login timeout, `theirs` one that only principal `bob` may log in, `size`
+/// one whose login prints its terminal's size at each line typed, and `caps` one whose login
+/// prints its capability bounding set.
 async fn daemon(auth: bool) -> Result<Daemon> {
     let dir = Arc::new(tempfile::tempdir()?);
     let agent = scripted_agent_bin();
@@ -38,7 +39,8 @@ async fn daemon(auth: bool) -> Result<Daemon> {
             "[agents.lg]\ncommand = \"{agent}\"\nargs = [\"--need-login\"]\nhome = \"homes/lg\"\n\
              [agents.slow]\ncommand = \"{agent}\"\nargs = [\"--need-login\"]\nhome = \"homes/slow\"\nlogin_timeout_secs = 1\n\
              [agents.theirs]\ncommand = \"{agent}\"\nargs = [\"--need-login\"]\nlogin_principals = [\"bob\"]\n\
-             [agents.size]\ncommand = \"{agent}\"\nlogin = [\"sh\", \"-c\", \"stty size; while read x; do stty size; done\"]\n"
+             [agents.size]\ncommand = \"{agent}\"\nlogin = [\"sh\", \"-c\", \"stty size; while read x; do stty size; done\"]\n\
+             [agents.caps]\ncommand = \"{agent}\"\nlogin = [\"sh\", \"-c\", \"grep CapBnd /proc/self/status\"]\n"
         ),
     )?;
     let config = config.display().to_string();
@@ -391,5 +393,32 @@ async fn the_editors_terminal_size_and_its_changes_reach_the_login() -> Result<(
     }
     term.type_in(&[4])?;
     assert_eq!(term.exit_code().await?, 0, "{}", term.text());
+    Ok(())
+}
+
+/// A login runs with what a hosted agent runs with: where acpd is root, without the
+/// capabilities that read acpd's own `/proc/<pid>/environ` (SYS_PTRACE, SYS_ADMIN, PERFMON).
+#[tokio::test]
+async fn a_login_under_a_root_daemon_cannot_read_other_processes_proc() -> Result<()> {
+    let d = daemon(false).await?;
+    let args = ["--login".to_owned(), "caps".to_owned()];
+    let mut term = Terminal::run(&d.url(), None, &args, d.dir.path())?;
+    assert_eq!(term.exit_code().await?, 0, "{}", term.text());
+    let text = term.text();
+    let hex = text
+        .split("CapBnd:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .with_context(|| format!("no CapBnd line: {text}"))?;
+    let bounding = u64::from_str_radix(hex, 16)?;
+    // SAFETY: a plain getter.
+    if unsafe { libc::geteuid() } == 0 {
+        for (name, bit) in [("SYS_PTRACE", 19), ("SYS_ADMIN", 21), ("PERFMON", 38)] {
+            assert_eq!(bounding & (1 << bit), 0, "the login kept CAP_{name}: {hex}");
+        }
+    } else {
+        // Not root: nothing to drop (and no permission to); the login still ran through acpd.
+        eprintln!("not root: the bounding set ({hex}) is not checked");
+    }
     Ok(())
 }

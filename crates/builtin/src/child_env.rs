@@ -43,13 +43,21 @@ pub fn clean(cmd: &mut std::process::Command) -> &mut std::process::Command {
     // (no CAP_SETPCAP: acpd is not root) is fine: the child has none of them either.
     unsafe {
         cmd.pre_exec(|| {
-            for cap in PROC_READING_CAPS {
-                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-            }
+            drop_proc_reading_caps();
             Ok(())
         });
     }
     cmd.env_clear().envs(allowed(std::env::vars_os()))
+}
+
+/// Drops `PROC_READING_CAPS` from the calling process's bounding set (so from everything it
+/// execs and starts). Not permitted (no CAP_SETPCAP: not root) is fine: it has none of them
+/// to give away. Async-signal-safe (plain prctl calls), so usable between fork and exec.
+pub fn drop_proc_reading_caps() {
+    for cap in PROC_READING_CAPS {
+        // SAFETY: a plain prctl on the calling process.
+        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+    }
 }
 
 /// Makes acpd's own `/proc/<pid>/environ` (and `mem`, `maps`, `fd`, …) unreadable to the
