@@ -10,9 +10,8 @@ use fantoccini::{Client as Browser, Locator};
 use serde_json::json;
 
 use super::browser::{Chromedriver, click, screenshot, until, viewport};
-use super::support::{csp_violations, origin, sign_in_link};
-use crate::support::security_support::local_token;
-use crate::support::{Daemon, DaemonOptions, scripted_agent_bin};
+use super::support::{csp_violations, daemon_with_config, origin, sign_in_link};
+use crate::support::scripted_agent_bin;
 
 /// A device-code login: a bold prompt (escape sequences), a code, a URL; exits 0 on a line.
 const DEVICE_LOGIN: &str = "printf '\\033[1mEnter the code\\033[0m WDJB-MJHT at https://device.example.test/activate\\n'; read x; echo done";
@@ -80,13 +79,7 @@ async fn an_agents_login_runs_from_the_console_and_shows_its_url_and_outcome() {
     )
     .expect("config");
     let driver = Chromedriver::start().await;
-    let d = Daemon::start_with(
-        DaemonOptions::default()
-            .auth()
-            .arg("--config", config.display()),
-    )
-    .await;
-    let token = local_token(&d).await;
+    let (d, token) = daemon_with_config(&config).await;
     let b = driver.browser().await;
     let base = origin(&d);
 

@@ -12,9 +12,9 @@ use super::browser::{
     Chromedriver, choose, click, screenshot, screenshot_here, type_prompt, until, until_turn,
     viewport,
 };
-use super::support::{csp_violations, origin, sign_in_link};
-use crate::support::security_support::{bearer, client, local_token};
-use crate::support::{Daemon, DaemonOptions, scripted_agent_bin};
+use super::support::{csp_violations, daemon_with_config, origin, sign_in_link};
+use crate::support::scripted_agent_bin;
+use crate::support::security_support::{bearer, client};
 
 /// The text of `css`'s first match.
 async fn text_of(b: &Browser, css: &str) -> String {
@@ -54,13 +54,7 @@ async fn the_console_shows_spend_budgets_and_who_approved_what() {
     )
     .expect("config");
     let driver = Chromedriver::start().await;
-    let d = Daemon::start_with(
-        DaemonOptions::default()
-            .auth()
-            .arg("--config", config.display()),
-    )
-    .await;
-    let token = local_token(&d).await;
+    let (d, token) = daemon_with_config(&config).await;
     let (k, v) = bearer(&token);
 
     // An editor's turns: one reporting tokens and cost, one whose read is approved by acpd

@@ -1,9 +1,21 @@
 //! What the web console tests share: sign-in links from `acpd web-login`, the exchange for a
 //! cookie over HTTP, and requests that carry it.
 
-use crate::support::Daemon;
 use crate::support::http::{Resp, request_path};
 use crate::support::security_support::{acpd, local_token};
+use crate::support::{Daemon, DaemonOptions};
+
+/// A daemon with auth on and `config` (a file), and the local principal's token.
+pub async fn daemon_with_config(config: &std::path::Path) -> (Daemon, String) {
+    let d = Daemon::start_with(
+        DaemonOptions::default()
+            .auth()
+            .arg("--config", config.display()),
+    )
+    .await;
+    let token = local_token(&d).await;
+    (d, token)
+}
 
 /// The console's own origin as the browser (and these requests) name it.
 pub fn origin(daemon: &Daemon) -> String {
