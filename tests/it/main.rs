@@ -13,6 +13,7 @@ mod agent_calls;
 mod agent_processes;
 mod agent_stdin;
 mod agent_supervision;
+mod agent_under_load;
 mod attach_after;
 mod auth_audit;
 mod bad_input;

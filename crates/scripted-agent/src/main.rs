@@ -83,11 +83,17 @@ async fn main() {
     let mut stdin = BufReader::new(tokio::io::stdin());
     let mut line = String::new();
     loop {
-        line.clear();
         let read = tokio::select! {
             r = stdin.read_line(&mut line) => r,
             // `stop_reading`: stdin stays unread while the turns go on.
             _ = agent.stop_reading.cancelled() => std::future::pending().await,
+            // `stop_reading MS`: unread for a while. A line partly read stays in `line` (a
+            // cancelled `read_line` keeps what it appended) and is finished afterwards.
+            _ = agent.paused.notified() => {
+                let ms = agent.pause_ms.load(std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                continue;
+            }
         };
         match read {
             Ok(0) | Err(_) => {
@@ -101,16 +107,16 @@ async fn main() {
             Ok(_) => {}
         }
         let text = line.trim();
-        if text.is_empty() {
-            continue;
+        if !text.is_empty() {
+            match serde_json::from_str::<Value>(text) {
+                Ok(msg) => dispatch(&agent, msg),
+                Err(e) => agent.out.respond(
+                    Value::Null,
+                    Err(RpcError::new(-32700, format!("Parse error: {e}"))),
+                ),
+            }
         }
-        match serde_json::from_str::<Value>(text) {
-            Ok(msg) => dispatch(&agent, msg),
-            Err(e) => agent.out.respond(
-                Value::Null,
-                Err(RpcError::new(-32700, format!("Parse error: {e}"))),
-            ),
-        }
+        line.clear();
     }
 }
 

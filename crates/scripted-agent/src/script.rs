@@ -60,7 +60,8 @@ pub enum Command {
     Ext,
     WaitForCancel,
     /// `stop_reading`: the agent reads nothing more from its stdin, ever (it still writes).
-    StopReading,
+    /// `stop_reading MS`: nothing for MS ms, then it reads on (an agent busy computing).
+    StopReading(Option<u64>),
     /// From here on the turn does not see `session/cancel` (gemini-cli, often).
     IgnoreCancel,
     /// A cancelled turn answers this stop reason instead of `cancelled` (opencode: end_turn).
@@ -165,7 +166,10 @@ fn parse_line(line: &str) -> Result<Command, String> {
         },
         "ext" => Command::Ext,
         "wait_for_cancel" => Command::WaitForCancel,
-        "stop_reading" => Command::StopReading,
+        "stop_reading" => match args.first() {
+            None => Command::StopReading(None),
+            ms => Command::StopReading(Some(int(ms, "MS")?)),
+        },
         "ignore_cancel" => Command::IgnoreCancel,
         "cancel_answer" => Command::CancelAnswer(
             args.first()
@@ -302,7 +306,8 @@ async fn run_one(
             let id = format!("perm-{}", next_tool(agent, sid));
             permission(agent, sid, (id, "read"), None, cancel).await?
         }
-        Command::StopReading => agent.stop_reading.cancel(),
+        Command::StopReading(None) => agent.stop_reading.cancel(),
+        Command::StopReading(Some(ms)) => agent.pause_reading(ms),
         Command::AskTool => {
             let id = format!("tool-{}", next_tool(agent, sid));
             announce_tool(agent, sid, &id, "Run a scripted action", "other");

@@ -139,6 +139,9 @@ pub struct Agent {
     /// Fired by the script command `stop_reading`: stdin is not read any more (an agent stuck
     /// with its input unread); turns already running go on writing.
     pub stop_reading: tokio_util::sync::CancellationToken,
+    /// Fired by `stop_reading MS`: the reading loop stops for `pause_ms`, then reads on.
+    pub paused: tokio::sync::Notify,
+    pub pause_ms: AtomicU64,
 }
 
 impl Agent {
@@ -152,7 +155,15 @@ impl Agent {
             next_session: AtomicU64::new(1),
             next_turn: AtomicU64::new(1),
             stop_reading: tokio_util::sync::CancellationToken::new(),
+            paused: tokio::sync::Notify::new(),
+            pause_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Stops reading stdin for `ms` ms (from the reading loop's next pass).
+    pub fn pause_reading(&self, ms: u64) {
+        self.pause_ms.store(ms, Ordering::Relaxed);
+        self.paused.notify_one();
     }
 
     /// Creates a session with a fresh id `sa-<counter>-<pid>`.

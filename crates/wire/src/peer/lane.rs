@@ -3,9 +3,12 @@
 //! `try_send_raw` and `try_respond` hand a message back when it is full, and the session layer
 //! then feeds that client from the journal. Requests a session relays to a client
 //! (`lane_request`, `try_request`) take the lane too, so they never overtake an update queued
-//! before them. Everything else keeps the small `Command` queue, whose senders wait, or
-//! `try_request_in_band` / `try_notify` there, for an owner that must not wait on the other
-//! side (a session actor and its agent).
+//! before them. So do `try_request_in_band` / `try_notify`, for an owner that must not wait on
+//! the other side (the session actors of a hosted agent): a burst of them (1 000 sessions
+//! prompted at once) is queued, not refused, and a full lane means the other side has stopped
+//! taking for a long while. (They took the small `Command` queue before: 256 messages, full
+//! within a burst, and a session that found it full cut an agent that was reading fine.)
+//! Everything else keeps the small `Command` queue, whose senders wait.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -42,6 +45,8 @@ pub(super) enum LaneItem {
     Shared(Arc<str>),
     Reply(Box<(RequestId, Result<Value, ResponseError>)>),
     Request(Box<LaneRequest>),
+    /// `try_request_in_band`, `try_notify`.
+    Command(Box<Command>),
 }
 
 /// A request to send through the lane (`PeerHandle::lane_request`), in order with what is
@@ -164,9 +169,10 @@ impl PeerHandle {
         }
     }
 
-    /// `request_in_band` without waiting: `QueueError::Full` when the command queue is full
-    /// (the other side has not taken what it was sent: its link, the write queue and this
-    /// queue are full), so a caller that must not wait on the other side decides what then.
+    /// `request_in_band` without waiting, through the lane: `QueueError::Full` when the lane
+    /// is full (the other side has not taken what it was sent: its link, the write queue and
+    /// `QUEUE_MESSAGES` behind them), so a caller that must not wait on the other side decides
+    /// what then.
     pub fn try_request_in_band(
         &self,
         method: &str,
@@ -185,17 +191,21 @@ impl PeerHandle {
             params,
             reply,
         };
-        self.tx.try_send(cmd).map_err(QueueError::from)?;
+        self.lane
+            .try_send(LaneItem::Command(Box::new(cmd)))
+            .map_err(QueueError::from)?;
         Ok(id)
     }
 
-    /// `notify` without waiting (see `try_request_in_band`).
+    /// `notify` without waiting, through the lane, in order with `try_request_in_band`.
     pub fn try_notify(&self, method: &str, params: Option<Value>) -> Result<(), QueueError> {
         let cmd = Command::Notify {
             method: method.to_owned(),
             params,
         };
-        self.tx.try_send(cmd).map_err(QueueError::from)
+        self.lane
+            .try_send(LaneItem::Command(Box::new(cmd)))
+            .map_err(QueueError::from)
     }
 
     /// Whether the lane has drained below half, by count and by bytes.
@@ -242,6 +252,7 @@ impl PeerTask {
                     reply,
                 });
             }
+            LaneItem::Command(cmd) => self.on_command(*cmd),
         }
     }
 }
@@ -311,6 +322,26 @@ mod tests {
         peer.try_send_raw(back).unwrap();
         assert_eq!(next(&mut out).await.len(), big.len());
         assert_eq!(peer.taken(), 2);
+    }
+
+    #[tokio::test]
+    async fn in_band_requests_beyond_the_command_queue_are_queued_while_the_other_side_reads_nothing()
+     {
+        // One thread: the peer task does not run until the test awaits, as when a thousand
+        // session actors run before it. 1 000 is four times the small `Command` queue.
+        let (peer, _owner, _frames, mut out) = peer();
+        for tag in 1..=1000 {
+            peer.try_request_in_band("m", None, "route", tag)
+                .expect("queued: the lane is deep");
+            peer.try_notify("n", None)
+                .expect("queued: the lane is deep");
+        }
+        for _ in 0..1000 {
+            let req: Value = serde_json::from_str(&next(&mut out).await).unwrap();
+            assert_eq!(req["method"], "m");
+            let note: Value = serde_json::from_str(&next(&mut out).await).unwrap();
+            assert_eq!(note["method"], "n", "in the order queued");
+        }
     }
 
     #[tokio::test]
