@@ -7,8 +7,9 @@
 # last run. LOAD=K: then K session/loads of the session, timed. NEW=K: then K sequential
 # session/new, timed, with acpd's and acp-shim's CPU per session/new and acpd's RSS per live
 # session; ECHO=K the same for K `_scripted/echo` (PERF then profiles these instead of the last
-# run). METRICS=1: the journal's commit metrics at the end. BIN=DIR:
-# binaries from DIR. Build first:
+# run). TICK=K: then K updates, one every MS (default 10) ms, with acpd's context switches per
+# update by thread (wake-ups are what a lone update costs). METRICS=1: the journal's commit
+# metrics at the end. BIN=DIR: binaries from DIR. Build first:
 #   cargo build --release -p acpd -p acp-shim -p acpd-scripted-agent
 import json, os, socket, subprocess, sys, time, tempfile
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 200000
@@ -90,6 +91,30 @@ for mode in ("NEW", "ECHO"):
         slow = sum(t > 0.002 for t in ts)
         print(f"{method} {phase}: p50 {ts[k//2]*1e6:.0f} us, p90 {ts[k*9//10]*1e6:.0f} us, p99 {ts[k*99//100]*1e6:.0f} us, max {ts[-1]*1e6:.0f} us, {slow} over 2 ms; acpd cpu {c/k*1e6:.0f} us, shim {sc/k*1e6:.0f} us per call; acpd RSS +{m/k:.1f} KiB per call", flush=True)
         if perf and phase == "measured": perf.send_signal(2); perf.wait()
+if os.environ.get("TICK"):
+    # One update every MS ms (an LLM's pace): nothing batches, so what each update costs is
+    # wake-ups. Context switches of every acpd thread and of acp-shim per update, from /proc.
+    def switches(pid):
+        out = {}
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                name = open(f"/proc/{pid}/task/{t}/comm").read().strip()
+                n = sum(int(l.split()[1]) for l in open(f"/proc/{pid}/task/{t}/status") if "ctxt_switches" in l)
+            except OSError:
+                continue
+            out[t] = (name, n)
+        return out
+    k, ms = int(os.environ["TICK"]), int(os.environ.get("MS", "10"))
+    for r in range(2):
+        a0 = switches(acpd.pid); s0 = switches(shim.pid); c0 = cpu(acpd.pid)
+        wait(send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": f"tick {k} {ms}"}]}))
+        a1 = switches(acpd.pid); s1 = switches(shim.pid); c = cpu(acpd.pid) - c0
+        per = {}
+        for t, (name, n) in a1.items():
+            per[name] = per.get(name, 0) + (n - a0.get(t, (name, 0))[1]) / k
+        total = sum(per.values()); shim_n = (sum(n for _, n in s1.values()) - sum(n for _, n in s0.values())) / k
+        detail = ", ".join(f"{name} {n:.1f}" for name, n in sorted(per.items()) if n >= 0.05)
+        print(f"tick {r}: {k} updates every {ms} ms; acpd {total:.1f} context switches per update ({detail}), acp-shim {shim_n:.1f}; acpd cpu {c/k*1e6:.0f} us/update", flush=True)
 if os.environ.get("METRICS"):
     import urllib.request
     m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()

@@ -26,6 +26,7 @@ mod grants;
 mod handles;
 mod journal;
 mod journal_pg;
+mod journal_sqlite;
 mod lease;
 pub mod metrics;
 mod pack;

@@ -23,9 +23,9 @@ use tokio::sync::{mpsc, watch};
 use super::backend::{Failure, Pool, begin_write, classify, on_write};
 use super::form::BodyForm;
 use super::journal::{JournalSql, Mark};
-use super::journal_pg;
 use super::pack::Ins;
 use super::{DurableSeq, NewEntry, StoreOptions};
+use super::{journal_pg, journal_sqlite};
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -295,6 +295,13 @@ async fn write(pool: &Pool, form: &dyn BodyForm, items: &[&Item]) -> Result<(), 
     if let (Pool::Postgres(p), true) = (pool, fences.is_empty()) {
         let mut conn = p.acquire().await?;
         if journal_pg::commit(&mut conn, &marks, &rows).await? {
+            return Ok(());
+        }
+    }
+    // SQLite, one session's batch (an LLM's pace): one round trip to sqlx's SQLite thread.
+    if let (Pool::Sqlite(_, p), true) = (pool, fences.is_empty()) {
+        let mut conn = p.acquire().await?;
+        if journal_sqlite::commit(&mut conn, &marks, &rows).await? {
             return Ok(());
         }
     }
