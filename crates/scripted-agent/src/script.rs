@@ -444,6 +444,18 @@ async fn tick(
     every_ms: u64,
     cancel: &CancellationToken,
 ) -> Flow {
+    if every_ms == 0 {
+        // Back to back: the writer thread makes them (`io::Ticks`), one write per round.
+        let Some(done) = agent.ticks(sid, count, cancel.clone()) else {
+            return Ok(());
+        };
+        let written = done.await.unwrap_or(0);
+        if written < count {
+            agent.untick(sid, count - written);
+            return Err(cancelled());
+        }
+        return Ok(());
+    }
     let written = Arc::new(tokio::sync::Semaphore::new(1));
     let mut every = tokio::time::interval(Duration::from_millis(every_ms.max(1)));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
