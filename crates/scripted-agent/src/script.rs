@@ -436,7 +436,8 @@ async fn stream(
 
 /// `tick N MS`: one stamped chunk at a time, the next made once the writer has written the
 /// one before (a one-permit semaphore whose permit the written burst releases), so the stamp
-/// measures the relay and not a queue inside this agent.
+/// measures the relay and not a queue inside this agent. `MS` 0: the writer thread makes them
+/// itself (`io::Ticks`), with no wake-up of this task per chunk.
 async fn tick(
     agent: &Arc<Agent>,
     sid: &str,
