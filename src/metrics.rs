@@ -61,7 +61,10 @@ pub fn install() -> Option<&'static PrometheusHandle> {
                 .ok()?
                 .set_buckets_for_metric(
                     Matcher::Full(JOURNAL_BATCH_SIZE.to_owned()),
-                    &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0],
+                    &[
+                        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
+                        4096.0,
+                    ],
                 )
                 .ok()?
                 .build_recorder();

@@ -128,6 +128,51 @@ struct Round {
     rate: f64,
     lat: Vec<Duration>,
     kib_per_session: f64,
+    /// CPU seconds per wall second while streaming: this client (every connection, one
+    /// thread), acpd, and the processes acpd started (the agent): which of them is the bound.
+    cpu: [f64; 3],
+}
+
+/// User + system CPU seconds of `pid` (`self` for this process).
+fn cpu_secs(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which may hold spaces: utime and stime are 14 and 15.
+    let f: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |s| s.1)
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i)?.parse::<f64>().ok())
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Every process below `pid` (acpd's agents and their supervisors).
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    for t in tasks.flatten() {
+        let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        for k in kids.split_whitespace().filter_map(|k| k.parse().ok()) {
+            out.push(k);
+            out.extend(descendants(k));
+        }
+    }
+    out
+}
+
+/// CPU seconds of this process, of acpd and of acpd's descendants.
+fn cpu_now(acpd: u32) -> [f64; 3] {
+    let kids: f64 = descendants(acpd)
+        .iter()
+        .map(|k| cpu_secs(&k.to_string()))
+        .sum();
+    [cpu_secs("self"), cpu_secs(&acpd.to_string()), kids]
 }
 
 /// `sessions` sessions over `conns` connections, each prompted with `script` (which yields
@@ -174,6 +219,7 @@ async fn round(
     // acpd holds a new session's first updates for 100 ms (its bootstrap hold).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let grown = procs::rss_kib(pid)?.saturating_sub(base);
+    let cpu0 = cpu_now(pid);
     let t = Instant::now();
     let seen = futures_util::future::try_join_all(
         cs.iter_mut()
@@ -182,6 +228,7 @@ async fn round(
     )
     .await?;
     let dt = t.elapsed().as_secs_f64();
+    let cpu1 = cpu_now(pid);
     let total: u64 = seen.iter().map(|s| s.updates).sum();
     ensure!(
         total == per * sessions as u64,
@@ -192,6 +239,7 @@ async fn round(
         rate: total as f64 / dt,
         lat: seen.into_iter().flat_map(|s| s.lat).collect(),
         kib_per_session: grown as f64 / sessions as f64,
+        cpu: [0, 1, 2].map(|i| (cpu1[i] - cpu0[i]) / dt),
     })
 }
 
@@ -206,7 +254,7 @@ pub fn run(opts: &Opts, bins: &Bins, tmp: &Path, report: &mut Report) -> Result<
     );
     eprintln!("[unpinned] fanout: {n} sessions streaming over {c} connections");
     let title = format!(
-        "sessions streaming at once through acpd (SQLite, journal on; up to {n} sessions over {c} plain WebSocket connections, clients in one thread; `tick`: each chunk stamped when written, the next once it is) — updates/s; agent write → client read p50 / p99; acpd RSS per session opened"
+        "sessions streaming at once through acpd (SQLite, journal on; up to {n} sessions over {c} plain WebSocket connections, clients in one thread; `tick`: each chunk stamped when written, the next once it is) — updates/s; agent write → client read p50 / p99; acpd RSS per session opened; CPU while streaming (% of one CPU): this client, acpd, the agent"
     );
     let srv = Server::acpd(Mode::Unpinned, bins, &tmp.join("fanout"), None)?;
     let pid = srv.pid();
@@ -264,6 +312,9 @@ pub fn run(opts: &Opts, bins: &Bins, tmp: &Path, report: &mut Report) -> Result<
                 p[1] / 1e3,
                 r.kib_per_session,
                 sessions as f64,
+                r.cpu[0] * 100.0,
+                r.cpu[1] * 100.0,
+                r.cpu[2] * 100.0,
             ],
         );
     }

@@ -453,10 +453,13 @@ fn value(unit: Unit, v: &[f64]) -> String {
             "{:.1} KiB, {:.2} s ({:.0}/{:.0} µs)",
             v[0], v[1], v[2], v[3]
         ),
-        Unit::Fanout if v[1].is_nan() => format!("{:.0}/s, (no ticks), {:.1} KiB", v[0], v[3]),
+        Unit::Fanout if v[1].is_nan() => format!(
+            "{:.0}/s, (no ticks), {:.1} KiB, CPU {:.0}/{:.0}/{:.0} %",
+            v[0], v[3], v[5], v[6], v[7]
+        ),
         Unit::Fanout => format!(
-            "{:.0}/s, {:.2} / {:.2} ms, {:.1} KiB",
-            v[0], v[1], v[2], v[3]
+            "{:.0}/s, {:.2} / {:.2} ms, {:.1} KiB, CPU {:.0}/{:.0}/{:.0} %",
+            v[0], v[1], v[2], v[3], v[5], v[6], v[7]
         ),
     }
 }

@@ -55,10 +55,65 @@ impl RpcError {
 
 enum OutMsg {
     Line(String),
+    /// A run of back-to-back ticks the writer thread makes itself.
+    Ticks(Ticks),
     /// Whole lines, newline-terminated, written with one write; the permit holds their share
     /// of the output budget until they are written.
     Burst(Vec<u8>, Option<OwnedSemaphorePermit>),
     Exit(i32),
+}
+
+/// `tick N 0` of one session, made by the writer thread: each round of its loop stamps one
+/// chunk of every running run with the clock, writes the round in one `write`, and only then
+/// makes the next. So a chunk is still made once the one before it is written (the stamp
+/// measures the reader, not a queue in this agent), without a wake-up of the turn's task and
+/// of this thread per chunk: 1 000 sessions ticking cost one `write` per round, not 1 000.
+pub struct Ticks {
+    /// The line up to the text, which is `tick UNIX_NS`; then `mid`, the chunk's number, `tail`.
+    pub head: Vec<u8>,
+    pub mid: &'static [u8],
+    pub tail: &'static [u8],
+    /// The next chunk's number, and how many are left to make.
+    pub n: u64,
+    pub left: u64,
+    pub cancel: CancellationToken,
+    /// How many were written, once the run ends (all of them, or fewer when cancelled).
+    pub done: oneshot::Sender<u64>,
+    pub written: u64,
+}
+
+/// One chunk of every run in `ticks`, all stamped `now`, appended to `out`.
+fn tick_round(ticks: &mut [Ticks], out: &mut Vec<u8>) {
+    let ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let stamp = format!("tick {ns}");
+    for t in ticks
+        .iter_mut()
+        .filter(|t| t.left > 0 && !t.cancel.is_cancelled())
+    {
+        out.extend_from_slice(&t.head);
+        out.extend_from_slice(stamp.as_bytes());
+        out.extend_from_slice(t.mid);
+        write!(out, "{}", t.n).expect("writing to a Vec never fails");
+        out.extend_from_slice(t.tail);
+        t.n += 1;
+        t.left -= 1;
+        t.written += 1;
+    }
+}
+
+/// Ends the runs that are done or cancelled (after their last chunk is written).
+fn retire(ticks: &mut Vec<Ticks>) {
+    let mut i = 0;
+    while i < ticks.len() {
+        if ticks[i].left == 0 || ticks[i].cancel.is_cancelled() {
+            let t = ticks.swap_remove(i);
+            let _ = t.done.send(t.written);
+        } else {
+            i += 1;
+        }
+    }
 }
 
 /// A failed write to stdout: the client is gone.
@@ -91,13 +146,23 @@ impl Out {
             let mut stdout = stdout.lock();
             // Small messages queued together go out in one write.
             let mut lines: Vec<u8> = Vec::with_capacity(64 * 1024);
-            while let Some(mut msg) = rx.blocking_recv() {
-                loop {
+            let mut ticks: Vec<Ticks> = Vec::new();
+            loop {
+                // Blocks only when no run of ticks is going on.
+                let mut next = match ticks.is_empty() {
+                    true => match rx.blocking_recv() {
+                        Some(msg) => Some(msg),
+                        None => return,
+                    },
+                    false => rx.try_recv().ok(),
+                };
+                while let Some(msg) = next {
                     match msg {
                         OutMsg::Line(line) => {
                             lines.extend_from_slice(line.as_bytes());
                             lines.push(b'\n');
                         }
+                        OutMsg::Ticks(t) => ticks.push(t),
                         OutMsg::Burst(bytes, permit) => {
                             if !lines.is_empty() {
                                 stdout.write_all(&lines).unwrap_or_else(gone);
@@ -118,19 +183,22 @@ impl Out {
                     }
                     // Flush only when the queue is drained: big streams go out in large
                     // writes, single messages still leave at once.
-                    match rx.try_recv() {
-                        Ok(next) if lines.len() < 256 * 1024 => msg = next,
+                    next = match rx.try_recv() {
+                        Ok(next) if lines.len() < 256 * 1024 => Some(next),
                         Ok(next) => {
                             stdout.write_all(&lines).unwrap_or_else(gone);
                             lines.clear();
-                            msg = next;
+                            Some(next)
                         }
-                        Err(_) => break,
-                    }
+                        Err(_) => None,
+                    };
                 }
+                // A chunk of every run, after whatever was queued before it.
+                tick_round(&mut ticks, &mut lines);
                 stdout.write_all(&lines).unwrap_or_else(gone);
                 lines.clear();
                 stdout.flush().unwrap_or_else(gone);
+                retire(&mut ticks);
             }
         });
         Out {
@@ -152,6 +220,11 @@ impl Out {
             .acquire_many_owned(n)
             .await
             .expect("the output budget is never closed")
+    }
+
+    /// Hands a run of ticks to the writer thread; its `done` says when it ended.
+    pub fn ticks(&self, ticks: Ticks) {
+        let _ = self.tx.send(OutMsg::Ticks(ticks));
     }
 
     /// Queues newline-terminated lines to be written at once.

@@ -436,7 +436,8 @@ async fn stream(
 
 /// `tick N MS`: one stamped chunk at a time, the next made once the writer has written the
 /// one before (a one-permit semaphore whose permit the written burst releases), so the stamp
-/// measures the relay and not a queue inside this agent.
+/// measures the relay and not a queue inside this agent. `MS` 0: the writer thread makes them
+/// itself (`io::Ticks`), with no wake-up of this task per chunk.
 async fn tick(
     agent: &Arc<Agent>,
     sid: &str,
@@ -444,6 +445,18 @@ async fn tick(
     every_ms: u64,
     cancel: &CancellationToken,
 ) -> Flow {
+    if every_ms == 0 {
+        // Back to back: the writer thread makes them (`io::Ticks`), one write per round.
+        let Some(done) = agent.ticks(sid, count, cancel.clone()) else {
+            return Ok(());
+        };
+        let written = done.await.unwrap_or(0);
+        if written < count {
+            agent.untick(sid, count - written);
+            return Err(cancelled());
+        }
+        return Ok(());
+    }
     let written = Arc::new(tokio::sync::Semaphore::new(1));
     let mut every = tokio::time::interval(Duration::from_millis(every_ms.max(1)));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
-use crate::io::{Out, Peer, RpcError};
+use crate::io::{Out, Peer, RpcError, Ticks};
 
 pub const MODES: [(&str, &str); 2] = [("default", "Default"), ("plan", "Plan")];
 pub const VERBOSITY: [(&str, &str); 2] = [("low", "Low"), ("high", "High")];
@@ -313,6 +313,40 @@ impl Agent {
         let mut line = serde_json::to_vec(&msg).expect("JSON values always serialize");
         line.push(b'\n');
         self.out.burst(line, Some(permit));
+    }
+
+    /// Hands `count` back-to-back ticks of the session to the writer thread (`io::Ticks`),
+    /// numbered on from the session's chunks; resolves to how many were written. `None`: no
+    /// such session.
+    pub fn ticks(
+        &self,
+        session_id: &str,
+        count: u64,
+        cancel: CancellationToken,
+    ) -> Option<tokio::sync::oneshot::Receiver<u64>> {
+        let mut sessions = self.sessions.lock().unwrap();
+        let session = sessions.get_mut(session_id)?;
+        let n = session.chunk_n + 1;
+        session.chunk_n += count;
+        let (done, written) = tokio::sync::oneshot::channel();
+        self.out.ticks(Ticks {
+            head: ChunkLines::new(session_id).head,
+            mid: CHUNK_MID,
+            tail: CHUNK_TAIL,
+            n,
+            left: count,
+            cancel,
+            done,
+            written: 0,
+        });
+        Some(written)
+    }
+
+    /// Takes back the numbers of `unsent` chunks reserved by `ticks` (a cancelled run).
+    pub fn untick(&self, session_id: &str, unsent: u64) {
+        if let Some(session) = self.sessions.lock().unwrap().get_mut(session_id) {
+            session.chunk_n -= unsent;
+        }
     }
 
     /// Sends an `agent_message_chunk` with plain text.

@@ -24,6 +24,9 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long SQLite waits on another connection's write lock before reporting busy.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The SQLite writer connection's page cache, as `cache_size` takes it (negative: KiB).
+const WRITER_CACHE_KIB: i64 = -16 * 1024;
+
 /// WAL frames (pages, 4 KiB by default) past which the checkpoint task makes a SQLite file's
 /// WAL start over (`checkpoint.rs`).
 pub(crate) const WAL_RESTART_FRAMES: i64 = 4096;
@@ -188,11 +191,18 @@ async fn connect_sqlite_file(
         .map_err(db)?;
     // The writer is kept for the daemon's life: its prepared statements (the
     // journal's inserts among them) stay cached.
+    // The writer's page cache holds the journal index's leaf of every streaming session
+    // (one page each): SQLite's default 2 MiB held ~500, and a group commit over 1 000
+    // sessions read the rest back from the file at every commit. Pages are allocated as they
+    // are used, so an idle daemon pays nothing for the bound.
+    let wopts = opts
+        .clone()
+        .pragma("cache_size", WRITER_CACHE_KIB.to_string());
     let writer = file_pool()
         .max_connections(1)
         .idle_timeout(None)
         .max_lifetime(None)
-        .connect_with(opts)
+        .connect_with(wopts)
         .await
         .map_err(db)?;
     Ok((readers, writer))

@@ -71,9 +71,9 @@ fn sqlite_raise_sql(n: usize) -> String {
     sql
 }
 
-/// Rows per SQLite statement: a whole group commit (the writer takes up to 512 entries, fewer
-/// rows once packed) in one statement, one round trip to sqlx's SQLite thread; 3 072 binds stay
-/// far below the limit.
+/// Rows per SQLite statement: one round trip to sqlx's SQLite thread per 512 rows (a group
+/// commit under load takes up to 4 096 entries, fewer rows once packed); 3 072 binds stay far
+/// below the limit.
 const SQLITE_CHUNK: usize = 512;
 
 /// `INSERT ... SELECT FROM (VALUES ...)` with `n` rows. The WHERE clause also resolves SQLite's
