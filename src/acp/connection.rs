@@ -78,24 +78,26 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
     while !conn.flooded {
         tokio::select! {
             msg = incoming.recv() => match msg {
-                Some(Incoming::Request(req)) => conn.on_request(req).await,
-                Some(Incoming::Notification(n)) => conn.on_notification(n.into_notification()).await,
+                // Boxed: inline, the handlers' futures would make every idle connection's
+                // task as big as the largest of them.
+                Some(Incoming::Request(req)) => Box::pin(conn.on_request(req)).await,
+                Some(Incoming::Notification(n)) => Box::pin(conn.on_notification(n.into_notification())).await,
                 Some(Incoming::Response { .. }) => {}
                 None => break,
             },
             Some(done) = conn.handlers.join_next() => match done {
                 Ok(Done::Created(handle)) => {
                     let sid = handle.id.to_string();
-                    conn.opened(sid, Ok((handle, None))).await;
+                    Box::pin(conn.opened(sid, Ok((handle, None)))).await;
                 }
-                Ok(Done::Opened { sid, result }) => conn.opened(sid, result).await,
+                Ok(Done::Opened { sid, result }) => Box::pin(conn.opened(sid, result)).await,
                 Ok(Done::Reached(agent)) => conn.calls.reached(agent),
                 Ok(Done::Nothing) | Err(_) => {}
             }
         }
     }
     if conn.flooded {
-        conn.close_flooded().await;
+        Box::pin(conn.close_flooded()).await;
     }
     // A closed socket detaches; it does not cancel. Turns go on and are journaled.
     for (_, slot) in conn.sessions.drain() {

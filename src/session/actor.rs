@@ -48,7 +48,7 @@ const HAND_BACK_MAX: usize = 256;
 const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 pub(super) fn spawn(
-    row: SessionRow,
+    mut row: SessionRow,
     agent: Option<(AgentHandle, String)>,
     shared: Shared,
     serial: u64,
@@ -69,7 +69,9 @@ pub(super) fn spawn(
     let mut session = Session {
         id,
         position: position::Position::new(journaled, lease),
-        meta: serde_json::from_str(&row.meta).unwrap_or_else(|_| json!({})),
+        // Parsed once and the text dropped: `rows.rs` writes `meta` from the parsed value, and
+        // a live session would otherwise hold both.
+        meta: serde_json::from_str(&std::mem::take(&mut row.meta)).unwrap_or_else(|_| json!({})),
         row,
         shared: shared.clone(),
         agent: agent_side::AgentSide::new(ev_tx),
@@ -255,7 +257,9 @@ impl Session {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 cmd = commands.recv() => match cmd {
-                    Some(cmd) => self.on_command(*cmd).await,
+                    // The cold handlers are boxed: awaited inline, their futures would make
+                    // every live session's task as big as the largest of them.
+                    Some(cmd) => Box::pin(self.on_command(*cmd)).await,
                     None => break,
                 },
                 ev = events.recv(), if !self.position.holding() => {
@@ -272,16 +276,16 @@ impl Session {
                 }
                 Some(done) = self.tasks.join_next() => {
                     if let Ok(done) = done {
-                        self.on_task(done).await;
+                        Box::pin(self.on_task(done)).await;
                     }
                 }
                 _ = sleep_until(hold) => self.outbox.release_hold(),
-                _ = sleep_until(deadline) => self.expire_pending().await,
-                _ = sleep_until(cancel_at) => self.cancel_deadline().await,
+                _ = sleep_until(deadline) => Box::pin(self.expire_pending()).await,
+                _ = sleep_until(cancel_at) => Box::pin(self.cancel_deadline()).await,
                 // `flush` below looks at lagging clients.
                 _ = sleep_until(lag_check) => {}
                 _ = tokio::time::sleep_until(idle_since + idle), if self.is_idle() => break,
-                _ = lease_lost(&self.position.lease), if !self.ending => self.let_go().await,
+                _ = lease_lost(&self.position.lease), if !self.ending => Box::pin(self.let_go()).await,
             }
             self.start_queued().await;
             self.flush().await;
@@ -307,7 +311,7 @@ impl Session {
         while let Some(cmd) = commands.recv().await {
             self.hand_back(*cmd);
         }
-        self.wind_down(counted, serial).await;
+        Box::pin(self.wind_down(counted, serial)).await;
     }
 
     /// A command for a session that is ending. After a delete the session is gone; at a

@@ -44,6 +44,9 @@ pub fn clean(cmd: &mut std::process::Command) -> &mut std::process::Command {
     unsafe {
         cmd.pre_exec(|| {
             drop_proc_reading_caps();
+            // acpd runs with transparent huge pages off (`src/bin/acpd.rs`); the flag survives
+            // exec, and the child gets the system's default back.
+            libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0);
             Ok(())
         });
     }
