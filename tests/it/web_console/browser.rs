@@ -129,12 +129,14 @@ impl Chromedriver {
     }
 }
 
-/// Polls a JavaScript condition (a function body returning a boolean) until it holds.
+/// Polls a JavaScript condition (a function body returning a boolean) until it holds. A
+/// condition that throws counts as not yet: right after a navigation the page that has its
+/// elements may still be loading (seen: `getElementById` null after a sign-in redirect).
 pub(super) async fn until(b: &Browser, what: &str, js: &str) {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let v = b.execute(js, vec![]).await.expect("execute");
-        if v == Value::Bool(true) {
+        let v = b.execute(js, vec![]).await;
+        if matches!(&v, Ok(Value::Bool(true))) {
             return;
         }
         if tokio::time::Instant::now() > deadline {
@@ -142,7 +144,7 @@ pub(super) async fn until(b: &Browser, what: &str, js: &str) {
                 .execute("return document.body.innerText", vec![])
                 .await
                 .unwrap_or_default();
-            panic!("timed out waiting for {what}; the page says:\n{text}");
+            panic!("timed out waiting for {what} (last: {v:?}); the page says:\n{text}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
