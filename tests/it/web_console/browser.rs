@@ -461,10 +461,14 @@ async fn the_console_in_a_real_browser() {
     until_turn(&b, "cancelled").await;
     // So is another client's turn, cancelled from the page.
     let id = editor.send_prompt(&sid, "wait_for_cancel").await;
+    // The editor's prompt in the conversation, not only a running turn: the status poll can
+    // show the page's own cancelled turn as still running (its agent's late answer), and a
+    // cancel sent then would end that turn and miss the editor's (seen once under load).
     until(
         &b,
         "the editor's turn to show as running",
-        "return !document.getElementById('cancel').disabled",
+        "return document.getElementById('log').innerText.split('wait_for_cancel').length > 2 \
+           && !document.getElementById('cancel').disabled",
     )
     .await;
     click(&b, "cancel").await;
