@@ -51,13 +51,15 @@ pub(super) enum RouterCommand {
         agent_session_id: Option<String>,
         events: mpsc::Sender<AgentEvent>,
     },
+    /// Drops `route` if it still leads to `events`: the session that registered it. A session
+    /// ended and opened again under the same id registers anew, and the ended one's late
+    /// unregister must not take the new one's route (its agent's answers would go nowhere).
     Unregister {
         route: String,
+        events: mpsc::Sender<AgentEvent>,
     },
     /// A session just sent the agent a request: it is the active one.
-    Active {
-        route: String,
-    },
+    Active { route: String },
 }
 
 /// Spawns the agent under its supervisor, initializes it, and starts its router.

@@ -106,9 +106,10 @@ impl AgentHandle {
         });
     }
 
-    pub fn unregister(&self, session_id: &str) {
+    pub fn unregister(&self, session_id: &str, events: &mpsc::Sender<AgentEvent>) {
         self.to_router(hosted::RouterCommand::Unregister {
             route: session_id.to_owned(),
+            events: events.clone(),
         });
     }
 

@@ -392,7 +392,7 @@ impl Session {
         if let AgentState::Bound { agent, .. } | AgentState::Restoring { agent, .. } =
             &self.agent.state
         {
-            agent.unregister(&self.id);
+            agent.unregister(&self.id, &self.agent.events);
         }
         // The lease goes back once what was appended is settled: a peer takes the session
         // at once. A lost lease is not ours to give back (the store checks the epoch).

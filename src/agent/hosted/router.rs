@@ -199,7 +199,14 @@ impl Router {
                 events,
             } => self.register(route, agent_session_id, events),
             RouterCommand::Active { route } => self.last_route = Some(route),
-            RouterCommand::Unregister { route } => {
+            RouterCommand::Unregister { route, events } => {
+                if !self
+                    .routes
+                    .get(&route)
+                    .is_some_and(|r| r.tx.same_channel(&events))
+                {
+                    return;
+                }
                 if let Some(r) = self.routes.remove(&route) {
                     self.forget_agent_sid(&route, r.agent_sid);
                 }

@@ -215,7 +215,7 @@ impl Session {
                 // Never awaited; a full queue is dropped here (the session is closing).
                 let _ = agent.try_request_in_band(method, params, &self.id, 0);
             }
-            agent.unregister(&self.id);
+            agent.unregister(&self.id, &self.agent.events);
         }
         self.agent.state = AgentState::Unbound;
         self.shared.mcp.end(&self.id);
