@@ -71,6 +71,23 @@ fn sqlite_raise_sql(n: usize) -> String {
     sql
 }
 
+/// Binds each pack's six columns, in the order of the journal's `VALUES` rows on SQLite.
+pub(crate) fn bind_packs<'q>(
+    mut q: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+    rows: &'q [Pack<'q>],
+) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+    for r in rows {
+        q = q
+            .bind(r.session_id)
+            .bind(r.seq)
+            .bind(r.n_entries)
+            .bind(r.kind)
+            .bind(r.body.as_ref())
+            .bind(r.at_ms);
+    }
+    q
+}
+
 /// Rows per SQLite statement: one round trip to sqlx's SQLite thread per 512 rows (a group
 /// commit under load takes up to 4 096 entries, fewer rows once packed); 3 072 binds stay far
 /// below the limit.
@@ -130,16 +147,10 @@ impl JournalSql for SqliteConnection {
                 n /= 2;
             }
             let (chunk, rest) = rows.split_at(n);
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sqlite_insert_sql(n)));
-            for r in chunk {
-                q = q
-                    .bind(r.session_id)
-                    .bind(r.seq)
-                    .bind(r.n_entries)
-                    .bind(r.kind)
-                    .bind(r.body.as_ref())
-                    .bind(r.at_ms);
-            }
+            let q = bind_packs(
+                sqlx::query(sqlx::AssertSqlSafe(sqlite_insert_sql(n))),
+                chunk,
+            );
             if (q.execute(&mut *self).await?.rows_affected() as usize) < n {
                 check_skipped(&mut *self, chunk).await?;
             }

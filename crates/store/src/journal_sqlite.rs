@@ -6,7 +6,7 @@
 
 use sqlx::SqliteConnection;
 
-use super::journal::Mark;
+use super::journal::{Mark, bind_packs};
 use super::pack::{Ins, pack};
 
 /// Most rows (packs) the one-trip commit takes. sqlx caches a prepared statement per distinct
@@ -31,20 +31,11 @@ pub(crate) async fn commit(
         return Ok(false);
     }
     let sql = one_trip_sql(rows.len());
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+    let mark = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(*id)
         .bind(*seq)
         .bind(*at_ms);
-    for r in &rows {
-        q = q
-            .bind(r.session_id)
-            .bind(r.seq)
-            .bind(r.n_entries)
-            .bind(r.kind)
-            .bind(r.body.as_ref())
-            .bind(r.at_ms);
-    }
-    match q.execute(&mut *conn).await {
+    match bind_packs(mark, &rows).execute(&mut *conn).await {
         Ok(_) => Ok(true),
         Err(e) if e.as_database_error().is_some() => {
             // A statement failed inside the transaction: it is still open (SQLite aborts the
