@@ -8,7 +8,8 @@
 # session/new, timed, with acpd's and acp-shim's CPU per session/new and acpd's RSS per live
 # session; ECHO=K the same for K `_scripted/echo` (PERF then profiles these instead of the last
 # run). TICK=K: then K updates, one every MS (default 10) ms, with acpd's context switches per
-# update by thread (wake-ups are what a lone update costs). METRICS=1: the journal's commit
+# update by thread (wake-ups are what a lone update costs) and each update's latency, agent
+# write -> editor read (the agent stamps each chunk). METRICS=1: the journal's commit
 # metrics at the end. BIN=DIR: binaries from DIR. Build first:
 #   cargo build --release -p acpd -p acp-shim -p acpd-scripted-agent
 import json, os, socket, subprocess, sys, time, tempfile
@@ -107,14 +108,24 @@ if os.environ.get("TICK"):
     k, ms = int(os.environ["TICK"]), int(os.environ.get("MS", "10"))
     for r in range(2):
         a0 = switches(acpd.pid); s0 = switches(shim.pid); c0 = cpu(acpd.pid)
-        wait(send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": f"tick {k} {ms}"}]}))
+        key = b'"id":%d' % send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": f"tick {k} {ms}"}]})
+        lat = []
+        while True:
+            l = shim.stdout.readline()
+            now = time.time_ns()
+            if not l: raise SystemExit("eof")
+            if key in l: break
+            at = l.find(b"tick ")
+            if at >= 0:
+                lat.append((now - int(l[at + 5:].split(b'"')[0].split()[0])) / 1e3)
+        lat.sort()
         a1 = switches(acpd.pid); s1 = switches(shim.pid); c = cpu(acpd.pid) - c0
         per = {}
         for t, (name, n) in a1.items():
             per[name] = per.get(name, 0) + (n - a0.get(t, (name, 0))[1]) / k
         total = sum(per.values()); shim_n = (sum(n for _, n in s1.values()) - sum(n for _, n in s0.values())) / k
         detail = ", ".join(f"{name} {n:.1f}" for name, n in sorted(per.items()) if n >= 0.05)
-        print(f"tick {r}: {k} updates every {ms} ms; acpd {total:.1f} context switches per update ({detail}), acp-shim {shim_n:.1f}; acpd cpu {c/k*1e6:.0f} us/update", flush=True)
+        print(f"tick {r}: {k} updates every {ms} ms; acpd {total:.1f} context switches per update ({detail}), acp-shim {shim_n:.1f}; acpd cpu {c/k*1e6:.0f} us/update; latency p50 {lat[len(lat)//2]:.0f} us, p99 {lat[len(lat)*99//100]:.0f} us", flush=True)
 if os.environ.get("METRICS"):
     import urllib.request
     m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
