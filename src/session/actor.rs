@@ -47,12 +47,16 @@ const EVENT_BURST: usize = 256;
 const HAND_BACK_MAX: usize = 256;
 const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// `created_by`: the owner's name when the session was just created (`create.rs`): it has spent
+/// nothing, so its accounting starts ready, without reading the store (two queries fewer on
+/// `session/new`'s path). `None`: a session opened again reads its owner and past spending.
 pub(super) fn spawn(
     mut row: SessionRow,
     agent: Option<(AgentHandle, String)>,
     shared: Shared,
     serial: u64,
     lease: Option<crate::cluster::Lease>,
+    created_by: Option<&str>,
 ) -> SessionHandle {
     let (tx, rx) = mpsc::channel(256);
     let (ev_tx, ev_rx) = mpsc::channel(1024);
@@ -97,12 +101,20 @@ pub(super) fn spawn(
         status,
         usage: usage::Accounting::default(),
     };
-    session.tasks.spawn(usage::load(
-        shared.store.clone(),
-        session.id.to_string(),
-        session.row.principal_id.clone(),
-        shared.settings.budgets.currency.clone(),
-    ));
+    match created_by {
+        Some(owner) => session.usage_loaded(usage::Loaded::Past {
+            owner: Some(owner.to_owned()),
+            spent: Ok(Default::default()),
+        }),
+        None => {
+            session.tasks.spawn(usage::load(
+                shared.store.clone(),
+                session.id.to_string(),
+                session.row.principal_id.clone(),
+                shared.settings.budgets.currency.clone(),
+            ));
+        }
+    }
     if let Some((agent, agent_sid)) = agent {
         agent.register(&session.id, Some(&agent_sid), session.agent.events.clone());
         session.agent.state = AgentState::Bound { agent, agent_sid };

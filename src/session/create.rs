@@ -97,7 +97,15 @@ pub(super) async fn create(
     result["sessionId"] = Value::String(id);
     let serial = shared.next_serial();
     let lease = epoch.and_then(|e| Some(shared.cluster.as_ref()?.hold(Arc::from(&*row.id), e)));
-    let handle = actor::spawn(row, Some((agent, agent_sid)), shared.clone(), serial, lease);
+    let owner = client.principal_name.clone();
+    let handle = actor::spawn(
+        row,
+        Some((agent, agent_sid)),
+        shared.clone(),
+        serial,
+        lease,
+        Some(&owner),
+    );
     // Queued before the attach, so before the answer exists.
     reservation.started(handle.clone(), serial).await;
     attach_creator(handle, client, result, responder).await

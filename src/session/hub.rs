@@ -462,7 +462,7 @@ impl HubTask {
         let serial = self.shared.next_serial();
         let id: Arc<str> = Arc::from(row.id.as_str());
         let lease = epoch.and_then(|e| Some(self.shared.cluster.as_ref()?.hold(id.clone(), e)));
-        let handle = actor::spawn(row, agent, self.shared.clone(), serial, lease);
+        let handle = actor::spawn(row, agent, self.shared.clone(), serial, lease, None);
         self.live.insert(serial, handle.clone());
         handle
     }

@@ -167,3 +167,46 @@ async fn mode_and_config_changes_are_relayed() {
     let bad = json!({ "sessionId": sid, "modeId": "no-such-mode" });
     assert!(client.request("session/set_mode", bad).await.is_err());
 }
+
+/// A session just made counts against its creator's budgets at once: the actor takes the
+/// owner's name from the creating connection (no read of the store), so a named principal's
+/// own budget is the one `quota/read` reports, not the default's.
+#[tokio::test]
+async fn a_new_session_is_metered_by_its_creators_budgets() {
+    use crate::support::DaemonOptions;
+    use crate::support::security_support as sec;
+    let dir = tempfile::tempdir().expect("config dir");
+    let file = dir.path().join("acpd.toml");
+    let config = "[budgets.default]\nsession = { tokens = 5000, action = \"warn\" }\n\
+                  [budgets.principals.alice]\nsession = { tokens = 100, action = \"stop\" }\n";
+    std::fs::write(&file, config).expect("config file");
+    let opts = DaemonOptions::default()
+        .auth()
+        .arg("--config", file.display());
+    let daemon = Daemon::start_with(opts).await;
+    let alice = sec::token_create(&daemon, "alice").await;
+    let (h, v) = sec::bearer(&alice);
+    let mut c = sec::client(&daemon.ws_url(), &[(h, &v)], None).await;
+    let sid = c.new_session(&daemon.work_dir()).await;
+    let snap = c
+        .request("quota/read", json!({ "sessionId": sid }))
+        .await
+        .expect("quota/read");
+    let ids: Vec<&str> = snap["pools"][0]["meters"]
+        .as_array()
+        .expect("meters")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["principals.alice.session.tokens"], "{snap}");
+    // The budget stops alice's second turn once the first used it up.
+    c.prompt(&sid, "usage 100 50").await.1.expect("first turn");
+    let e = c
+        .prompt(&sid, "echo over")
+        .await
+        .1
+        .expect_err("over alice's budget");
+    assert_eq!(e.code, -32013, "{e}");
+    let data = e.data.expect("data");
+    assert_eq!(data["budget"], "principals.alice.session.tokens");
+}
