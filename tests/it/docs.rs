@@ -295,7 +295,7 @@ async fn man_page_has_every_serve_flag_of_the_configuration_reference() {
         .filter_map(|Setting { flag, .. }| flag)
         .collect();
     assert!(flags.len() > 20, "{flags:?}");
-    flags.extend(["--config".to_owned(), "--log-format".to_owned()]);
+    flags.extend(["--config", "--log-format", "--worker-threads"].map(String::from));
     for flag in &flags {
         assert!(
             serve.contains(&format!("\\fB{flag}\\fR")),

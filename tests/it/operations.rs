@@ -128,6 +128,7 @@ async fn bad_config_exits_64_with_one_line() {
         vec!["--no-auth", "--listen", "0.0.0.0:7420"],
         vec!["--store", "mysql://x"],
         vec!["--list-page-size", "0"],
+        vec!["--worker-threads", "0"],
     ];
     for args in cases {
         let mut all = args.clone();
