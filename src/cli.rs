@@ -37,10 +37,10 @@ struct Cli {
         env = "ACPD_LOG_FORMAT"
     )]
     log_format: LogFormat,
-    /// Threads running acpd's tasks (the async runtime's workers). Default: half the CPUs
-    /// acpd may use, at least one: its agents need the CPUs more, and two workers on a busy
-    /// CPU waking each other cost more than they run (bench/README: `_scripted/echo` on one
-    /// CPU, 250 -> 167 us with one worker instead of two). Read before any config file.
+    /// Threads running acpd's tasks (the async runtime's workers). Default: one per CPU acpd
+    /// may use. Fewer spend less CPU per message (two workers sharing a busy CPU wake each
+    /// other), more keep other users answered while one listener is flooded (bench/README).
+    /// Read before any config file.
     #[arg(long, global = true, env = "ACPD_WORKER_THREADS")]
     worker_threads: Option<usize>,
     #[command(subcommand)]
@@ -176,25 +176,19 @@ pub fn main() -> ExitCode {
     };
     let quiet = matches!(cli.command, Command::Stdio(_));
     logging::init(cli.log_format, if quiet { "warn" } else { "info" });
-    let workers = match cli.worker_threads {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    match cli.worker_threads {
         Some(0) => return fail_usage("--worker-threads must be at least 1"),
-        Some(n) => n,
-        None => default_workers(),
+        Some(n) => rt.worker_threads(n),
+        // tokio's default: one per CPU this process may use (affinity, cgroup quota).
+        None => &mut rt,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build();
+    let rt = rt.enable_all().build();
     let rt = match rt {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
     rt.block_on(run(cli.command))
-}
-
-/// Half the CPUs this process may run on (its affinity and cgroup quota), at least one.
-fn default_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
 }
 
 /// One line on stderr and the usage exit code, before a runtime exists.
