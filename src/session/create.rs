@@ -97,15 +97,8 @@ pub(super) async fn create(
     result["sessionId"] = Value::String(id);
     let serial = shared.next_serial();
     let lease = epoch.and_then(|e| Some(shared.cluster.as_ref()?.hold(Arc::from(&*row.id), e)));
-    let owner = client.principal_name.clone();
-    let handle = actor::spawn(
-        row,
-        Some((agent, agent_sid)),
-        shared.clone(),
-        serial,
-        lease,
-        Some(&owner),
-    );
+    let (agent, owner) = (Some((agent, agent_sid)), Some(&*client.principal_name));
+    let handle = actor::spawn(row, agent, shared.clone(), serial, lease, owner);
     // Queued before the attach, so before the answer exists.
     reservation.started(handle.clone(), serial).await;
     attach_creator(handle, client, result, responder).await
