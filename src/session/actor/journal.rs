@@ -94,7 +94,8 @@ impl Session {
             need,
         });
         if let Some(update) = usage_update {
-            self.on_usage_update(&update).await;
+            // Boxed: a cold await in the update path (see `on_agent_event`).
+            Box::pin(self.on_usage_update(&update)).await;
         }
     }
 
@@ -201,8 +202,9 @@ impl Session {
             self.outbox.discard_updates_after(mark.durable, &err);
             self.fail_parked_after(rejected, &err);
             // Once: the session is ending from then on (a close may have got there first).
+            // Boxed: cold, and `flush` is awaited inline on every pass of the actor's loop.
             if !self.ending {
-                self.journal_stopped(mark.durable, rejected, err).await;
+                Box::pin(self.journal_stopped(mark.durable, rejected, err)).await;
             }
         }
         let durable = mark.durable;
