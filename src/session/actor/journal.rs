@@ -164,12 +164,14 @@ impl Session {
             }
             "current_mode_update" => {
                 if let Some(m) = field("currentModeId").and_then(Value::as_str) {
-                    if let Some(modes) = self.meta.get_mut("modes").filter(|m| m.is_object()) {
-                        modes["currentModeId"] = json!(m);
-                    }
+                    let meta = self.meta.update(|meta| {
+                        if let Some(modes) = meta.get_mut("modes").filter(|m| m.is_object()) {
+                            modes["currentModeId"] = json!(m);
+                        }
+                    });
                     let patch = SessionPatch {
                         mode_id: Some(Some(m.to_owned())),
-                        meta: Some(self.meta.to_string()),
+                        meta: Some(meta),
                         ..self.patch()
                     };
                     self.save(patch);
@@ -177,9 +179,11 @@ impl Session {
             }
             "config_option_update" => {
                 if let Some(opts) = field("configOptions") {
-                    self.meta["configOptions"] = opts.clone();
+                    let meta = self
+                        .meta
+                        .update(|meta| meta["configOptions"] = opts.clone());
                     self.save(SessionPatch {
-                        meta: Some(self.meta.to_string()),
+                        meta: Some(meta),
                         ..self.patch()
                     });
                 }
