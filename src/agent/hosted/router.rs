@@ -423,12 +423,10 @@ impl Router {
                 tag,
                 mut result,
             } => {
-                // The box the peer delivered it in goes on in the event (`take`: the error
-                // is reworded in place).
-                if let Err(e) = result.as_mut() {
-                    let taken = std::mem::replace(e, ResponseError::internal(""));
-                    *e = crate::agent::login::auth_hint(taken, &self.agent);
-                }
+                // The box the peer delivered it in goes on in the event: the error is reworded
+                // in place (`Null` only holds the slot meanwhile).
+                let taken = std::mem::replace(&mut *result, Ok(Value::Null));
+                *result = taken.map_err(|e| crate::agent::login::auth_hint(e, &self.agent));
                 self.deliver(&route, AgentEvent::Response { tag, result });
                 self.last_route = Some(route);
                 return;
