@@ -55,7 +55,11 @@ pub struct ConnectionCtx {
 /// Runs one connection until its link closes or `shutdown` fires.
 pub async fn run(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) {
     let span = tracing::info_span!("conn", id = %ctx.conn_id, principal = %ctx.principal, agent = %ctx.profile);
-    run_inner(link, ctx, shutdown).instrument(span).await
+    // Boxed: inline, the loop's future sat in the caller's task next to the arguments it was
+    // built from and the span's wrapper, a copy of each (5.2 KB, where the loop is 2.3 KB).
+    Box::pin(run_inner(link, ctx, shutdown))
+        .instrument(span)
+        .await
 }
 
 async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) {
@@ -80,7 +84,7 @@ async fn run_inner(link: Link, ctx: ConnectionCtx, shutdown: CancellationToken) 
             msg = incoming.recv() => match msg {
                 // Boxed: inline, the handlers' futures would make every idle connection's
                 // task as big as the largest of them.
-                Some(Incoming::Request(req)) => Box::pin(conn.on_request(req)).await,
+                Some(Incoming::Request(req)) => Box::pin(conn.on_request(*req)).await,
                 Some(Incoming::Notification(n)) => Box::pin(conn.on_notification(n.into_notification())).await,
                 Some(Incoming::Response { .. }) => {}
                 None => break,

@@ -401,7 +401,7 @@ struct AcpQuery {
 /// Read buffer of a client WebSocket (see `acp_upgrade`): tungstenite keeps all of it
 /// resident (zero-filled) for the socket's life, and clients send little (prompts, acks). A
 /// bigger frame still gets a buffer of its size, read this many bytes per call.
-const WS_READ_BUFFER: usize = 2 * 1024;
+const WS_READ_BUFFER: usize = 1024;
 
 /// `GET /acp`: a WebSocket upgrade, or else the Streamable HTTP SSE stream.
 async fn acp_get(

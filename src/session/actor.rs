@@ -14,6 +14,7 @@ mod events;
 mod fork;
 pub(crate) use fork::agent_forks;
 mod journal;
+mod meta;
 mod position;
 mod restore;
 mod rows;
@@ -73,9 +74,8 @@ pub(super) fn spawn(
     let mut session = Session {
         id,
         position: position::Position::new(journaled, lease),
-        // Parsed once and the text dropped: `rows.rs` writes `meta` from the parsed value, and
-        // a live session would otherwise hold both.
-        meta: serde_json::from_str(&std::mem::take(&mut row.meta)).unwrap_or_else(|_| json!({})),
+        // Taken out of the row: the session holds it once (`meta.rs`).
+        meta: meta::Meta::new(std::mem::take(&mut row.meta)),
         row,
         shared: shared.clone(),
         agent: agent_side::AgentSide::new(ev_tx),
@@ -224,8 +224,8 @@ pub(super) struct Session {
     shared: Shared,
     // The session row (`rows.rs` writes it).
     row: SessionRow,
-    /// Parsed `row.meta`: the agent's last `modes`/`configOptions`, the `mcpServers`.
-    meta: Value,
+    /// `row.meta`: the agent's last `modes`/`configOptions`, the `mcpServers`.
+    meta: meta::Meta,
     /// Session row updates on their way to the store.
     rows: rows::RowWrites,
     /// The journal position (`position.rs`; `journal.rs` does its I/O).

@@ -188,6 +188,15 @@ impl Outbox {
 
     /// Adds a client, or updates a connection already attached (what it has been sent stays;
     /// its queue is its connection's, so nothing is reordered), and queues the answer.
+    /// Most sessions have one client: the first gets a `Vec` of one (a first `push` makes
+    /// room for four, which every live session would hold).
+    fn push_client(&mut self, w: Writer) {
+        if self.clients.capacity() == 0 {
+            self.clients.reserve_exact(1);
+        }
+        self.clients.push(w);
+    }
+
     pub fn attach(&mut self, mut a: Attached) {
         let first = if a.reply_after_replay {
             None
@@ -227,10 +236,10 @@ impl Outbox {
                     if w.sent_upto < self.flushed_upto {
                         w.start_lag(Cause::Attach);
                     }
-                    self.clients.push(w);
+                    self.push_client(w);
                     return;
                 }
-                self.clients.push(w);
+                self.push_client(w);
                 self.clients.len() - 1
             }
         };
@@ -249,7 +258,7 @@ impl Outbox {
             return;
         }
         let lag = match w.lag.as_mut() {
-            Some(l) => l,
+            Some(l) => &mut **l,
             None => w.start_lag(Cause::Attach),
         };
         lag.held.push_back((upto, reply_out));

@@ -413,9 +413,9 @@ impl Forwarder {
                 }
             }
             Incoming::Response { tag, result, .. } => match self.inflight.remove(&tag) {
-                Some(r) => r.respond(result).await,
+                Some(r) => r.respond(*result).await,
                 None => {
-                    if let Err(e) = result {
+                    if let Err(e) = *result {
                         tracing::warn!(session = %self.id, error = %e, "the owner refused the re-attach of a forwarded client");
                     }
                 }

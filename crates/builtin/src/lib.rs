@@ -89,7 +89,7 @@ pub async fn run(link: Link, config: Arc<BuiltinConfig>, cancel: CancellationTok
         tokio::select! {
             _ = cancel.cancelled() => break,
             msg = incoming.recv() => match msg {
-                Some(Incoming::Request(r)) => agent.on_request(r).await,
+                Some(Incoming::Request(r)) => agent.on_request(*r).await,
                 Some(Incoming::Notification(n)) => agent.on_notification(n.into_notification()).await,
                 Some(Incoming::Response { .. }) => {}
                 None => break,

@@ -418,9 +418,15 @@ impl Router {
 
     fn route(&mut self, msg: Incoming) {
         let r = match msg {
-            Incoming::Response { route, tag, result } => {
-                let result = result.map_err(|e| crate::agent::login::auth_hint(e, &self.agent));
-                let result = Box::new(result);
+            Incoming::Response {
+                route,
+                tag,
+                mut result,
+            } => {
+                // The box the peer delivered it in goes on in the event: the error is reworded
+                // in place (`Null` only holds the slot meanwhile).
+                let taken = std::mem::replace(&mut *result, Ok(Value::Null));
+                *result = taken.map_err(|e| crate::agent::login::auth_hint(e, &self.agent));
                 self.deliver(&route, AgentEvent::Response { tag, result });
                 self.last_route = Some(route);
                 return;
@@ -428,6 +434,7 @@ impl Router {
             Incoming::Notification(n) => return self.route_notification(n),
             Incoming::Request(r) => r,
         };
+        // Boxed by the peer already: the events carry that box on.
         if r.method == acpd_protocol::method::ELICITATION_CREATE {
             self.note_elicitation(&r);
         }
@@ -437,7 +444,7 @@ impl Router {
                 .clone()
                 .filter(|route| self.routes.contains_key(route));
             match target {
-                Some(route) => self.deliver(&route, AgentEvent::Request(Box::new(r))),
+                Some(route) => self.deliver(&route, AgentEvent::Request(r)),
                 None => {
                     tracing::debug!(agent = %self.agent, method = %r.method, "agent request with no session to route it to");
                     let e = ResponseError::method_not_found(&r.method);
@@ -448,9 +455,9 @@ impl Router {
             return;
         };
         if self.aim(&sid) {
-            self.deliver_last(AgentEvent::Request(Box::new(r)));
+            self.deliver_last(AgentEvent::Request(r));
         } else {
-            self.hold_early(sid, AgentEvent::Request(Box::new(r)));
+            self.hold_early(sid, AgentEvent::Request(r));
         }
     }
 

@@ -141,9 +141,9 @@ impl Session {
         }
         if let Some(m) = params.get("mcpServers") {
             let policy = &self.shared.settings.mcp_policy;
-            self.meta["mcpServers"] =
+            let stored =
                 crate::session::mcp::stored_for_agent(&self.row.agent, Some(m), policy, &self.id);
-            patch.meta = Some(self.meta.to_string());
+            patch.meta = Some(self.meta.update(|meta| meta["mcpServers"] = stored));
             if client.carries_mcp() {
                 self.shared.mcp.carry(&self.id, &client.peer, m);
             }
@@ -153,9 +153,10 @@ impl Session {
 
     pub(super) fn load_result(&self) -> Value {
         let mut r = json!({});
+        let mut meta = self.meta.value();
         for key in ["modes", "configOptions"] {
-            if let Some(v) = self.meta.get(key).filter(|v| !v.is_null()) {
-                r[key] = v.clone();
+            if let Some(v) = meta.get_mut(key).filter(|v| !v.is_null()) {
+                r[key] = v.take();
             }
         }
         r

@@ -83,8 +83,8 @@ impl Session {
             let Some(next) = self.turn.queued.pop_front() else {
                 break;
             };
-            self.begin_prompt(next.conn, next.params, next.responder)
-                .await;
+            // Boxed: cold, and `start_queued` is awaited inline on every pass of the loop.
+            Box::pin(self.begin_prompt(next.conn, next.params, next.responder)).await;
         }
     }
 

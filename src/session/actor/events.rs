@@ -19,8 +19,12 @@ impl Session {
         match ev {
             AgentEvent::Notification(n) => self.on_agent_notification(n).await,
             AgentEvent::Request(req) => self.on_agent_request(*req),
-            AgentEvent::Response { tag, result } => self.on_agent_response(tag, *result).await,
-            AgentEvent::Exited { status } => self.agent_exited(status).await,
+            // Boxed, as are the other cold awaits under the actor's loop: inline, the largest
+            // of them sets the size of every live session's task (the update path stays inline).
+            AgentEvent::Response { tag, result } => {
+                Box::pin(self.on_agent_response(tag, *result)).await
+            }
+            AgentEvent::Exited { status } => Box::pin(self.agent_exited(status)).await,
         }
     }
 
@@ -37,8 +41,7 @@ impl Session {
             self.journal_raw(&n, None).await;
         } else if n.method() == method::ACPD_SESSION_USAGE {
             // The agent's report to acpd (the built-in agent's, per model call): not relayed.
-            self.on_usage_report(&n.params_value().unwrap_or(Value::Null))
-                .await;
+            Box::pin(self.on_usage_report(&n.params_value().unwrap_or(Value::Null))).await;
         } else {
             let params = n.params_value().unwrap_or(Value::Null);
             let need = Need::of_notification(n.method());

@@ -45,8 +45,9 @@ impl Session {
         if params.get("mcpServers").is_none() {
             params["mcpServers"] = self
                 .meta
-                .get("mcpServers")
-                .cloned()
+                .value()
+                .get_mut("mcpServers")
+                .map(Value::take)
                 .unwrap_or_else(|| json!([]));
         }
         // The fork's row keeps the `acpd-mcp:` form; the agent gets loopback URLs (served
@@ -94,7 +95,7 @@ impl Session {
         let job = ForkJob {
             shared: self.shared.clone(),
             parent: self.row.clone(),
-            meta: self.meta.clone(),
+            meta: self.meta.value(),
             agent: agent.clone(),
             agent_sid: agent_sid.to_owned(),
             params,

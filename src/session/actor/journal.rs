@@ -94,7 +94,8 @@ impl Session {
             need,
         });
         if let Some(update) = usage_update {
-            self.on_usage_update(&update).await;
+            // Boxed: a cold await in the update path (see `on_agent_event`).
+            Box::pin(self.on_usage_update(&update)).await;
         }
     }
 
@@ -163,12 +164,14 @@ impl Session {
             }
             "current_mode_update" => {
                 if let Some(m) = field("currentModeId").and_then(Value::as_str) {
-                    if let Some(modes) = self.meta.get_mut("modes").filter(|m| m.is_object()) {
-                        modes["currentModeId"] = json!(m);
-                    }
+                    let meta = self.meta.update(|meta| {
+                        if let Some(modes) = meta.get_mut("modes").filter(|m| m.is_object()) {
+                            modes["currentModeId"] = json!(m);
+                        }
+                    });
                     let patch = SessionPatch {
                         mode_id: Some(Some(m.to_owned())),
-                        meta: Some(self.meta.to_string()),
+                        meta: Some(meta),
                         ..self.patch()
                     };
                     self.save(patch);
@@ -176,9 +179,11 @@ impl Session {
             }
             "config_option_update" => {
                 if let Some(opts) = field("configOptions") {
-                    self.meta["configOptions"] = opts.clone();
+                    let meta = self
+                        .meta
+                        .update(|meta| meta["configOptions"] = opts.clone());
                     self.save(SessionPatch {
-                        meta: Some(self.meta.to_string()),
+                        meta: Some(meta),
                         ..self.patch()
                     });
                 }
@@ -201,8 +206,9 @@ impl Session {
             self.outbox.discard_updates_after(mark.durable, &err);
             self.fail_parked_after(rejected, &err);
             // Once: the session is ending from then on (a close may have got there first).
+            // Boxed: cold, and `flush` is awaited inline on every pass of the actor's loop.
             if !self.ending {
-                self.journal_stopped(mark.durable, rejected, err).await;
+                Box::pin(self.journal_stopped(mark.durable, rejected, err)).await;
             }
         }
         let durable = mark.durable;

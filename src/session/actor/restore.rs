@@ -55,7 +55,7 @@ impl Session {
         // daemon, served by the session's carrier (the shim that re-attached with them).
         let servers = crate::session::mcp::stored_for_agent(
             &self.row.agent,
-            self.meta.get("mcpServers"),
+            self.meta.value().get("mcpServers"),
             &self.shared.settings.mcp_policy,
             &self.id,
         );
@@ -116,15 +116,17 @@ impl Session {
                     _ => self.row.agent_session_id.clone().unwrap_or_default(),
                 };
                 agent.register(&self.id, Some(&agent_sid), self.agent.events.clone());
-                for key in ["modes", "configOptions"] {
-                    if let Some(v) = r.get(key) {
-                        self.meta[key] = v.clone();
+                let meta = self.meta.update(|meta| {
+                    for key in ["modes", "configOptions"] {
+                        if let Some(v) = r.get(key) {
+                            meta[key] = v.clone();
+                        }
                     }
-                }
+                });
                 self.row.agent_session_id = Some(agent_sid.clone());
                 let patch = SessionPatch {
                     agent_session_id: Some(Some(agent_sid.clone())),
-                    meta: Some(self.meta.to_string()),
+                    meta: Some(meta),
                     closed: Some(false),
                     ..self.patch()
                 };

@@ -55,7 +55,7 @@ async fn asked_session_new(out_capacity: usize) -> AskedNew {
     };
     AskedNew {
         peer,
-        request,
+        request: *request,
         out,
         _kept: (frames, owner),
     }

@@ -31,8 +31,9 @@ pub(super) enum ClientOut {
 pub(super) struct Writer {
     pub client: Client,
     pub sent_upto: i64,
-    /// Set while the client is fed from the journal instead of live.
-    pub lag: Option<Lag>,
+    /// Set while the client is fed from the journal instead of live. Boxed: a lag is rare and
+    /// big (~300 bytes), and every live session holds a `Writer` per client.
+    pub lag: Option<Box<Lag>>,
 }
 
 pub(super) struct Lag {
@@ -106,7 +107,7 @@ impl Writer {
             // Counted before it is logged: whoever reads the log finds it counted.
             let counted = Counted::new(cause);
             tracing::info!(conn = %conn, seq, "client lags; feeding it from the journal");
-            Lag {
+            Box::new(Lag {
                 _counted: counted,
                 taken,
                 moved_at: Instant::now(),
@@ -115,7 +116,7 @@ impl Writer {
                 held: VecDeque::new(),
                 replay: None,
                 form: None,
-            }
+            })
         })
     }
 

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 #[cfg(test)]
 use super::OutFrame;
-use super::{Command, PeerError, PeerHandle, Reply, Responder, ResponseError};
+use super::{Command, PeerError, PeerHandle, Reply, Responder, ResponseError, Slot};
 
 /// How a failure of the forwarded request reads to the asker (the owner's error mapping).
 pub type MapError = Arc<dyn Fn(PeerError) -> ResponseError + Send + Sync>;
@@ -43,16 +43,16 @@ impl Forward {
 
 /// A forward this link's queue could not take at once: `send` waits for room.
 pub struct PendingForward {
-    cmd: Box<Command>,
-    tx: mpsc::Sender<Command>,
+    slot: Slot,
+    tx: mpsc::Sender<Slot>,
 }
 
 impl PendingForward {
     /// Queues the request once there is room; a link that closes first answers the asker
     /// `Disconnected` (through its error mapping).
     pub async fn send(self) {
-        if let Err(mpsc::error::SendError(cmd)) = self.tx.send(*self.cmd).await {
-            disconnected(cmd);
+        if let Err(mpsc::error::SendError(slot)) = self.tx.send(self.slot).await {
+            disconnected(slot.into());
         }
     }
 }
@@ -84,14 +84,14 @@ impl PeerHandle {
             params,
             reply: Reply::Forward(Box::new(forward)),
         };
-        match self.tx.try_send(cmd) {
+        match self.tx.try_send(cmd.into()) {
             Ok(()) => Ok(()),
-            Err(mpsc::error::TrySendError::Full(cmd)) => Err(PendingForward {
-                cmd: Box::new(cmd),
+            Err(mpsc::error::TrySendError::Full(slot)) => Err(PendingForward {
+                slot,
                 tx: self.tx.clone(),
             }),
-            Err(mpsc::error::TrySendError::Closed(cmd)) => {
-                disconnected(cmd);
+            Err(mpsc::error::TrySendError::Closed(slot)) => {
+                disconnected(slot.into());
                 Ok(())
             }
         }

@@ -66,7 +66,7 @@ impl PeerTask {
                         self.to_deliver.push_back(Incoming::Response {
                             route,
                             tag,
-                            result: r.result,
+                            result: Box::new(r.result),
                         });
                     }
                     Some(Reply::Forward(f)) => f.answer(r.result.map_err(PeerError::Remote)),
@@ -108,12 +108,12 @@ impl PeerTask {
                     tasks: self.tasks.clone(),
                 };
                 self.to_deliver
-                    .push_back(Incoming::Request(IncomingRequest {
+                    .push_back(Incoming::Request(Box::new(IncomingRequest {
                         method: r.method,
                         params: r.params,
                         responder,
                         cancelled,
-                    }));
+                    })));
             }
         }
     }

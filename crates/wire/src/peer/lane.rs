@@ -116,8 +116,11 @@ impl PeerHandle {
             return Ok(());
         };
         if !responder.is_for(self) {
-            return match responder.tx.try_send(Command::Reply { id, result }) {
-                Err(mpsc::error::TrySendError::Full(Command::Reply { id, result })) => {
+            return match responder.tx.try_send(Command::Reply { id, result }.into()) {
+                Err(mpsc::error::TrySendError::Full(slot)) => {
+                    let Command::Reply { id, result } = Command::from(slot) else {
+                        unreachable!("the reply just sent")
+                    };
                     responder.id = Some(id);
                     Err(Box::new((responder, result)))
                 }
