@@ -156,6 +156,26 @@ impl Terminal {
         String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
     }
 
+    /// The rest of the line after `needle`, once the line has ended.
+    async fn line_after(&self, needle: &str) -> Result<String> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let text = self.text();
+            if let Some((line, _)) = text
+                .split_once(needle)
+                .and_then(|(_, r)| r.split_once('\n'))
+            {
+                return Ok(line.to_owned());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("the terminal never showed a line with {needle:?}:\n{text}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the terminal showed `needle`. Also after the child exited: the pty's last
+    /// bytes may still be on their way to the reader thread then.
     async fn wait_for(&self, needle: &str) -> Result<()> {
         let deadline = tokio::time::Instant::now() + WAIT;
         while !self.text().contains(needle) {
@@ -263,12 +283,12 @@ async fn an_editor_logs_a_remote_agent_in_through_acp_shim_and_its_callback_reac
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     assert!(resp.ends_with("logged in"), "{resp}");
     assert_eq!(term.exit_code().await?, 0, "{}", term.text());
+    term.wait_for("logged in").await?;
     let shown = term.text();
     assert!(
         shown.contains("c0de42"),
         "the typed code echoed back: {shown}"
     );
-    assert!(shown.contains("logged in"), "{shown}");
     let credential = d.dir.path().join("homes/lg/.scripted-login");
     assert_eq!(std::fs::read_to_string(credential)?, "c0de42");
 
@@ -300,14 +320,14 @@ async fn the_logins_exit_status_and_ctrl_c_reach_the_editor() -> Result<()> {
     term.wait_for("Paste the code: ").await?;
     term.type_in(b"fail\r")?;
     assert_eq!(term.exit_code().await?, 3, "{}", term.text());
-    assert!(term.text().contains("login refused"), "{}", term.text());
+    term.wait_for("login refused").await?;
 
     let mut term = Terminal::run(&d.url(), None, &args, d.dir.path())?;
     term.wait_for("Paste the code: ").await?;
     term.type_in(&[3])?;
     let code = term.exit_code().await?;
     assert_ne!(code, 0, "{}", term.text());
-    assert!(term.text().contains("ended by"), "{}", term.text());
+    term.wait_for("ended by").await?;
     Ok(())
 }
 
@@ -362,7 +382,7 @@ async fn only_the_principals_a_profile_names_may_log_it_in() -> Result<()> {
     let args = ["--login".to_owned(), "theirs".to_owned()];
     let mut term = Terminal::run(&d.url(), Some(Path::new(token)), &args, d.dir.path())?;
     assert_eq!(term.exit_code().await?, 77, "{}", term.text());
-    assert!(term.text().contains("may not log in"), "{}", term.text());
+    term.wait_for("may not log in").await?;
     d.wait_log("remote login refused").await?;
     Ok(())
 }
@@ -404,12 +424,11 @@ async fn a_login_under_a_root_daemon_cannot_read_other_processes_proc() -> Resul
     let args = ["--login".to_owned(), "caps".to_owned()];
     let mut term = Terminal::run(&d.url(), None, &args, d.dir.path())?;
     assert_eq!(term.exit_code().await?, 0, "{}", term.text());
-    let text = term.text();
+    let text = term.line_after("CapBnd:").await?;
     let hex = text
-        .split("CapBnd:")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .with_context(|| format!("no CapBnd line: {text}"))?;
+        .split_whitespace()
+        .next()
+        .with_context(|| format!("no CapBnd line: {}", term.text()))?;
     let bounding = u64::from_str_radix(hex, 16)?;
     // SAFETY: a plain getter.
     if unsafe { libc::geteuid() } == 0 {
