@@ -177,25 +177,19 @@ pub fn main() -> ExitCode {
     let quiet = matches!(cli.command, Command::Stdio(_));
     logging::init(cli.log_format, if quiet { "warn" } else { "info" });
     let mut rt = tokio::runtime::Builder::new_multi_thread();
-    match cli.worker_threads {
-        Some(0) => return fail_usage("--worker-threads must be at least 1"),
-        Some(n) => rt.worker_threads(n),
-        // tokio's default: one per CPU this process may use (affinity, cgroup quota).
-        None => &mut rt,
-    };
-    let rt = rt.enable_all().build();
-    let rt = match rt {
+    // Unset: tokio's default, one per CPU this process may use (affinity, cgroup quota).
+    if let Some(n) = cli.worker_threads {
+        if n == 0 {
+            say("--worker-threads must be at least 1");
+            return ExitCode::from(EXIT_USAGE);
+        }
+        rt.worker_threads(n);
+    }
+    let rt = match rt.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
     rt.block_on(run(cli.command))
-}
-
-/// One line on stderr and the usage exit code, before a runtime exists.
-fn fail_usage(why: &str) -> ExitCode {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "acpd: {why}");
-    ExitCode::from(EXIT_USAGE)
 }
 
 /// The validated configuration, or the exit code after one line on stderr. `Purpose::Serve`
@@ -263,10 +257,15 @@ fn seal_own_environ() {
 }
 
 fn fail(msg: String) -> ExitCode {
-    // Also the last word of a daemon whose stderr may be gone: never `eprintln!`.
+    say(&msg);
+    ExitCode::FAILURE
+}
+
+/// One line on stderr. Also the last word of a daemon whose stderr may be gone: never
+/// `eprintln!`, which panics then.
+fn say(msg: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "acpd: {msg}");
-    ExitCode::FAILURE
 }
 
 /// `acpd serve`: the listeners bound, the start message, then the daemon until a signal.

@@ -186,8 +186,6 @@ impl Outbox {
         after.max(sent).max(self.flushed_upto)
     }
 
-    /// Adds a client, or updates a connection already attached (what it has been sent stays;
-    /// its queue is its connection's, so nothing is reordered), and queues the answer.
     /// Most sessions have one client: the first gets a `Vec` of one (a first `push` makes
     /// room for four, which every live session would hold).
     fn push_client(&mut self, w: Writer) {
@@ -197,6 +195,8 @@ impl Outbox {
         self.clients.push(w);
     }
 
+    /// Adds a client, or updates a connection already attached (what it has been sent stays;
+    /// its queue is its connection's, so nothing is reordered), and queues the answer.
     pub fn attach(&mut self, mut a: Attached) {
         let first = if a.reply_after_replay {
             None
