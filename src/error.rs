@@ -98,6 +98,9 @@ pub enum AcpError {
     /// The store refused this update of the session: nothing after it can be kept.
     #[error("the session store rejected update {0}")]
     UpdateRejected(i64),
+    /// The store refused a new session's row, queued after `session/new` answered.
+    #[error("the session store refused the new session's row")]
+    SessionRowRefused,
     /// `_acpd/session/attach` after a seq the journal does not have yet.
     #[error("afterSeq {after_seq} is beyond the session's last seq {last_seq}")]
     AttachBeyondEnd { after_seq: i64, last_seq: i64 },
@@ -267,6 +270,10 @@ impl From<AcpError> for ResponseError {
                 "the session store is not taking writes (the database is away), so nothing \
                  more of this session can be kept; the turn is stopped and the session \
                  reopens from its journal on the next request",
+            ),
+            AcpError::SessionRowRefused => ResponseError::internal(
+                "the session store refused this new session's row, so the session was not \
+                 kept; start a new one with session/new",
             ),
             AcpError::UpdateRejected(seq) => ResponseError::internal(format!(
                 "the session store rejected update {seq} of this session, so nothing \

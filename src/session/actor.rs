@@ -38,7 +38,7 @@ use super::pending::PendingRequests;
 use super::{AttachMode, ConnId, HubCommand, SessionCommand, SessionHandle, Shared};
 use crate::agent::{AgentError, AgentEvent, AgentHandle};
 use crate::error::AcpError;
-use acpd_store::{SessionRow, StoreError};
+use acpd_store::{DurableSeq, SessionRow, StoreError, Watermark};
 use acpd_wire::{PeerError, Responder, ResponseError};
 
 /// Most agent events handled in one pass of the actor's loop.
@@ -48,16 +48,24 @@ const EVENT_BURST: usize = 256;
 const HAND_BACK_MAX: usize = 256;
 const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// `created_by`: the owner's name when the session was just created (`create.rs`): it has spent
-/// nothing, so its accounting starts ready, without reading the store (two queries fewer on
-/// `session/new`'s path). `None`: a session opened again reads its owner and past spending.
+/// A session just created (`create.rs`), as `spawn` starts it.
+pub(super) struct Created<'a> {
+    /// The owner's name: a new session has spent nothing, so its accounting starts ready,
+    /// without reading the store (two queries fewer on `session/new`'s path).
+    pub owner: &'a str,
+    /// The journal's watch when the row is queued, not yet committed (`Store::queue_session`):
+    /// at `ROW_QUEUED` until the writer commits it. `None`: the row is committed.
+    pub row_queued: Option<(Arc<DurableSeq>, watch::Receiver<Watermark>)>,
+}
+
+/// `created`: `None` for a session opened again, which reads its owner and past spending.
 pub(super) fn spawn(
     mut row: SessionRow,
     agent: Option<(AgentHandle, String)>,
     shared: Shared,
     serial: u64,
     lease: Option<crate::cluster::Lease>,
-    created_by: Option<&str>,
+    mut created: Option<Created<'_>>,
 ) -> SessionHandle {
     let (tx, rx) = mpsc::channel(256);
     let (ev_tx, ev_rx) = mpsc::channel(1024);
@@ -73,7 +81,10 @@ pub(super) fn spawn(
     let journaled = row.last_seq;
     let mut session = Session {
         id,
-        position: position::Position::new(journaled, lease),
+        position: match created.as_mut().and_then(|c| c.row_queued.take()) {
+            Some(watch) => position::Position::queued(watch, lease),
+            None => position::Position::new(journaled, lease),
+        },
         // Taken out of the row: the session holds it once (`meta.rs`).
         meta: meta::Meta::new(std::mem::take(&mut row.meta)),
         row,
@@ -101,9 +112,9 @@ pub(super) fn spawn(
         status,
         usage: usage::Accounting::default(),
     };
-    match created_by {
-        Some(owner) => session.usage_loaded(usage::Loaded::Past {
-            owner: Some(owner.to_owned()),
+    match created {
+        Some(c) => session.usage_loaded(usage::Loaded::Past {
+            owner: Some(c.owner.to_owned()),
             spent: Ok(Default::default()),
         }),
         None => {

@@ -1,8 +1,9 @@
 //! `session/new`: the agent's session, the session's row, its actor, its creator attached.
 //!
 //! On the answer's path, in order: a place under the live-session limit (the hub), the
-//! agent process (the pool), the agent's own `session/new`, one insert of the row (so a
-//! session that was answered survives a crash of acpd), the actor's start, the attach. The
+//! agent process (the pool), the agent's own `session/new`, the row queued to the journal
+//! writer ahead of everything else of the session (`store_row`: committed after the answer,
+//! before any update or prompt answer of the session can be), the actor's start, the attach. The
 //! actor is started here, not by the hub: the hub is told by a message queued before the
 //! attach, so it has the session before the answer can leave and whoever opens the id after
 //! the answer finds it live; nobody waits for the hub's loop to take that message.
@@ -18,7 +19,7 @@ use super::{
 };
 use crate::agent::AgentKey;
 use crate::error::AcpError;
-use acpd_store::SessionRow;
+use acpd_store::{DurableSeq, SessionRow, Watermark};
 use acpd_wire::Responder;
 
 /// Why it failed, with the responder still to answer.
@@ -86,23 +87,42 @@ pub(super) async fn create(
         &result,
         servers,
     );
-    // Durable before anything can answer: one statement, one transaction.
-    if let Err(e) = shared.store.insert_session(&row).await {
-        return Err((e.into(), responder));
-    }
-    let epoch = match hub::lease_new(shared, &row.id).await {
-        Ok(epoch) => epoch,
+    let (row_queued, epoch) = match store_row(shared, &row).await {
+        Ok(stored) => stored,
         Err(e) => return Err((e, responder)),
     };
     result["sessionId"] = Value::String(id);
     let serial = shared.next_serial();
     let lease = epoch.and_then(|e| Some(shared.cluster.as_ref()?.hold(Arc::from(&*row.id), e)));
-    let (agent, owner) = (Some((agent, agent_sid)), Some(&*client.principal_name));
-    let handle = actor::spawn(row, agent, shared.clone(), serial, lease, owner);
+    let created = actor::Created {
+        owner: &client.principal_name,
+        row_queued,
+    };
+    let agent = Some((agent, agent_sid));
+    let handle = actor::spawn(row, agent, shared.clone(), serial, lease, Some(created));
     // Queued before the attach, so before the answer exists.
     reservation.started(handle.clone(), serial).await;
     attach_creator(handle, client, result, responder).await
 }
+
+/// Stores the new row. Queued to the journal writer (`Store::queue_session`) where it can be:
+/// the answer does not wait for the commit, and nothing the session journals can be durable
+/// before its row (issue 45). Inserted on the answer's path with several replicas (the lease
+/// lives on the row and is taken before the answer) and while the writer is stuck (the client
+/// hears of the outage now instead of a session that never commits). With replicas, the new
+/// session's lease epoch too.
+async fn store_row(
+    shared: &Shared,
+    row: &SessionRow,
+) -> Result<(Option<RowQueued>, Option<i64>), AcpError> {
+    if shared.cluster.is_some() || shared.store.writes_stalled() {
+        shared.store.insert_session(row).await?;
+        return Ok((None, hub::lease_new(shared, &row.id).await?));
+    }
+    Ok((Some(shared.store.queue_session(row.clone()).await?), None))
+}
+
+type RowQueued = (Arc<DurableSeq>, tokio::sync::watch::Receiver<Watermark>);
 
 /// The new session's row: the agent's answer (`result`) gives what it starts with (its modes
 /// and options); `servers` are its MCP servers as stored.

@@ -2,7 +2,7 @@
 //! which role. Roles are opaque text here; the session layer gives them meaning.
 
 use super::backend::{Pool, db, now_ms, on_pool, on_write};
-use super::{GrantRow, StoreError};
+use super::{GrantRow, PrincipalRow, Store, StoreError, signals};
 
 /// Granting again renews the grant (new role, not revoked).
 const UPSERT: &str = "INSERT INTO session_grants \
@@ -162,4 +162,64 @@ async fn principal_where(
             .transpose()
             .map_err(db)
     })
+}
+
+// The grant calls of the store's contract (`lib.rs`), beside their SQL.
+impl Store {
+    /// Grants `principal_id` `role` on a session (again: the new role, not revoked).
+    pub async fn grant(
+        &self,
+        session_id: &str,
+        principal_id: &str,
+        role: &str,
+        granted_by: &str,
+    ) -> Result<(), StoreError> {
+        self.row_settled(session_id).await;
+        grant(&self.inner.pool, session_id, principal_id, role, granted_by).await
+    }
+
+    /// `false` when that principal had no live grant on the session.
+    pub async fn revoke_grant(
+        &self,
+        session_id: &str,
+        principal_id: &str,
+    ) -> Result<bool, StoreError> {
+        self.row_settled(session_id).await;
+        let revoked = revoke(&self.inner.pool, session_id, principal_id).await?;
+        if revoked {
+            signals::announce(&self.inner.pool, "grant").await;
+        }
+        Ok(revoked)
+    }
+
+    /// The live grant of `principal_id` on a session.
+    pub async fn live_grant(
+        &self,
+        session_id: &str,
+        principal_id: &str,
+    ) -> Result<Option<GrantRow>, StoreError> {
+        self.row_settled(session_id).await;
+        live(&self.inner.pool, session_id, principal_id).await
+    }
+
+    /// Every grant of a session, revoked ones included, oldest first.
+    pub async fn grants_of(&self, session_id: &str) -> Result<Vec<GrantRow>, StoreError> {
+        self.row_settled(session_id).await;
+        of_session(&self.inner.pool, session_id).await
+    }
+
+    /// Grants revoked after `after_ms` (epoch ms), in revocation order.
+    pub async fn grants_revoked_after(&self, after_ms: i64) -> Result<Vec<GrantRow>, StoreError> {
+        revoked_after(&self.inner.pool, after_ms).await
+    }
+
+    /// The principal with that name, if any.
+    pub async fn principal_by_name(&self, name: &str) -> Result<Option<PrincipalRow>, StoreError> {
+        principal_by_name(&self.inner.pool, name).await
+    }
+
+    /// The principal with that id, if any.
+    pub async fn principal(&self, id: &str) -> Result<Option<PrincipalRow>, StoreError> {
+        principal(&self.inner.pool, id).await
+    }
 }

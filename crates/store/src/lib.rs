@@ -29,6 +29,8 @@ mod journal_pg;
 mod journal_sqlite;
 mod lease;
 pub mod metrics;
+mod new_rows;
+pub use new_rows::ROW_QUEUED;
 mod pack;
 mod rows;
 mod sessions;
@@ -239,6 +241,8 @@ struct Inner {
     checkpoints: Option<checkpoint::Checkpoints>,
     /// `StoreOptions::body_form`; the writer holds it too.
     form: Arc<dyn BodyForm>,
+    /// New sessions' rows queued to the writer (`queue_session`); the writer holds it too.
+    new_rows: Arc<new_rows::NewRows>,
 }
 
 impl Store {
@@ -267,7 +271,9 @@ impl Store {
             },
             None => None,
         };
-        let (appends, writer_finished, writes_stalled) = writer::spawn(pool.clone(), &opts);
+        let new_rows = Arc::new(new_rows::NewRows::default());
+        let (appends, writer_finished, writes_stalled) =
+            writer::spawn(pool.clone(), &opts, new_rows.clone());
         Ok(Store {
             inner: Arc::new(Inner {
                 pool,
@@ -278,6 +284,7 @@ impl Store {
                 _owner: owner,
                 checkpoints,
                 form: opts.body_form,
+                new_rows,
             }),
         })
     }
@@ -338,11 +345,13 @@ impl Store {
 
     /// A session that exists and is not deleted.
     pub async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {
+        self.row_settled(id).await;
         sessions::session(&self.inner.pool, id).await
     }
 
     /// Fails with `Conflict` when the session is unknown or deleted.
     pub async fn update_session(&self, id: &str, patch: &SessionPatch) -> Result<(), StoreError> {
+        self.row_settled(id).await;
         sessions::update_session(&self.inner.pool, id, patch).await
     }
 
@@ -351,11 +360,13 @@ impl Store {
     /// Keyset pagination on `(created_at_ms, id)`: a page never repeats or skips a session that
     /// existed when the listing started. A `limit` of 0 is read as 1.
     pub async fn list_sessions(&self, q: &ListQuery) -> Result<SessionPage, StoreError> {
+        self.inner.new_rows.all_settled().await;
         sessions::list_sessions(&self.inner.pool, q).await
     }
 
     /// Marks the session deleted and removes its journal and agent state. `false` if unknown.
     pub async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
+        self.row_settled(id).await;
         sessions::delete_session(&self.inner.pool, id).await
     }
 
@@ -494,6 +505,7 @@ impl Store {
         key: &str,
         value: &str,
     ) -> Result<(), StoreError> {
+        self.row_settled(session_id).await;
         sessions::put_agent_state(&self.inner.pool, session_id, key, value).await
     }
 
@@ -502,6 +514,7 @@ impl Store {
         session_id: &str,
         key: &str,
     ) -> Result<Option<String>, StoreError> {
+        self.row_settled(session_id).await;
         sessions::agent_state(&self.inner.pool, session_id, key).await
     }
 
@@ -546,58 +559,5 @@ impl Store {
     /// SQLite. Only a hint to check now: the rows are the truth.
     pub fn revocation_signals(&self) -> Option<mpsc::Receiver<()>> {
         signals::listen(&self.inner.pool)
-    }
-
-    /// Grants `principal_id` `role` on a session (again: the new role, not revoked).
-    pub async fn grant(
-        &self,
-        session_id: &str,
-        principal_id: &str,
-        role: &str,
-        granted_by: &str,
-    ) -> Result<(), StoreError> {
-        grants::grant(&self.inner.pool, session_id, principal_id, role, granted_by).await
-    }
-
-    /// `false` when that principal had no live grant on the session.
-    pub async fn revoke_grant(
-        &self,
-        session_id: &str,
-        principal_id: &str,
-    ) -> Result<bool, StoreError> {
-        let revoked = grants::revoke(&self.inner.pool, session_id, principal_id).await?;
-        if revoked {
-            signals::announce(&self.inner.pool, "grant").await;
-        }
-        Ok(revoked)
-    }
-
-    /// The live grant of `principal_id` on a session.
-    pub async fn live_grant(
-        &self,
-        session_id: &str,
-        principal_id: &str,
-    ) -> Result<Option<GrantRow>, StoreError> {
-        grants::live(&self.inner.pool, session_id, principal_id).await
-    }
-
-    /// Every grant of a session, revoked ones included, oldest first.
-    pub async fn grants_of(&self, session_id: &str) -> Result<Vec<GrantRow>, StoreError> {
-        grants::of_session(&self.inner.pool, session_id).await
-    }
-
-    /// Grants revoked after `after_ms` (epoch ms), in revocation order.
-    pub async fn grants_revoked_after(&self, after_ms: i64) -> Result<Vec<GrantRow>, StoreError> {
-        grants::revoked_after(&self.inner.pool, after_ms).await
-    }
-
-    /// The principal with that name, if any.
-    pub async fn principal_by_name(&self, name: &str) -> Result<Option<PrincipalRow>, StoreError> {
-        grants::principal_by_name(&self.inner.pool, name).await
-    }
-
-    /// The principal with that id, if any.
-    pub async fn principal(&self, id: &str) -> Result<Option<PrincipalRow>, StoreError> {
-        grants::principal(&self.inner.pool, id).await
     }
 }

@@ -11,6 +11,8 @@
 //! session's watermark (`Watermark::rejected`), which the session reports as an error.
 //! So does an entry whose lease epoch is stale (`NewEntry::epoch`, several replicas): the
 //! check runs in the insert's own transaction, under the session row's lock (fencing).
+//! New sessions' rows (`Msg::Create`, `new_rows.rs`) ride the same queue and commit first in
+//! their batch, so no entry of a session is durable before its row.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -23,8 +25,9 @@ use tokio::sync::{mpsc, watch};
 use super::backend::{Failure, Pool, begin_write, classify, on_write};
 use super::form::BodyForm;
 use super::journal::{JournalSql, Mark};
+use super::new_rows::{self, NewRows, ROW_QUEUED};
 use super::pack::Ins;
-use super::{DurableSeq, NewEntry, StoreOptions};
+use super::{DurableSeq, NewEntry, SessionRow, StoreError, StoreOptions, Watermark};
 use super::{journal_pg, journal_sqlite};
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
@@ -32,6 +35,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 pub(crate) enum Msg {
     Append(NewEntry, Arc<DurableSeq>),
+    /// A new session's row, queued before anything else of its session (`new_rows.rs`).
+    Create(Box<SessionRow>, Arc<DurableSeq>),
     /// Stop accepting appends and commit everything already queued.
     Close,
 }
@@ -61,13 +66,18 @@ pub(crate) type Finished = watch::Receiver<()>;
 
 /// Starts the writer; it runs until a `Close` or until every sender is gone, and in both cases
 /// commits what was queued before it stops.
-pub(crate) fn spawn(pool: Pool, opts: &StoreOptions) -> (mpsc::Sender<Msg>, Finished, Arc<Stall>) {
+pub(crate) fn spawn(
+    pool: Pool,
+    opts: &StoreOptions,
+    new_rows: Arc<NewRows>,
+) -> (mpsc::Sender<Msg>, Finished, Arc<Stall>) {
     let (tx, rx) = mpsc::channel(opts.journal_queue.max(1));
     let (finished_tx, finished) = watch::channel(());
     let failing = Arc::new(Stall::default());
     let writer = Writer {
         failing: failing.clone(),
         pool,
+        new_rows,
         rx,
         batch_max: opts.journal_batch_max.max(1),
         form: opts.body_form.clone(),
@@ -123,6 +133,8 @@ impl Stall {
 
 struct Writer {
     pool: Pool,
+    /// The rows queued and not yet committed; the writer settles them.
+    new_rows: Arc<NewRows>,
     rx: mpsc::Receiver<Msg>,
     batch_max: usize,
     /// How bodies are stored (`StoreOptions::body_form`).
@@ -152,11 +164,34 @@ impl CommitError {
         matches!(self, CommitError::Sql(e) if classify(e) == Failure::Transient)
     }
 }
-type Batch = Vec<Item>;
+/// What one pass commits: new sessions' rows first, then the entries (of those sessions too).
+#[derive(Default)]
+struct Batch {
+    rows: Vec<(Box<SessionRow>, Arc<DurableSeq>)>,
+    items: Vec<Item>,
+}
+
+impl Batch {
+    fn len(&self) -> usize {
+        self.rows.len() + self.items.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn clear(&mut self) {
+        self.rows.clear();
+        self.items.clear();
+    }
+}
 
 impl Writer {
     async fn run(mut self) {
-        let mut batch: Batch = Vec::with_capacity(self.batch_max);
+        let mut batch = Batch {
+            rows: Vec::new(),
+            items: Vec::with_capacity(self.batch_max),
+        };
         while self.open {
             match self.rx.recv().await {
                 Some(msg) => self.accept(msg, &mut batch),
@@ -172,7 +207,8 @@ impl Writer {
 
     fn accept(&mut self, msg: Msg, batch: &mut Batch) {
         match msg {
-            Msg::Append(entry, durable) => batch.push((entry, durable)),
+            Msg::Append(entry, durable) => batch.items.push((entry, durable)),
+            Msg::Create(row, durable) => batch.rows.push((row, durable)),
             // Refuse new appends; those already queued are still received and committed.
             Msg::Close => self.rx.close(),
         }
@@ -194,7 +230,11 @@ impl Writer {
     /// transaction: the entries are committed one by one, so the good ones still go in and
     /// the bad one stops its session's watermark (and that session's later entries).
     async fn commit(&self, batch: &Batch) {
-        let live: Vec<&Item> = batch.iter().filter(|(_, d)| !stopped(d)).collect();
+        // Rows first: an entry of a session created in this batch needs its row.
+        for (row, durable) in &batch.rows {
+            new_rows::commit(&self.pool, &self.new_rows, row, durable).await;
+        }
+        let live: Vec<&Item> = batch.items.iter().filter(|(_, d)| !stopped(d)).collect();
         if live.is_empty() {
             return;
         }
@@ -315,6 +355,30 @@ async fn write(pool: &Pool, form: &dyn BodyForm, items: &[&Item]) -> Result<(), 
         tx.insert_entries(&rows).await?;
         tx.commit().await.map_err(CommitError::from)
     })
+}
+
+impl super::Store {
+    /// Queues a new session's row to the journal writer, ahead of anything else of that session,
+    /// and returns its journal's watch: at `ROW_QUEUED` until the row commits (then 0), or
+    /// rejected at 0 if the database refuses it. Every store call about the session waits for
+    /// the row meanwhile. Waits only while the writer's queue is full.
+    pub async fn queue_session(
+        &self,
+        row: SessionRow,
+    ) -> Result<(Arc<DurableSeq>, watch::Receiver<Watermark>), StoreError> {
+        let (durable, rx) = super::watermark(ROW_QUEUED);
+        let id: Arc<str> = Arc::from(row.id.as_str());
+        self.inner.new_rows.queued(id.clone(), rx.clone());
+        let sent = self
+            .inner
+            .appends
+            .send(Msg::Create(Box::new(row), durable.clone()));
+        if sent.await.is_err() {
+            self.inner.new_rows.done(&id);
+            return Err(StoreError::Unavailable("the store is closed".into()));
+        }
+        Ok((durable, rx))
+    }
 }
 
 fn stopped(durable: &DurableSeq) -> bool {

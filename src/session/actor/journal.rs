@@ -199,6 +199,8 @@ impl Session {
                 moved_err(&self.id)
             } else if self.position.store_outage {
                 AcpError::StoreOutage.into()
+            } else if rejected == 0 {
+                AcpError::SessionRowRefused.into()
             } else {
                 AcpError::UpdateRejected(rejected).into()
             };

@@ -44,6 +44,23 @@ impl Position {
         }
     }
 
+    /// A new session's journal, empty, whose row is queued to the store's writer: `watch` is
+    /// at `ROW_QUEUED` until the row commits, and nothing is sent past it meanwhile.
+    pub(super) fn queued(
+        (durable, durable_rx): (Arc<DurableSeq>, watch::Receiver<Watermark>),
+        lease: Option<crate::cluster::Lease>,
+    ) -> Position {
+        Position {
+            next_seq: 1,
+            durable,
+            durable_rx,
+            burst_ms: None,
+            store_outage: false,
+            unqueued: VecDeque::new(),
+            lease,
+        }
+    }
+
     /// The seq of the last update journaled (or found in the journal at the start).
     pub(super) fn last(&self) -> i64 {
         self.next_seq - 1
