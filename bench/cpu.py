@@ -73,6 +73,22 @@ if os.environ.get("LOAD"):
         t0 = time.time(); n, _ = wait(send("session/load", {"sessionId": sid, "cwd": w, "mcpServers": []})); t = time.time() - t0
         print(f"load {r}: {n} lines in {t*1000:.1f} ms", flush=True)
         sh.stdin.close(); sh.wait(); shim = shim_old
+# Context switches of every thread of a process, by thread id (name, count), from /proc.
+def switches(pid):
+    out = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = open(f"/proc/{pid}/task/{t}/comm").read().strip()
+            n = sum(int(l.split()[1]) for l in open(f"/proc/{pid}/task/{t}/status") if "ctxt_switches" in l)
+        except OSError:
+            continue
+        out[t] = (name, n)
+    return out
+def per_call(pid, a0, a1, k):
+    per = {}
+    for t, (name, n) in a1.items():
+        per[name] = per.get(name, 0) + (n - a0.get(t, (name, 0))[1]) / k
+    return per
 for mode in ("NEW", "ECHO"):
     if not os.environ.get(mode):
         continue
@@ -85,26 +101,18 @@ for mode in ("NEW", "ECHO"):
         if PERF and phase == "measured":
             perf = subprocess.Popen(["perf", "record", "-F", os.environ.get("PERF_F", "1000"), "--call-graph", "dwarf,16384", "-o", PERF, "-p", str(shim.pid if os.environ.get("PERF_SHIM") else acpd.pid)], stderr=subprocess.DEVNULL)
             time.sleep(0.5)
-        c0 = cpu(acpd.pid); s0 = cpu(shim.pid); m0 = rss(acpd.pid); ts = []
+        c0 = cpu(acpd.pid); s0 = cpu(shim.pid); m0 = rss(acpd.pid); ts = []; x0 = switches(acpd.pid)
         for _ in range(k):
             t0 = time.perf_counter(); wait(send(method, params)); ts.append(time.perf_counter() - t0)
         c = cpu(acpd.pid) - c0; sc = cpu(shim.pid) - s0; m = rss(acpd.pid) - m0; ts.sort()
+        per = per_call(acpd.pid, x0, switches(acpd.pid), k)
+        xs = f"{sum(per.values()):.1f} (" + ", ".join(f"{name} {n:.1f}" for name, n in sorted(per.items()) if n >= 0.05) + ")"
         slow = sum(t > 0.002 for t in ts)
-        print(f"{method} {phase}: p50 {ts[k//2]*1e6:.0f} us, p90 {ts[k*9//10]*1e6:.0f} us, p99 {ts[k*99//100]*1e6:.0f} us, max {ts[-1]*1e6:.0f} us, {slow} over 2 ms; acpd cpu {c/k*1e6:.0f} us, shim {sc/k*1e6:.0f} us per call; acpd RSS +{m/k:.1f} KiB per call", flush=True)
+        print(f"{method} {phase}: p50 {ts[k//2]*1e6:.0f} us, p90 {ts[k*9//10]*1e6:.0f} us, p99 {ts[k*99//100]*1e6:.0f} us, max {ts[-1]*1e6:.0f} us, {slow} over 2 ms; acpd cpu {c/k*1e6:.0f} us, shim {sc/k*1e6:.0f} us per call; acpd RSS +{m/k:.1f} KiB per call; acpd context switches per call {xs}", flush=True)
         if perf and phase == "measured": perf.send_signal(2); perf.wait()
 if os.environ.get("TICK"):
     # One update every MS ms (an LLM's pace): nothing batches, so what each update costs is
     # wake-ups. Context switches of every acpd thread and of acp-shim per update, from /proc.
-    def switches(pid):
-        out = {}
-        for t in os.listdir(f"/proc/{pid}/task"):
-            try:
-                name = open(f"/proc/{pid}/task/{t}/comm").read().strip()
-                n = sum(int(l.split()[1]) for l in open(f"/proc/{pid}/task/{t}/status") if "ctxt_switches" in l)
-            except OSError:
-                continue
-            out[t] = (name, n)
-        return out
     k, ms = int(os.environ["TICK"]), int(os.environ.get("MS", "10"))
     for r in range(2):
         a0 = switches(acpd.pid); s0 = switches(shim.pid); c0 = cpu(acpd.pid)
@@ -120,9 +128,7 @@ if os.environ.get("TICK"):
                 lat.append((now - int(l[at + 5:].split(b'"')[0].split()[0])) / 1e3)
         lat.sort()
         a1 = switches(acpd.pid); s1 = switches(shim.pid); c = cpu(acpd.pid) - c0
-        per = {}
-        for t, (name, n) in a1.items():
-            per[name] = per.get(name, 0) + (n - a0.get(t, (name, 0))[1]) / k
+        per = per_call(acpd.pid, a0, a1, k)
         total = sum(per.values()); shim_n = (sum(n for _, n in s1.values()) - sum(n for _, n in s0.values())) / k
         detail = ", ".join(f"{name} {n:.1f}" for name, n in sorted(per.items()) if n >= 0.05)
         print(f"tick {r}: {k} updates every {ms} ms; acpd {total:.1f} context switches per update ({detail}), acp-shim {shim_n:.1f}; acpd cpu {c/k*1e6:.0f} us/update; latency p50 {lat[len(lat)//2]:.0f} us, p99 {lat[len(lat)*99//100]:.0f} us", flush=True)

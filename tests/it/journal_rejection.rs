@@ -1,6 +1,7 @@
 //! An update the database rejects: the turn answers an error, no update after it reaches a
 //! client (none could be replayed), other sessions stream on, and the session reopens from
-//! its journal on the next request. The test's own database refuses one specific update.
+//! its journal on the next request. The test's own database refuses one specific update
+//! (and, further down, one new session's row).
 
 use serde_json::Value;
 use sqlx::{Connection, PgConnection, SqliteConnection};
@@ -130,4 +131,102 @@ async fn rejected_update(opts: DaemonOptions) {
     assert_eq!(result.expect("next turn")["stopReason"], "end_turn");
     assert_eq!(chunks(&more), ["after"]);
     assert!(seqs(&more).iter().all(|s| *s > last_sent));
+}
+
+/// The directory name whose sessions' rows the database refuses.
+const REFUSED_DIR: &str = "refuse-this-row";
+
+/// Makes the daemon's database refuse every new session row whose cwd is in `REFUSED_DIR`.
+async fn refuse_rows(url: &str) {
+    if url.starts_with("sqlite:") {
+        let mut db = SqliteConnection::connect(url)
+            .await
+            .expect("connect sqlite");
+        sqlx::query(
+            "CREATE TRIGGER test_reject_row BEFORE INSERT ON sessions \
+             WHEN NEW.cwd LIKE '%refuse-this-row%' \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        )
+        .execute(&mut db)
+        .await
+        .expect("create trigger");
+        db.close().await.ok();
+    } else {
+        let mut db = PgConnection::connect(url).await.expect("connect postgres");
+        sqlx::query(
+            "ALTER TABLE sessions ADD CONSTRAINT test_reject_row \
+             CHECK (cwd NOT LIKE '%refuse-this-row%')",
+        )
+        .execute(&mut db)
+        .await
+        .expect("add constraint");
+        db.close().await.ok();
+    }
+}
+
+#[tokio::test]
+async fn a_new_session_row_the_database_refuses_fails_that_session_alone() {
+    refused_row(DaemonOptions::default()).await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(acpd_pg),
+    ignore = "set ACPD_TEST_DATABASE_URL to run the Postgres tests"
+)]
+async fn on_postgres_a_new_session_row_the_database_refuses_fails_that_session_alone() {
+    refused_row(DaemonOptions::default().postgres()).await;
+}
+
+/// `session/new` answers before its row commits, and the writer commits the rows queued
+/// together in one statement. One of them refused: that session's prompt answers an error
+/// and its id ends unknown; the rows queued beside it are kept, one by one.
+async fn refused_row(opts: DaemonOptions) {
+    let daemon = Daemon::start_with(opts).await;
+    let work = daemon.work_dir();
+    let mut client = daemon.client().await;
+    client.open_session(&work).await; // the schema is in place
+    refuse_rows(&daemon.store_url()).await;
+    let refused_cwd = work.join(REFUSED_DIR);
+    std::fs::create_dir(&refused_cwd).expect("mkdir");
+
+    let cwds = [&work, &work, &refused_cwd, &work, &work];
+    let mut ids = Vec::new();
+    for cwd in cwds {
+        let params = serde_json::json!({ "cwd": cwd, "mcpServers": [] });
+        ids.push(client.send_request("session/new", params).await);
+    }
+    let mut sids = Vec::new();
+    for id in &ids {
+        let result = client
+            .wait_response(id)
+            .await
+            .expect("answered before the commit");
+        sids.push(result["sessionId"].as_str().expect("sessionId").to_owned());
+    }
+    for (i, sid) in sids.iter().enumerate() {
+        let (_, result) = client.prompt(sid, "echo hello").await;
+        if i == 2 {
+            // Unknown once the session heard of the refusal (it ends then), or the refusal
+            // itself when the prompt came first.
+            let e = result.expect_err("the refused session's prompt fails");
+            let refused = e.message.contains("refused this new session's row");
+            assert!(e.code == -32002 || refused, "{e}");
+        } else {
+            assert_eq!(
+                result.expect("a kept session's prompt")["stopReason"],
+                "end_turn"
+            );
+        }
+    }
+
+    let mut other = daemon.client().await;
+    for (i, sid) in sids.iter().enumerate() {
+        let result = other.load(sid, cwds[i]).await.1;
+        if i == 2 {
+            assert_eq!(result.expect_err("unknown").code, -32002);
+        } else {
+            result.expect("a kept session loads");
+        }
+    }
 }

@@ -75,11 +75,51 @@ impl Store {
 const BACKOFF_START: std::time::Duration = std::time::Duration::from_millis(50);
 const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The writer's commit of one queued row: retried while the database is away (as the
-/// writer's batches are), refused for good otherwise. Raises or stops `durable`, then lets
-/// the store calls waiting for the row go.
-pub(crate) async fn commit(pool: &Pool, rows: &NewRows, row: &SessionRow, durable: &DurableSeq) {
-    let mut retried = false;
+/// Most rows one statement inserts, and most rows a batch of rows alone waits for (`writer`).
+pub(crate) const ROWS_MAX: usize = 16;
+
+/// The writer's commit of a batch's rows: `ROWS_MAX` at a time in one statement (a row's
+/// commit costs SQLite about as much as sixteen's: the pages it writes), and one by one
+/// when that fails, so each row gets its own verdict and retries.
+pub(crate) async fn commit_all(
+    pool: &Pool,
+    rows: &NewRows,
+    batch: &[(Box<SessionRow>, Arc<DurableSeq>)],
+) {
+    for chunk in batch.chunks(ROWS_MAX) {
+        let mut maybe_in = false;
+        if let [_, _, ..] = chunk {
+            let all: Vec<&SessionRow> = chunk.iter().map(|(row, _)| &**row).collect();
+            match sessions::insert_sessions(pool, &all).await {
+                Ok(()) => {
+                    for (row, durable) in chunk {
+                        raise(durable);
+                        rows.done(&row.id);
+                    }
+                    continue;
+                }
+                // Not the database's verdict (the connection went): the statement may have
+                // committed, so a row found there afterwards is ours.
+                Err(e) => maybe_in = e.as_database_error().is_none(),
+            }
+        }
+        for (row, durable) in chunk {
+            commit(pool, rows, row, durable, maybe_in).await;
+        }
+    }
+}
+
+/// The commit of one queued row: retried while the database is away (as the writer's
+/// batches are), refused for good otherwise. Raises or stops `durable`, then lets the store
+/// calls waiting for the row go. `maybe_in`: an earlier try may have committed it.
+async fn commit(
+    pool: &Pool,
+    rows: &NewRows,
+    row: &SessionRow,
+    durable: &DurableSeq,
+    maybe_in: bool,
+) {
+    let mut retried = maybe_in;
     let backoff = ExponentialBuilder::default()
         .with_min_delay(BACKOFF_START)
         .with_max_delay(BACKOFF_MAX)

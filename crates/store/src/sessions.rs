@@ -46,29 +46,61 @@ pub(super) async fn insert_session(pool: &Pool, row: &SessionRow) -> Result<(), 
     }
 }
 
-async fn insert_once(pool: &Pool, row: &SessionRow) -> Result<(), sqlx::Error> {
+/// Binds one row's 16 values in `INSERT_SESSION`'s order (a macro: the query's type differs
+/// by backend inside `on_write!`).
+macro_rules! bind_row {
+    ($q:expr, $row:expr) => {
+        $q.bind(&$row.id)
+            .bind(&$row.principal_id)
+            .bind(&$row.agent)
+            .bind(&$row.agent_session_id)
+            .bind(&$row.cwd)
+            .bind(&$row.additional_dirs)
+            .bind(&$row.title)
+            .bind(&$row.mode_id)
+            .bind(&$row.config_values)
+            .bind(&$row.meta)
+            .bind($row.created_at_ms)
+            .bind($row.updated_at_ms)
+            .bind($row.closed)
+            .bind($row.last_seq)
+            .bind(&$row.owner_instance)
+            .bind($row.lease_until_ms)
+    };
+}
+
+/// Several new rows in one statement (one transaction, one round trip): the journal writer's
+/// commit of the rows `session/new` queued (`new_rows.rs`). All or none: on an error the
+/// caller inserts them one by one to learn which. sqlx prepares one statement per distinct
+/// text, so callers keep `rows.len()` within a small bound.
+pub(super) async fn insert_sessions(pool: &Pool, rows: &[&SessionRow]) -> Result<(), sqlx::Error> {
+    let sql = many_rows_sql(rows.len());
     on_write!(pool, |p| {
-        sqlx::query(INSERT_SESSION)
-            .bind(&row.id)
-            .bind(&row.principal_id)
-            .bind(&row.agent)
-            .bind(&row.agent_session_id)
-            .bind(&row.cwd)
-            .bind(&row.additional_dirs)
-            .bind(&row.title)
-            .bind(&row.mode_id)
-            .bind(&row.config_values)
-            .bind(&row.meta)
-            .bind(row.created_at_ms)
-            .bind(row.updated_at_ms)
-            .bind(row.closed)
-            .bind(row.last_seq)
-            .bind(&row.owner_instance)
-            .bind(row.lease_until_ms)
-            .execute(p)
-            .await
-            .map(drop)
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.clone()));
+        for row in rows {
+            q = bind_row!(q, row);
+        }
+        q.execute(p).await.map(drop)
     })
+}
+
+/// `INSERT_SESSION` with `n` tuples of placeholders.
+fn many_rows_sql(n: usize) -> String {
+    let (head, _) = INSERT_SESSION.split_at(INSERT_SESSION.find("VALUES").unwrap_or(0));
+    let tuples: Vec<String> = (0..n)
+        .map(|r| {
+            let cols: Vec<String> = (1..=16).map(|c| format!("${}", r * 16 + c)).collect();
+            format!("({})", cols.join(", "))
+        })
+        .collect();
+    format!("{head}VALUES {}", tuples.join(", "))
+}
+
+async fn insert_once(pool: &Pool, row: &SessionRow) -> Result<(), sqlx::Error> {
+    on_write!(pool, |p| bind_row!(sqlx::query(INSERT_SESSION), row)
+        .execute(p)
+        .await
+        .map(drop))
 }
 
 pub(super) async fn session(pool: &Pool, id: &str) -> Result<Option<SessionRow>, StoreError> {
@@ -250,4 +282,18 @@ pub(super) async fn agent_state(
             .await
             .map_err(db)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn many_rows_number_every_placeholder_once_in_order() {
+        let sql = super::many_rows_sql(2);
+        assert!(
+            sql.starts_with("INSERT INTO sessions (id, principal_id,"),
+            "{sql}"
+        );
+        assert!(sql.contains("VALUES ($1, $2, "), "{sql}");
+        assert!(sql.ends_with("$15, $16), ($17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32)"), "{sql}");
+    }
 }

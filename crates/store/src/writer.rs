@@ -32,6 +32,10 @@ use super::{journal_pg, journal_sqlite};
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How long new rows with nothing else to commit wait for company (`Writer::linger`): the
+/// crash window in which an answered `session/new` may end unknown, and how long a store
+/// call about such a session may wait for its row.
+const ROW_LINGER: Duration = Duration::from_millis(2);
 
 pub(crate) enum Msg {
     Append(NewEntry, Arc<DurableSeq>),
@@ -199,6 +203,7 @@ impl Writer {
             }
             if !batch.is_empty() {
                 self.fill(&mut batch);
+                self.linger(&mut batch).await;
                 self.commit(&batch).await;
                 batch.clear();
             }
@@ -225,15 +230,30 @@ impl Writer {
         }
     }
 
+    /// Holds a batch of new rows alone (no entries) up to `ROW_LINGER` for more, so sessions
+    /// created one after another share a commit. Nothing waits for it: `session/new` answered
+    /// already, and an entry (of any session) ends it at once, as does a full batch.
+    async fn linger(&mut self, batch: &mut Batch) {
+        let deadline = tokio::time::Instant::now() + ROW_LINGER;
+        while self.open && batch.items.is_empty() && batch.rows.len() < new_rows::ROWS_MAX {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(msg)) => {
+                    self.accept(msg, batch);
+                    self.fill(batch);
+                }
+                Ok(None) => self.open = false,
+                Err(_) => return,
+            }
+        }
+    }
+
     /// Commits the batch and advances the watermarks. Appends through a stopped watch are
     /// dropped unwritten. If the batch as a whole is rejected, some row poisons the
     /// transaction: the entries are committed one by one, so the good ones still go in and
     /// the bad one stops its session's watermark (and that session's later entries).
     async fn commit(&self, batch: &Batch) {
         // Rows first: an entry of a session created in this batch needs its row.
-        for (row, durable) in &batch.rows {
-            new_rows::commit(&self.pool, &self.new_rows, row, durable).await;
-        }
+        new_rows::commit_all(&self.pool, &self.new_rows, &batch.rows).await;
         let live: Vec<&Item> = batch.items.iter().filter(|(_, d)| !stopped(d)).collect();
         if live.is_empty() {
             return;
