@@ -25,7 +25,9 @@ w = tempfile.mkdtemp()
 acpd = subprocess.Popen([f"{BIN}/acpd", "serve", "--no-auth", "--listen", f"127.0.0.1:{port}", "--data-dir", d,
     "--agent", f"s={BIN}/acpd-scripted-agent", "--journal-max-entries", "0", "--journal-max-bytes", "0",
     "--max-requests-per-second", "0", "--max-sessions-per-principal", "0", "--max-connections", "0", "--max-connections-per-principal", "0"],
-    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d + "/acpd.log", "w"))
+    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d + "/acpd.log", "w"),
+    # No stderr line per request from the agent (acpd would log each one), as in benches/relay.
+    env=dict(os.environ, ACPD_SCRIPTED_AGENT_QUIET="1"))
 for _ in range(100):
     try: socket.create_connection(("127.0.0.1", port)).close(); break
     except OSError: time.sleep(0.05)
