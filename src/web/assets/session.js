@@ -76,11 +76,14 @@ function append(b) {
   log.append(node);
 }
 
-// Following the end: on until the user scrolls away from it, on again when they scroll back
-// or jump. Content that grows (a block, a permission in the dock, the composer) moves the
+// Following the end: on until the user scrolls up away from it, on again when they scroll
+// back or jump. Content that grows (a block, a permission in the dock, the composer) moves the
 // page down only while following; growth alone fires no scroll event, so it never turns
-// following off (measuring "at the bottom" after the dock grew did).
+// following off (measuring "at the bottom" after the dock grew did). Only a scroll *up* turns
+// it off: our own scroll to the end fires its event a frame later, and the page may have grown
+// in between (the live stream attaching), so "not at the bottom" then is no user's doing.
 let follow = true;
+let lastY = 0;
 
 function atBottom() {
   return window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 40;
@@ -98,8 +101,11 @@ function setFollow(on) {
 
 function wireFollow() {
   window.addEventListener('scroll', () => {
-    setFollow(atBottom());
-    if (window.scrollY < 80) loadOlder();
+    const y = window.scrollY;
+    if (atBottom()) setFollow(true);
+    else if (y < lastY) setFollow(false);
+    lastY = y;
+    if (y < 80) loadOlder();
   }, { passive: true });
   new ResizeObserver(() => { if (follow) toBottom(); }).observe(document.body);
   jump.addEventListener('click', () => { setFollow(true); toBottom(); });
