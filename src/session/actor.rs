@@ -38,7 +38,7 @@ use super::pending::PendingRequests;
 use super::{AttachMode, ConnId, HubCommand, SessionCommand, SessionHandle, Shared};
 use crate::agent::{AgentError, AgentEvent, AgentHandle};
 use crate::error::AcpError;
-use acpd_store::{DurableSeq, SessionRow, StoreError, Watermark};
+use acpd_store::{JournalWatch, SessionRow, StoreError};
 use acpd_wire::{PeerError, Responder, ResponseError};
 
 /// Most agent events handled in one pass of the actor's loop.
@@ -55,7 +55,7 @@ pub(super) struct Created<'a> {
     pub owner: &'a str,
     /// The journal's watch when the row is queued, not yet committed (`Store::queue_session`):
     /// at `ROW_QUEUED` until the writer commits it. `None`: the row is committed.
-    pub row_queued: Option<(Arc<DurableSeq>, watch::Receiver<Watermark>)>,
+    pub row_queued: Option<JournalWatch>,
 }
 
 /// `created`: `None` for a session opened again, which reads its owner and past spending.

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::agent::AgentKey;
 use crate::error::AcpError;
-use acpd_store::{DurableSeq, SessionRow, Watermark};
+use acpd_store::{JournalWatch, SessionRow};
 use acpd_wire::Responder;
 
 /// Why it failed, with the responder still to answer.
@@ -114,15 +114,13 @@ pub(super) async fn create(
 async fn store_row(
     shared: &Shared,
     row: &SessionRow,
-) -> Result<(Option<RowQueued>, Option<i64>), AcpError> {
+) -> Result<(Option<JournalWatch>, Option<i64>), AcpError> {
     if shared.cluster.is_some() || shared.store.writes_stalled() {
         shared.store.insert_session(row).await?;
         return Ok((None, hub::lease_new(shared, &row.id).await?));
     }
     Ok((Some(shared.store.queue_session(row.clone()).await?), None))
 }
-
-type RowQueued = (Arc<DurableSeq>, tokio::sync::watch::Receiver<Watermark>);
 
 /// The new session's row: the agent's answer (`result`) gives what it starts with (its modes
 /// and options); `servers` are its MCP servers as stored.

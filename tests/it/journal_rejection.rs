@@ -14,28 +14,34 @@ const MARKER: &str = "REJECT-ME";
 /// Makes the daemon's database refuse every agent chunk that carries `MARKER` (a trigger on
 /// SQLite, a CHECK constraint on Postgres: both are data errors, never retried).
 async fn refuse_marker(url: &str) {
+    refuse(
+        url,
+        "CREATE TRIGGER test_reject BEFORE INSERT ON journal \
+         WHEN NEW.kind = 'agent_message_chunk' AND NEW.body LIKE '%REJECT-ME%' \
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        "ALTER TABLE journal ADD CONSTRAINT test_reject \
+         CHECK (kind <> 'agent_message_chunk' OR body NOT LIKE '%REJECT-ME%')",
+    )
+    .await;
+}
+
+/// Runs the statement for the daemon's database: `sqlite` on SQLite, `postgres` on Postgres.
+async fn refuse(url: &str, sqlite: &str, postgres: &str) {
     if url.starts_with("sqlite:") {
         let mut db = SqliteConnection::connect(url)
             .await
             .expect("connect sqlite");
-        sqlx::query(
-            "CREATE TRIGGER test_reject BEFORE INSERT ON journal \
-             WHEN NEW.kind = 'agent_message_chunk' AND NEW.body LIKE '%REJECT-ME%' \
-             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
-        )
-        .execute(&mut db)
-        .await
-        .expect("create trigger");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sqlite))
+            .execute(&mut db)
+            .await
+            .expect("install the refusal");
         db.close().await.ok();
     } else {
         let mut db = PgConnection::connect(url).await.expect("connect postgres");
-        sqlx::query(
-            "ALTER TABLE journal ADD CONSTRAINT test_reject \
-             CHECK (kind <> 'agent_message_chunk' OR body NOT LIKE '%REJECT-ME%')",
-        )
-        .execute(&mut db)
-        .await
-        .expect("add constraint");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(postgres))
+            .execute(&mut db)
+            .await
+            .expect("install the refusal");
         db.close().await.ok();
     }
 }
@@ -138,30 +144,15 @@ const REFUSED_DIR: &str = "refuse-this-row";
 
 /// Makes the daemon's database refuse every new session row whose cwd is in `REFUSED_DIR`.
 async fn refuse_rows(url: &str) {
-    if url.starts_with("sqlite:") {
-        let mut db = SqliteConnection::connect(url)
-            .await
-            .expect("connect sqlite");
-        sqlx::query(
-            "CREATE TRIGGER test_reject_row BEFORE INSERT ON sessions \
-             WHEN NEW.cwd LIKE '%refuse-this-row%' \
-             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
-        )
-        .execute(&mut db)
-        .await
-        .expect("create trigger");
-        db.close().await.ok();
-    } else {
-        let mut db = PgConnection::connect(url).await.expect("connect postgres");
-        sqlx::query(
-            "ALTER TABLE sessions ADD CONSTRAINT test_reject_row \
-             CHECK (cwd NOT LIKE '%refuse-this-row%')",
-        )
-        .execute(&mut db)
-        .await
-        .expect("add constraint");
-        db.close().await.ok();
-    }
+    refuse(
+        url,
+        "CREATE TRIGGER test_reject_row BEFORE INSERT ON sessions \
+         WHEN NEW.cwd LIKE '%refuse-this-row%' \
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        "ALTER TABLE sessions ADD CONSTRAINT test_reject_row \
+         CHECK (cwd NOT LIKE '%refuse-this-row%')",
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -517,6 +517,15 @@ pub(crate) fn conflict_or_db(
     }
 }
 
+/// How the journal writer retries a write while the database is away: from 50 ms, doubling,
+/// capped at 2 s, for ever (nothing queued is dropped; `append` pushes back meanwhile).
+pub(crate) fn write_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(2))
+        .without_max_times()
+}
+
 #[cfg(test)]
 mod tests {
     use super::redact;

@@ -52,8 +52,11 @@ impl Watermark {
 /// row's `last_seq`) starts afresh.
 pub type DurableSeq = watch::Sender<Watermark>;
 
+/// One session journal's watch: the writer's end and the session's.
+pub type JournalWatch = (Arc<DurableSeq>, watch::Receiver<Watermark>);
+
 /// A fresh watch for a journal committed up to `last_seq`.
-pub fn watermark(last_seq: i64) -> (Arc<DurableSeq>, watch::Receiver<Watermark>) {
+pub fn watermark(last_seq: i64) -> JournalWatch {
     let (tx, rx) = watch::channel(Watermark::at(last_seq));
     (Arc::new(tx), rx)
 }

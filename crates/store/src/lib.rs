@@ -49,7 +49,7 @@ use tokio::sync::mpsc;
 use backend::{Pool, db, on_pool};
 
 pub use backend::JOURNAL_FORMAT;
-pub use entry::{DurableSeq, JournalEntry, NewEntry, Watermark, watermark};
+pub use entry::{DurableSeq, JournalEntry, JournalWatch, NewEntry, Watermark, watermark};
 pub use form::{BodyForm, Verbatim};
 pub use handles::{ClusterStore, RegistryStore, WebStore};
 pub use lease::{Acquired, ReplicaOptions};

@@ -11,10 +11,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use tokio::sync::watch;
 
-use super::backend::Pool;
+use super::backend::{Pool, write_backoff};
 use super::{DurableSeq, SessionRow, Store, StoreError, Watermark, sessions};
 
 /// The watermark of a session whose row is queued, not committed: `durable` is raised to 0
@@ -72,9 +72,6 @@ impl Store {
     }
 }
 
-const BACKOFF_START: std::time::Duration = std::time::Duration::from_millis(50);
-const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// Most rows one statement inserts, and most rows a batch of rows alone waits for (`writer`).
 pub(crate) const ROWS_MAX: usize = 16;
 
@@ -120,12 +117,8 @@ async fn commit(
     maybe_in: bool,
 ) {
     let mut retried = maybe_in;
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(BACKOFF_START)
-        .with_max_delay(BACKOFF_MAX)
-        .without_max_times();
     let result = (|| sessions::insert_session(pool, row))
-        .retry(backoff)
+        .retry(write_backoff())
         .sleep(tokio::time::sleep)
         .when(|e| matches!(e, StoreError::Unavailable(_)))
         .notify(|e, wait| {

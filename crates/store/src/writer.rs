@@ -19,19 +19,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use tokio::sync::{mpsc, watch};
 
-use super::backend::{Failure, Pool, begin_write, classify, on_write};
+use super::backend::{Failure, Pool, begin_write, classify, on_write, write_backoff};
 use super::form::BodyForm;
 use super::journal::{JournalSql, Mark};
 use super::new_rows::{self, NewRows, ROW_QUEUED};
 use super::pack::Ins;
-use super::{DurableSeq, NewEntry, SessionRow, StoreError, StoreOptions, Watermark};
+use super::{DurableSeq, JournalWatch, NewEntry, SessionRow, StoreError, StoreOptions};
 use super::{journal_pg, journal_sqlite};
 
-const BACKOFF_START: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How long new rows with nothing else to commit wait for company (`Writer::linger`): the
 /// crash window in which an answered `session/new` may end unknown, and how long a store
 /// call about such a session may wait for its row.
@@ -284,10 +282,7 @@ impl Writer {
     /// known to fix (which then rejects the entries rather than wedging every session).
     async fn commit_with_retry(&self, items: &[&Item]) -> Result<(), CommitError> {
         let mut retried = false;
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(BACKOFF_START)
-            .with_max_delay(BACKOFF_MAX)
-            .without_max_times();
+        let backoff = write_backoff();
         let attempt = || async {
             let started = std::time::Instant::now();
             write(&self.pool, &*self.form, items)
@@ -382,10 +377,7 @@ impl super::Store {
     /// and returns its journal's watch: at `ROW_QUEUED` until the row commits (then 0), or
     /// rejected at 0 if the database refuses it. Every store call about the session waits for
     /// the row meanwhile. Waits only while the writer's queue is full.
-    pub async fn queue_session(
-        &self,
-        row: SessionRow,
-    ) -> Result<(Arc<DurableSeq>, watch::Receiver<Watermark>), StoreError> {
+    pub async fn queue_session(&self, row: SessionRow) -> Result<JournalWatch, StoreError> {
         let (durable, rx) = super::watermark(ROW_QUEUED);
         let id: Arc<str> = Arc::from(row.id.as_str());
         self.inner.new_rows.queued(id.clone(), rx.clone());

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use acpd_store::{DurableSeq, NewEntry, Watermark};
+use acpd_store::{DurableSeq, JournalWatch, NewEntry, Watermark};
 use tokio::sync::watch;
 
 /// Most appends held while the store's queue is full (the actor takes no agent events
@@ -32,26 +32,22 @@ pub(super) struct Position {
 impl Position {
     /// A journal committed up to `last_seq`.
     pub(super) fn new(last_seq: i64, lease: Option<crate::cluster::Lease>) -> Position {
-        let (durable, durable_rx) = acpd_store::watermark(last_seq);
-        Position {
-            next_seq: last_seq + 1,
-            durable,
-            durable_rx,
-            burst_ms: None,
-            store_outage: false,
-            unqueued: VecDeque::new(),
-            lease,
-        }
+        Position::watching(last_seq + 1, acpd_store::watermark(last_seq), lease)
     }
 
     /// A new session's journal, empty, whose row is queued to the store's writer: `watch` is
     /// at `ROW_QUEUED` until the row commits, and nothing is sent past it meanwhile.
-    pub(super) fn queued(
-        (durable, durable_rx): (Arc<DurableSeq>, watch::Receiver<Watermark>),
+    pub(super) fn queued(watch: JournalWatch, lease: Option<crate::cluster::Lease>) -> Position {
+        Position::watching(1, watch, lease)
+    }
+
+    fn watching(
+        next_seq: i64,
+        (durable, durable_rx): JournalWatch,
         lease: Option<crate::cluster::Lease>,
     ) -> Position {
         Position {
-            next_seq: 1,
+            next_seq,
             durable,
             durable_rx,
             burst_ms: None,
