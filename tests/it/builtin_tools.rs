@@ -130,8 +130,13 @@ async fn builtin_cancel_during_streaming_and_during_a_tool() {
     // Mid-stream.
     model.push_stream(vec![text("partial answer"), Ev::Hang]);
     let rx = ed.start_prompt(&sid, "talk");
+    // The model streams the text in two halves; cancel once both arrived, so what the
+    // history must keep is all there (cancelling after the first raced the second).
     ed.wait_update("the partial text", |u| {
         u["sessionUpdate"] == "agent_message_chunk"
+            && u["content"]["text"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("answer"))
     })
     .await;
     ed.notify("session/cancel", json!({ "sessionId": sid }));
