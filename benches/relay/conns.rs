@@ -117,6 +117,13 @@ pub async fn open(port: u16, path: &str, kind: Kind) -> Result<(Socket, Duration
             if msg.get("result").is_none() {
                 return Err(anyhow!("initialize failed: {msg}"));
             }
+            if kind == Kind::Resumable {
+                // acp-shim acks what it received within a second (its keepalive tick), and
+                // only then may acpd let the answer go: an idle shim's link holds nothing.
+                let s = v["s"].as_u64().ok_or_else(|| anyhow!("no seq: {v}"))?;
+                ws.send(Message::Text(json!({ "a": s }).to_string().into()))
+                    .await?;
+            }
             break;
         }
     }

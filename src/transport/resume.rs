@@ -16,12 +16,13 @@ use std::time::Duration;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use futures_util::SinkExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use acpd_wire::Link;
-use owner::{Control, Owner};
+use owner::{Control, ControlTx, Owner};
 
 pub use acpd_wire::resume::{
     CONNECTION_ID_HEADER, LAST_SEQ_HEADER, MAX_MESSAGE_HEADER, RESUME_HEADER, SUBPROTOCOL, window,
@@ -47,16 +48,19 @@ pub enum Rejected {
     Gone,
 }
 
+/// Room in a link's control queue beside one slot per sender (`futures_channel`'s bound).
+const CONTROL_QUEUE: usize = 2;
+
 enum RegistryCmd {
     Insert {
         id: Arc<str>,
         principal: String,
-        ctl: mpsc::Sender<Control>,
+        ctl: ControlTx,
     },
     Find {
         id: String,
         principal: String,
-        reply: oneshot::Sender<Option<mpsc::Sender<Control>>>,
+        reply: oneshot::Sender<Option<ControlTx>>,
     },
     Remove {
         id: Arc<str>,
@@ -81,7 +85,7 @@ impl Resumer {
         let (tx, mut rx) = mpsc::channel::<RegistryCmd>(64);
         let stop = shutdown.clone();
         tasks.spawn(async move {
-            let mut links: HashMap<Arc<str>, (String, mpsc::Sender<Control>)> = HashMap::new();
+            let mut links: HashMap<Arc<str>, (String, ControlTx)> = HashMap::new();
             loop {
                 let cmd = tokio::select! {
                     _ = stop.cancelled() => break,
@@ -153,7 +157,7 @@ impl Resumer {
                 "unknown or expired link; start a new one\n",
             )
         };
-        let ctl = match self.find(id, principal).await {
+        let mut ctl = match self.find(id, principal).await {
             Some(ctl) => ctl,
             None => return gone().into_response(),
         };
@@ -173,6 +177,7 @@ impl Resumer {
         let tasks = self.tasks.clone();
         let mut resp = ws.on_upgrade(move |socket| {
             tasks.track_future(async move {
+                let mut ctl = ctl;
                 let attach = Control::Attach {
                     socket: Box::new(socket),
                     peer_received: last_seq,
@@ -206,7 +211,7 @@ impl Resumer {
         let id: Arc<str> = Arc::from(id.as_str());
         let (in_tx, in_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
         let (out_tx, out_rx) = mpsc::channel(acpd_wire::LINK_QUEUE);
-        let (ctl_tx, ctl_rx) = mpsc::channel(4);
+        let (ctl_tx, ctl_rx) = futures_channel::mpsc::channel(CONTROL_QUEUE);
         let insert = RegistryCmd::Insert {
             id: id.clone(),
             principal: principal.to_owned(),
@@ -234,6 +239,7 @@ impl Resumer {
         let tasks = self.tasks.clone();
         let mut resp = ws.on_upgrade(move |socket| {
             tasks.track_future(async move {
+                let mut ctl_tx = ctl_tx;
                 let attach = Control::Attach {
                     socket: Box::new(socket),
                     peer_received: 0,
@@ -252,7 +258,7 @@ impl Resumer {
         resp
     }
 
-    async fn find(&self, id: &str, principal: &str) -> Option<mpsc::Sender<Control>> {
+    async fn find(&self, id: &str, principal: &str) -> Option<ControlTx> {
         let (reply, rx) = oneshot::channel();
         let find = RegistryCmd::Find {
             id: id.to_owned(),

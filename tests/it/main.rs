@@ -58,6 +58,7 @@ mod python_sdk;
 mod remote_login;
 mod replicas;
 mod request_order;
+mod resume_flow;
 mod revocation;
 mod scripted_agent;
 mod security;

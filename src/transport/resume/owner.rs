@@ -2,13 +2,16 @@
 //! reads and writes, the window (numbering, unacked frames) and at most one socket at a time;
 //! it outlives its sockets for the grace period.
 //!
-//! Each socket gets a reader and a writer task, so the owner never waits on the network: it
-//! keeps reading acks while a write is stuck, a blackholed socket is noticed by the keepalive
-//! instead of hanging the link, and a write the client takes no bytes of for the write deadline
-//! detaches the link (the client resumes it).
+//! The owner reads its socket in its own loop and writes it through one write in flight at a
+//! time (a burst that borrows the write half and gives it back), so it never waits on the
+//! network: it keeps reading acks while a write is stuck, a blackholed socket is noticed by
+//! the keepalive instead of hanging the link, and a write the client takes no bytes of for the
+//! write deadline detaches the link (the client resumes it). A socket costs no task and no
+//! channel of its own; only its close runs in a task (`Socket::close`).
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +29,9 @@ use super::{Rejected, ResumeSettings};
 use crate::transport::ws::{BURST, CloseReason};
 use acpd_wire::InFrame;
 
+/// The registry's and the upgrade handlers' end of an owner's control queue.
+pub(super) type ControlTx = futures_channel::mpsc::Sender<Control>;
+
 /// What the registry and the upgrade handler tell an owner.
 pub(super) enum Control {
     /// A client wants to resume: drop the current socket (the position must not move until the
@@ -41,40 +47,120 @@ pub(super) enum Control {
     },
 }
 
-enum WsOut {
-    Text(String),
-    Close(u16, &'static str),
-}
-
-enum SockEvent {
-    Text(u64, String),
-    /// The socket ended; `Some(code)` when the client sent a close frame.
-    Closed(u64, Option<u16>),
-}
-
-/// The owner's end of one socket. Dropping it kills both I/O tasks at once (socket replaced
-/// or dead); `close` lets the writer send a close frame first.
+/// The socket attached to a link. The owner reads it in its own loop and writes it through a
+/// write in flight that borrows the write half and gives it back, so the owner never waits on
+/// the network and an idle link has no task or channel of its socket's (issue 45's idle
+/// connection memory). Dropping it closes the socket at once (replaced, or dead); `close`
+/// sends a close frame first.
 struct Socket {
-    sock_no: u64,
-    writer: mpsc::Sender<WsOut>,
-    kill_reader: CancellationToken,
-    kill_writer: CancellationToken,
-    closing: bool,
+    stream: SplitStream<WebSocket>,
+    /// The write half while no write is in flight; exactly one of `sink` and `writing` is set.
+    sink: Option<SplitSink<WebSocket, Message>>,
+    writing: Option<Writing>,
+    /// Control frames (acks, pongs, pings) for the next write, at most `CONTROL_MAX`.
+    control: VecDeque<String>,
 }
+
+/// A burst being written: it owns the write half until the burst is flushed or fails.
+type Writing = Pin<Box<dyn Future<Output = Written> + Send>>;
+type Written = (
+    SplitSink<WebSocket, Message>,
+    Result<Result<(), axum::Error>, tokio::time::error::Elapsed>,
+);
 
 impl Socket {
-    fn close(mut self, code: u16, reason: &'static str) {
-        self.closing = true;
-        let _ = self.writer.try_send(WsOut::Close(code, reason));
+    fn new(ws: WebSocket) -> Socket {
+        let (sink, stream) = ws.split();
+        Socket {
+            stream,
+            sink: Some(sink),
+            writing: None,
+            control: VecDeque::new(),
+        }
+    }
+
+    /// Queues a control frame; `false` (and it is dropped) when `CONTROL_MAX` are waiting:
+    /// the client takes no bytes, and the write deadline or the keepalive ends the socket.
+    fn queue(&mut self, frame: String) -> bool {
+        if self.control.len() >= CONTROL_MAX {
+            return false;
+        }
+        self.control.push_back(frame);
+        true
+    }
+
+    /// Sends a close frame after the write in flight, then reads what the client still sends
+    /// until its own close frame (a socket closed with unread input is reset, and the reset
+    /// can throw away our close frame), all within `CLOSE_WAIT`, in a task of its own so the
+    /// owner never waits for it.
+    fn close(self, code: u16, reason: &'static str, tasks: &TaskTracker) {
+        let Socket {
+            mut stream,
+            sink,
+            writing,
+            ..
+        } = self;
+        tasks.spawn(async move {
+            let sink = match (sink, writing) {
+                (Some(sink), _) => sink,
+                (None, Some(w)) => w.await.0,
+                (None, None) => return,
+            };
+            let frame = CloseFrame {
+                code,
+                reason: reason.into(),
+            };
+            let close = async {
+                let mut sink = sink;
+                let _ = sink.send(Message::Close(Some(frame))).await;
+                let _ = sink.close().await;
+                crate::transport::ws::linger(&mut stream).await;
+            };
+            let _ = tokio::time::timeout(CLOSE_WAIT, close).await;
+        });
+    }
+
+    /// Starts a write of the control frames waiting and of what the window has unwritten (up
+    /// to `BURST` frames in all, one flush) when none is in flight.
+    fn start_write(&mut self, window: &mut Window, deadline: Duration) {
+        if self.writing.is_some() || (self.control.is_empty() && !window.has_unwritten()) {
+            return;
+        }
+        let Some(mut sink) = self.sink.take() else {
+            return;
+        };
+        let mut frames: Vec<String> = self.control.drain(..).collect();
+        while frames.len() < BURST
+            && let Some(f) = window.next_frame()
+        {
+            frames.push(f);
+        }
+        self.writing = Some(Box::pin(async move {
+            let burst = async {
+                for f in frames {
+                    sink.feed(Message::Text(f.into())).await?;
+                }
+                sink.flush().await
+            };
+            let r = tokio::time::timeout(deadline, burst).await;
+            (sink, r)
+        }));
     }
 }
 
-impl Drop for Socket {
-    fn drop(&mut self) {
-        self.kill_reader.cancel();
-        if !self.closing {
-            self.kill_writer.cancel();
-        }
+/// The next frame of the attached socket; never ready without one.
+async fn read(stream: Option<&mut SplitStream<WebSocket>>) -> Option<Result<Message, axum::Error>> {
+    match stream {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The end of the write in flight; never ready without one.
+async fn written(writing: Option<&mut Writing>) -> Written {
+    match writing {
+        Some(w) => w.await,
+        None => std::future::pending().await,
     }
 }
 
@@ -83,7 +169,10 @@ const DELIVER_MAX: usize = 64;
 /// Messages taken from the connection but not yet written, while a socket is attached: a slow
 /// socket pushes back on the sessions, as with a plain link.
 const UNWRITTEN_MAX: u64 = 256;
-const WRITER_QUEUE: usize = 64;
+/// Control frames waiting for the next write.
+const CONTROL_MAX: usize = 64;
+/// Longest a closing socket's close frame and the client's reply may take.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 pub(super) struct Owner {
     pub id: Arc<str>,
@@ -99,17 +188,16 @@ impl Owner {
         self,
         link_in: mpsc::Sender<InFrame>,
         mut link_out: mpsc::Receiver<acpd_wire::OutFrame>,
-        mut ctl: mpsc::Receiver<Control>,
+        mut ctl: futures_channel::mpsc::Receiver<Control>,
     ) {
         let ka = self.settings.keepalive;
         let shutdown = self.shutdown.clone();
-        let (ev_tx, mut events) = mpsc::channel::<SockEvent>(DELIVER_MAX);
+        let deadline = crate::transport::write_deadline(ka);
         let mut r = Running {
             owner: self,
             window: Window::new(),
             socket: None,
             sock_no: 0,
-            events: ev_tx,
             to_deliver: VecDeque::new(),
             detached_at: Some(Instant::now()),
             last_heard: Instant::now(),
@@ -121,17 +209,27 @@ impl Owner {
         let mut tick = tokio::time::interval(ka.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let end: &str = loop {
+            if let Some(s) = r.socket.as_mut() {
+                s.start_write(&mut r.window, deadline);
+            }
             let accept_out = r.accepts_out();
-            let writer = r.socket.as_ref().map(|s| s.writer.clone());
+            let reading = r.to_deliver.len() < DELIVER_MAX;
+            // The socket's read half and its write in flight, borrowed apart.
+            let (stream, writing) = match r.socket.as_mut() {
+                Some(Socket {
+                    stream, writing, ..
+                }) => (Some(stream), writing.as_mut()),
+                None => (None, None),
+            };
             let step = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => r.on_shutdown(),
-                c = ctl.recv() => r.on_control(c),
-                Some(ev) = events.recv(), if r.to_deliver.len() < DELIVER_MAX => r.on_socket(ev),
-                permit = writer_permit(writer), if r.window.has_unwritten() => r.on_writer_room(permit),
+                c = ctl.next() => r.on_control(c),
+                w = written(writing) => r.on_written(w),
+                m = read(stream), if reading => r.on_read(m),
                 permit = link_in.reserve(), if !r.to_deliver.is_empty() => r.on_link_in_room(permit),
                 out = link_out.recv(), if accept_out => r.on_link_out(out, &mut link_out),
-                _ = tick.tick() => r.on_tick(events.is_empty()),
+                _ = tick.tick() => r.on_tick(reading),
             };
             if let ControlFlow::Break(why) = step {
                 break why;
@@ -183,147 +281,6 @@ impl Owner {
             Frame::Pong(_) => Ok(None),
         }
     }
-
-    fn start_socket(&self, ws: WebSocket, sock_no: u64, events: mpsc::Sender<SockEvent>) -> Socket {
-        let (sink, stream) = ws.split();
-        let kill_reader = CancellationToken::new();
-        let kill_writer = CancellationToken::new();
-        let (tx, rx) = mpsc::channel::<WsOut>(WRITER_QUEUE);
-        let deadline = crate::transport::write_deadline(self.settings.keepalive);
-        self.tasks.spawn(write_socket(
-            sink,
-            rx,
-            kill_writer.clone(),
-            deadline,
-            sock_no,
-            events.clone(),
-        ));
-        self.tasks.spawn(read_socket(
-            stream,
-            kill_reader.clone(),
-            self.shutdown.clone(),
-            sock_no,
-            events,
-        ));
-        Socket {
-            sock_no,
-            writer: tx,
-            kill_reader,
-            kill_writer,
-            closing: false,
-        }
-    }
-}
-
-/// One socket's writer task: sends what the owner queues, a burst per write, until killed,
-/// closed, or the write deadline passes.
-async fn write_socket(
-    mut sink: SplitSink<WebSocket, Message>,
-    mut rx: mpsc::Receiver<WsOut>,
-    k: CancellationToken,
-    deadline: Duration,
-    sock_no: u64,
-    lost: mpsc::Sender<SockEvent>,
-) {
-    // A message taken off the queue while gathering a burst, not yet handled.
-    let mut taken: Option<WsOut> = None;
-    loop {
-        let out = match taken.take() {
-            Some(o) => Some(o),
-            None => tokio::select! {
-                _ = k.cancelled() => break,
-                o = rx.recv() => o,
-            },
-        };
-        match out {
-            Some(WsOut::Text(t)) => {
-                // Feed this frame and the text frames already queued, flush once:
-                // one socket write per burst while a turn streams.
-                let burst = async {
-                    sink.feed(Message::Text(t.into())).await?;
-                    for _ in 1..BURST {
-                        match rx.try_recv() {
-                            Ok(WsOut::Text(t)) => sink.feed(Message::Text(t.into())).await?,
-                            Ok(other) => {
-                                taken = Some(other);
-                                break;
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    sink.flush().await
-                };
-                let sent = tokio::select! {
-                    _ = k.cancelled() => break,
-                    r = tokio::time::timeout(deadline, burst) => r,
-                };
-                match sent {
-                    Ok(Ok(())) => continue,
-                    Ok(Err(e)) => tracing::debug!(error = %e, "resumable socket write failed"),
-                    Err(_) => tracing::info!(
-                        ?deadline,
-                        "resumable socket: write deadline passed (the client takes no bytes); detaching"
-                    ),
-                }
-                // Tell the owner now rather than at the next keepalive check.
-                tokio::select! {
-                    _ = k.cancelled() => {}
-                    _ = lost.send(SockEvent::Closed(sock_no, None)) => {}
-                }
-                break;
-            }
-            Some(WsOut::Close(code, reason)) => {
-                let frame = CloseFrame {
-                    code,
-                    reason: reason.into(),
-                };
-                let close = async {
-                    let _ = sink.send(Message::Close(Some(frame))).await;
-                    let _ = sink.close().await;
-                };
-                let _ = tokio::time::timeout(deadline.min(Duration::from_secs(1)), close).await;
-                break;
-            }
-            None => break,
-        }
-    }
-}
-
-/// One socket's reader task: hands the owner each text frame, then how the socket ended.
-async fn read_socket(
-    mut stream: SplitStream<WebSocket>,
-    k: CancellationToken,
-    shutdown: CancellationToken,
-    sock_no: u64,
-    events: mpsc::Sender<SockEvent>,
-) {
-    let code = loop {
-        let msg = tokio::select! {
-            _ = k.cancelled() => return,
-            _ = shutdown.cancelled() => {
-                // So the socket is not reset with our close frame unread; bounded
-                // like the writer's close.
-                let drain = crate::transport::ws::linger(&mut stream);
-                let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
-                return;
-            }
-            m = stream.next() => m,
-        };
-        let text = match msg {
-            Some(Ok(Message::Text(t))) => t.to_string(),
-            Some(Ok(Message::Close(f))) => break f.map(|f| f.code),
-            Some(Ok(_)) => continue,
-            Some(Err(e)) if crate::transport::ws::is_too_big(&e) => {
-                break Some(close_code::SIZE);
-            }
-            Some(Err(_)) | None => break None,
-        };
-        tokio::select! {
-            _ = k.cancelled() => return,
-            r = events.send(SockEvent::Text(sock_no, text)) => if r.is_err() { return },
-        }
-    };
-    let _ = events.send(SockEvent::Closed(sock_no, code)).await;
 }
 
 /// What one step of the owner's loop decided: go on, or end the link (and why).
@@ -336,8 +293,6 @@ struct Running {
     window: Window,
     socket: Option<Socket>,
     sock_no: u64,
-    /// The sender each new socket's reader and writer report on.
-    events: mpsc::Sender<SockEvent>,
     to_deliver: VecDeque<InFrame>,
     detached_at: Option<Instant>,
     last_heard: Instant,
@@ -360,9 +315,7 @@ impl Running {
     }
 
     fn on_shutdown(&mut self) -> Step {
-        if let Some(s) = self.socket.take() {
-            s.close(CloseReason::SHUTDOWN.code, CloseReason::SHUTDOWN.reason);
-        }
+        self.close(CloseReason::SHUTDOWN);
         ControlFlow::Break("daemon shutting down")
     }
 
@@ -395,7 +348,7 @@ impl Running {
                 }
                 self.sock_no += 1;
                 let sock_no = self.sock_no;
-                self.socket = Some(self.owner.start_socket(*ws, sock_no, self.events.clone()));
+                self.socket = Some(Socket::new(*ws));
                 self.detached_at = None;
                 self.last_heard = Instant::now();
                 tracing::debug!(link = %id, sock_no, from = peer_received, "socket attached");
@@ -405,69 +358,86 @@ impl Running {
         ControlFlow::Continue(())
     }
 
-    fn on_socket(&mut self, ev: SockEvent) -> Step {
-        let current = |g: u64| self.socket.as_ref().is_some_and(|s| s.sock_no == g);
-        match ev {
-            SockEvent::Text(g, text) if current(g) => {
-                self.last_heard = Instant::now();
-                match self
-                    .owner
-                    .on_frame(&text, &mut self.window, &mut self.to_deliver)
-                {
-                    Ok(Some(reply)) => {
-                        if let Some(s) = &self.socket {
-                            let _ = s.writer.try_send(WsOut::Text(reply));
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(link = %self.owner.id, error = %e, "protocol error on a resumable link");
-                        if let Some(s) = self.socket.take() {
-                            s.close(close_code::PROTOCOL, "acpd.resume.v1 violation");
-                        }
-                        return ControlFlow::Break("protocol error");
-                    }
-                }
-                if self.window.ack_urgent()
-                    && let Some(s) = &self.socket
-                    && s.writer
-                        .try_send(WsOut::Text(self.window.ack_frame()))
-                        .is_ok()
-                {
-                    self.window.ack_sent_now();
-                }
+    /// Closes the attached socket, if any, with `reason`.
+    fn close(&mut self, reason: CloseReason) {
+        if let Some(s) = self.socket.take() {
+            s.close(reason.code, reason.reason, &self.owner.tasks);
+        }
+    }
+
+    fn on_read(&mut self, msg: Option<Result<Message, axum::Error>>) -> Step {
+        match msg {
+            Some(Ok(Message::Text(t))) => self.on_text(&t),
+            Some(Ok(Message::Close(f))) => self.on_closed(f.map(|f| f.code)),
+            Some(Ok(_)) => ControlFlow::Continue(()),
+            Some(Err(e)) if crate::transport::ws::is_too_big(&e) => {
+                self.on_closed(Some(close_code::SIZE))
             }
-            SockEvent::Closed(g, code) if current(g) => {
-                // Our reader's own verdict on a frame too big to read: say so (1009).
-                if let Some(s) = self.socket.take()
-                    && code == Some(close_code::SIZE)
-                {
-                    s.close(CloseReason::TOO_BIG.code, CloseReason::TOO_BIG.reason);
-                }
-                if code == Some(close_code::NORMAL) {
-                    return ControlFlow::Break("client closed the link");
-                }
-                tracing::debug!(link = %self.owner.id, ?code, "socket lost; link detached");
-                self.detached_at = Some(Instant::now());
+            Some(Err(_)) | None => self.on_closed(None),
+        }
+    }
+
+    fn on_text(&mut self, text: &str) -> Step {
+        self.last_heard = Instant::now();
+        let Some(s) = self.socket.as_mut() else {
+            return ControlFlow::Continue(());
+        };
+        match self
+            .owner
+            .on_frame(text, &mut self.window, &mut self.to_deliver)
+        {
+            Ok(Some(reply)) => {
+                s.queue(reply);
             }
-            _ => {} // from a socket already replaced
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(link = %self.owner.id, error = %e, "protocol error on a resumable link");
+                self.close(CloseReason {
+                    code: close_code::PROTOCOL,
+                    reason: "acpd.resume.v1 violation",
+                });
+                return ControlFlow::Break("protocol error");
+            }
+        }
+        if self.window.ack_urgent() && s.queue(self.window.ack_frame()) {
+            self.window.ack_sent_now();
         }
         ControlFlow::Continue(())
     }
 
-    fn on_writer_room(&mut self, permit: Option<mpsc::OwnedPermit<WsOut>>) -> Step {
-        if let (Some(p), Some(f)) = (permit, self.window.next_frame()) {
-            let w = p.send(WsOut::Text(f));
-            // The socket writer takes what it has room for now: one pass of the loop per
-            // burst.
-            while self.window.has_unwritten() {
-                let Ok(p) = w.try_reserve() else { break };
-                let Some(f) = self.window.next_frame() else {
-                    break;
-                };
-                p.send(WsOut::Text(f));
-            }
+    /// The socket ended; `Some(code)` when the client sent a close frame.
+    fn on_closed(&mut self, code: Option<u16>) -> Step {
+        if code == Some(close_code::SIZE) {
+            // Our own verdict on a frame too big to read: say so (1009).
+            self.close(CloseReason::TOO_BIG);
         }
+        self.socket = None;
+        if code == Some(close_code::NORMAL) {
+            return ControlFlow::Break("client closed the link");
+        }
+        tracing::debug!(link = %self.owner.id, ?code, "socket lost; link detached");
+        self.detached_at = Some(Instant::now());
+        ControlFlow::Continue(())
+    }
+
+    /// A burst was written (the write half comes back), or it failed or passed the write
+    /// deadline: the link is detached then (the client resumes it).
+    fn on_written(&mut self, (sink, r): Written) -> Step {
+        match r {
+            Ok(Ok(())) => {
+                if let Some(s) = self.socket.as_mut() {
+                    s.writing = None;
+                    s.sink = Some(sink);
+                }
+                return ControlFlow::Continue(());
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "resumable socket write failed"),
+            Err(_) => tracing::info!(
+                "resumable socket: write deadline passed (the client takes no bytes); detaching"
+            ),
+        }
+        self.socket = None;
+        self.detached_at = Some(Instant::now());
         ControlFlow::Continue(())
     }
 
@@ -511,33 +481,27 @@ impl Running {
     }
 
     /// The grace period, the keepalive (pings out, silence in) and the periodic ack.
-    /// `no_events_waiting`: frames waiting in the event queue count as heard (the owner is the
-    /// slow one).
-    fn on_tick(&mut self, no_events_waiting: bool) -> Step {
+    /// `reading`: false while the connection has not taken what was read, and the socket is
+    /// left unread meanwhile (the connection is the slow one, not the client).
+    fn on_tick(&mut self, reading: bool) -> Step {
         let ka = self.owner.settings.keepalive;
         if let Some(at) = self.detached_at
             && at.elapsed() > self.owner.settings.grace
         {
             return ControlFlow::Break("grace period over");
         }
-        if self.socket.is_some() && self.last_heard.elapsed() > ka * 3 && no_events_waiting {
+        if self.socket.is_some() && self.last_heard.elapsed() > ka * 3 && reading {
             tracing::info!(link = %self.owner.id, "no keepalive answer; socket presumed dead, link detached");
             self.socket = None;
             self.detached_at = Some(Instant::now());
         }
-        if let Some(s) = &self.socket {
+        if let Some(s) = self.socket.as_mut() {
             if self.last_ping.elapsed() >= ka {
                 self.ping_n += 1;
                 self.last_ping = Instant::now();
-                let _ = s
-                    .writer
-                    .try_send(WsOut::Text(window::ping_frame(self.ping_n)));
+                s.queue(window::ping_frame(self.ping_n));
             }
-            if self.window.ack_due()
-                && s.writer
-                    .try_send(WsOut::Text(self.window.ack_frame()))
-                    .is_ok()
-            {
+            if self.window.ack_due() && s.queue(self.window.ack_frame()) {
                 self.window.ack_sent_now();
             }
         }
@@ -562,24 +526,13 @@ impl Running {
         if self.peer_done && (self.socket.is_none() || !self.window.has_unwritten()) {
             // The connection ended on acpd's side (token revoked, client too slow or
             // flooding; a client's own 1000 ended the loop above): 1008, as plain sockets.
-            if let Some(s) = self.socket.take() {
-                let r = if self.owner.shutdown.is_cancelled() {
-                    CloseReason::SHUTDOWN
-                } else {
-                    CloseReason::CUT_OFF
-                };
-                s.close(r.code, r.reason);
-            }
+            self.close(if self.owner.shutdown.is_cancelled() {
+                CloseReason::SHUTDOWN
+            } else {
+                CloseReason::CUT_OFF
+            });
             return ControlFlow::Break("connection ended");
         }
         ControlFlow::Continue(())
-    }
-}
-
-/// Room in the current socket's writer queue; never ready without a socket.
-async fn writer_permit(writer: Option<mpsc::Sender<WsOut>>) -> Option<mpsc::OwnedPermit<WsOut>> {
-    match writer {
-        Some(w) => w.reserve_owned().await.ok(),
-        None => std::future::pending().await,
     }
 }
