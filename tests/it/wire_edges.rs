@@ -110,14 +110,17 @@ async fn metrics_need_a_token_or_their_own_listener() {
     // Health checks stay open.
     assert_eq!(get(daemon.addr, "/healthz", "").await.0, 200);
 
-    let metrics = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr")
-    };
+    // Port 0, and the port read from the log: a port found free and let go first can be
+    // taken by another test's listener before acpd binds it (failed once that way).
     let opts = DaemonOptions::default()
         .auth()
-        .arg("--metrics-listen", metrics);
+        .arg("--metrics-listen", "127.0.0.1:0");
     let daemon = Daemon::start_with(opts).await;
+    let metrics = {
+        let log = std::fs::read_to_string(daemon.log_path()).expect("log");
+        crate::support::listening_addr(&log, "metrics listener (no token): ")
+            .expect("the metrics listener's address in the log")
+    };
     let token = local_token(&daemon).await;
     let auth = format!("Authorization: Bearer {token}\r\n");
     assert_eq!(get(daemon.addr, "/metrics", &auth).await.0, 404);
