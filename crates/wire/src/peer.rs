@@ -264,7 +264,8 @@ impl PeerHandle {
         self.stop.cancel();
     }
 
-    /// Fires when the peer task has ended.
+    /// Fires when the peer's loop has ended: nothing more goes out or comes in through it,
+    /// and it fires before any pending request is told `Disconnected`.
     pub fn closed(&self) -> CancellationToken {
         self.closed.clone()
     }
@@ -417,6 +418,7 @@ pub fn spawn(
         tasks: tasks.clone(),
     };
     let task = PeerTask {
+        closed,
         queued,
         self_tx: tx,
         tasks: tasks.clone(),
@@ -430,12 +432,13 @@ pub fn spawn(
         task.run(link, rx, lane_rx, in_tx, stop).await;
         tasks.close();
         tasks.wait().await;
-        closed.cancel();
     });
     (handle, in_rx, join)
 }
 
 struct PeerTask {
+    /// Cancelled once the loop ends, before pending requests are told `Disconnected`.
+    closed: CancellationToken,
     queued: Arc<Queued>,
     /// For responders handed to the owner.
     self_tx: mpsc::Sender<Slot>,
@@ -515,6 +518,11 @@ impl PeerTask {
                 break;
             }
         }
+        // Closed before anyone hears of it: an asker told `Disconnected` below may ask again
+        // at once, and its owner must then see this peer as gone (`is_closed`) and find a new
+        // one, not hand the next call to this peer too (agent_calls::a_call_out_when_the_
+        // agent_dies_is_answered_and_the_next_reaches_a_new_agent failed once that way).
+        self.closed.cancel();
         for (_, token) in self.theirs.drain() {
             token.cancel();
         }

@@ -217,4 +217,32 @@ mod tests {
         assert_eq!(b["id"], 2);
         assert!(b["error"]["message"].as_str().unwrap().contains("closed"));
     }
+
+    #[tokio::test]
+    async fn a_peer_is_closed_before_its_pending_calls_hear_of_it() {
+        let (mut client, mut agent) = (side(), side());
+        let r = asked(&mut client, r#"{"jsonrpc":"2.0","id":1,"method":"m"}"#).await;
+        // The asker's wording runs when the call is answered: it records whether the peer
+        // already says it is closed then, as the connection asking again would see it.
+        let closed = agent.peer.closed();
+        let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let saw = seen.clone();
+        let word: MapError = Arc::new(move |e| {
+            saw.store(closed.is_cancelled(), std::sync::atomic::Ordering::SeqCst);
+            ResponseError::internal(format!("agent: {e}"))
+        });
+        agent
+            .peer
+            .try_forward("m", None, Forward::new(r, word, ()))
+            .ok()
+            .unwrap();
+        let _sent = next(&mut agent.out).await;
+        drop(agent.frames);
+        let a: Value = serde_json::from_str(&next(&mut client.out).await).unwrap();
+        assert_eq!(a["id"], 1);
+        assert!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            "the call heard of the closed link before the peer said it was closed"
+        );
+    }
 }
