@@ -23,6 +23,7 @@ mod map;
 mod mcp;
 mod pipe;
 mod relay;
+mod socket;
 mod stdin;
 mod stdout;
 mod tls;

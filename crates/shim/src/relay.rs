@@ -1,21 +1,20 @@
 //! The shim's one loop: editor lines in, daemon frames out and back, reconnects.
 //!
 //! The loop owns everything mutable: the resumable window, the current socket, the restart
-//! bookkeeping, the queues to stdout and of held editor messages. Sockets, stdin, stdout and
-//! connection attempts are tasks that talk to it over bounded channels, so it never waits on
-//! the network or on the editor.
+//! bookkeeping, the queues to stdout and of held editor messages. Sockets (`socket.rs`), stdin,
+//! stdout and connection attempts are tasks that talk to it over bounded channels, so it never
+//! waits on the network or on the editor. It takes what is ready per pass (up to a burst of
+//! socket frames, as many stdout lines as the writer has room for).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use backon::ExponentialBackoff;
-use futures_util::{SinkExt, StreamExt};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
+use tokio_tungstenite::tungstenite::Utf8Bytes;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -27,6 +26,7 @@ use super::editor::{FromDaemon, Tracker};
 use super::frame;
 use super::map::PathMap;
 use super::mcp::{self, LocalMcp};
+use super::socket::{self, SockEvent, Socket, WsOut, writer_permit};
 use super::stdin::read_stdin;
 use super::stdout::{OutLine, write_stdout};
 use acpd_wire::OutFrame;
@@ -37,38 +37,13 @@ use acpd_wire::resume::window::{self, Frame, Window};
 const BUFFER_MAX: usize = 64 << 20;
 const HELD_MAX: usize = 1024;
 const STDOUT_MAX: usize = 256;
+/// Most socket frames handled in one pass of the relay loop.
+const BURST: usize = 64;
 /// After stdin closes: how long to finish sending what the editor wrote.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// After stdin closes: how long the answers the editor is still owed may take (an
 /// `initialize` may have to start the agent; `printf … | acp-shim URL` must print it).
 const ANSWER_WAIT: Duration = Duration::from_secs(15);
-
-enum WsOut {
-    Text(String),
-    Close(u16),
-}
-
-enum SockEvent {
-    /// A text frame, as the socket's own buffer.
-    Text(u64, Utf8Bytes),
-    Closed(u64, Option<(u16, String)>),
-}
-
-/// The loop's end of one socket; dropping it kills the socket's tasks.
-struct Socket {
-    no: u64,
-    writer: mpsc::Sender<WsOut>,
-    kill: CancellationToken,
-    closing: bool,
-}
-
-impl Drop for Socket {
-    fn drop(&mut self) {
-        if !self.closing {
-            self.kill.cancel();
-        }
-    }
-}
 
 struct Relay {
     target: Arc<Target>,
@@ -151,7 +126,7 @@ pub async fn run(
                     Ok(())
                 }
             },
-            Some(ev) = events.recv(), if r.to_stdout.len() < STDOUT_MAX => r.on_socket(ev),
+            Some(ev) = events.recv(), if r.to_stdout.len() < STDOUT_MAX => r.on_socket_burst(ev, &mut events),
             // Answers of the editor's MCP servers, for the daemon.
             Some(answer) = mcp_rx.recv(), if r.window.buffered_bytes() < BUFFER_MAX => {
                 r.window.push(answer);
@@ -164,7 +139,7 @@ pub async fn run(
                 Ok(())
             }
             permit = stdout_tx.reserve(), if !r.to_stdout.is_empty() => match permit {
-                Ok(p) => { if let Some(m) = r.to_stdout.pop_front() { p.send(m) } Ok(()) }
+                Ok(p) => { r.hand_to_stdout(p, &stdout_tx); Ok(()) }
                 Err(_) => Err(Exit::Io("stdout closed".into())),
             },
             res = connected(r.connecting.as_mut()) => {
@@ -309,6 +284,42 @@ impl Relay {
             self.window.push(line);
         } else {
             self.held.push_back(line);
+        }
+    }
+
+    /// Handles `first` and what else the socket's reader has queued, up to `BURST` and while
+    /// the editor's queue has room: one pass of the loop per burst, not per frame, while a
+    /// turn streams.
+    fn on_socket_burst(
+        &mut self,
+        first: SockEvent,
+        events: &mut mpsc::Receiver<SockEvent>,
+    ) -> Result<(), Exit> {
+        self.on_socket(first)?;
+        for _ in 1..BURST {
+            if self.to_stdout.len() >= STDOUT_MAX {
+                break;
+            }
+            match events.try_recv() {
+                Ok(ev) => self.on_socket(ev)?,
+                Err(_) => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the editor's stdout writer the next line in `permit`, and as many more as its
+    /// queue has room for now.
+    fn hand_to_stdout(&mut self, permit: mpsc::Permit<'_, OutLine>, tx: &mpsc::Sender<OutLine>) {
+        let Some(m) = self.to_stdout.pop_front() else {
+            return;
+        };
+        permit.send(m);
+        while !self.to_stdout.is_empty() {
+            let Ok(p) = tx.try_reserve() else { break };
+            if let Some(m) = self.to_stdout.pop_front() {
+                p.send(m);
+            }
         }
     }
 
@@ -543,83 +554,10 @@ impl Relay {
 
     fn start_socket(&mut self, ws: Ws) {
         self.sock_no += 1;
-        let no = self.sock_no;
-        let (mut sink, mut stream) = ws.split();
-        // Not a child of `cancel`: a closing socket's writer must outlive the loop.
-        let kill = CancellationToken::new();
-        let (tx, mut rx) = mpsc::channel::<WsOut>(64);
-        let k = kill.clone();
-        self.tasks.spawn(async move {
-            while let Some(out) = tokio::select! { _ = k.cancelled() => None, o = rx.recv() => o } {
-                match out {
-                    WsOut::Text(t) => {
-                        let r = tokio::select! {
-                            _ = k.cancelled() => break,
-                            r = sink.send(Message::Text(t.into())) => r,
-                        };
-                        if r.is_err() {
-                            break;
-                        }
-                    }
-                    WsOut::Close(code) => {
-                        let frame = CloseFrame {
-                            code: code.into(),
-                            reason: "".into(),
-                        };
-                        let close = async {
-                            let _ = sink.send(Message::Close(Some(frame))).await;
-                            let _ = sink.close().await;
-                        };
-                        let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
-                        break;
-                    }
-                }
-            }
-        });
-        let k = kill.clone();
         let events = self.events.clone();
-        self.tasks.spawn(async move {
-            let close = loop {
-                let msg = tokio::select! {
-                    _ = k.cancelled() => return,
-                    m = stream.next() => m,
-                };
-                match msg {
-                    Some(Ok(Message::Text(t))) => {
-                        let ev = SockEvent::Text(no, t);
-                        tokio::select! {
-                            _ = k.cancelled() => return,
-                            r = events.send(ev) => if r.is_err() { return },
-                        }
-                    }
-                    Some(Ok(Message::Close(f))) => {
-                        break f.map(|f| (u16::from(f.code), f.reason.as_str().to_owned()));
-                    }
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        tracing::debug!(error = %e, "socket read failed");
-                        break None;
-                    }
-                    None => break None,
-                }
-            };
-            let _ = events.send(SockEvent::Closed(no, close)).await;
-        });
-        self.socket = Some(Socket {
-            no,
-            writer: tx,
-            kill,
-            closing: false,
-        });
+        self.socket = Some(socket::start(ws, self.sock_no, &self.tasks, events));
         self.last_heard = Instant::now();
         self.last_ping = Instant::now();
-    }
-}
-
-async fn writer_permit(w: Option<mpsc::Sender<WsOut>>) -> Option<mpsc::OwnedPermit<WsOut>> {
-    match w {
-        Some(w) => w.reserve_owned().await.ok(),
-        None => std::future::pending().await,
     }
 }
 
