@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
-use futures_util::stream::SplitSink;
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -104,15 +104,12 @@ pub fn pump(
         };
         // Bounded: a client that takes no bytes cannot hold the pump (or the drain) here.
         let goodbye = async {
-            if let Some(r) = close {
-                let frame = CloseFrame {
-                    code: r.code,
-                    reason: r.reason.into(),
-                };
-                let _ = sink.send(Message::Close(Some(frame))).await;
-                linger(&mut stream).await;
+            match close {
+                Some(r) => goodbye(&mut sink, &mut stream, r).await,
+                None => {
+                    let _ = sink.close().await;
+                }
             }
-            let _ = sink.close().await;
         };
         let _ = tokio::time::timeout(deadline.min(CLOSE_WAIT), goodbye).await;
     };
@@ -248,11 +245,27 @@ async fn on_ping(sink: &mut SplitSink<WebSocket, Message>, deadline: Duration) -
     }
 }
 
+/// Sends `r`'s close frame, reads what the client still sends until its own (`linger`), and
+/// closes the write half (here and on resumable links). Callers bound it.
+pub(super) async fn goodbye(
+    sink: &mut SplitSink<WebSocket, Message>,
+    stream: &mut SplitStream<WebSocket>,
+    r: CloseReason,
+) {
+    let frame = CloseFrame {
+        code: r.code,
+        reason: r.reason.into(),
+    };
+    let _ = sink.send(Message::Close(Some(frame))).await;
+    linger(stream).await;
+    let _ = sink.close().await;
+}
+
 /// A lingering close, after acpd's close frame went out: what the client still sends is read
 /// and dropped until its own close frame (or EOF). A socket closed with unread input is reset
 /// by the kernel, and the reset can throw away our close frame before the client has read it
 /// (a flooding client saw the socket end with no close frame). Callers bound it.
-pub(super) async fn linger(stream: &mut futures_util::stream::SplitStream<WebSocket>) {
+pub(super) async fn linger(stream: &mut SplitStream<WebSocket>) {
     while let Some(Ok(m)) = stream.next().await {
         if matches!(m, Message::Close(_)) {
             break;

@@ -139,7 +139,11 @@ pub async fn run(
                 Ok(())
             }
             permit = stdout_tx.reserve(), if !r.to_stdout.is_empty() => match permit {
-                Ok(p) => { r.hand_to_stdout(p, &stdout_tx); Ok(()) }
+                Ok(p) => {
+                    if let Some(m) = r.to_stdout.pop_front() { p.send(m) }
+                    acpd_wire::send_ready(&mut r.to_stdout, &stdout_tx);
+                    Ok(())
+                }
                 Err(_) => Err(Exit::Io("stdout closed".into())),
             },
             res = connected(r.connecting.as_mut()) => {
@@ -306,21 +310,6 @@ impl Relay {
             }
         }
         Ok(())
-    }
-
-    /// Hands the editor's stdout writer the next line in `permit`, and as many more as its
-    /// queue has room for now.
-    fn hand_to_stdout(&mut self, permit: mpsc::Permit<'_, OutLine>, tx: &mpsc::Sender<OutLine>) {
-        let Some(m) = self.to_stdout.pop_front() else {
-            return;
-        };
-        permit.send(m);
-        while !self.to_stdout.is_empty() {
-            let Ok(p) = tx.try_reserve() else { break };
-            if let Some(m) = self.to_stdout.pop_front() {
-                p.send(m);
-            }
-        }
     }
 
     fn on_socket(&mut self, ev: SockEvent) -> Result<(), Exit> {

@@ -21,7 +21,7 @@ pub use out_frame::OutFrame;
 pub use peer::{
     Answer, Forward, InFrame, Incoming, IncomingRequest, LaneRequest, Link, MapError,
     OutgoingRequest, PeerError, PeerHandle, PendingForward, QueueError, Responder, memory_pair,
-    spawn,
+    send_ready, spawn,
 };
 
 /// Depth of the channels between a pump and its peer: enough to keep a socket busy, small

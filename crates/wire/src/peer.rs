@@ -598,9 +598,9 @@ impl PeerTask {
 }
 
 /// Moves the front of `queue` into `tx` while it has room now (after the item a permit was
-/// awaited for): a burst costs one pass of the peer's loop. A closed `tx` drops what it was
-/// offered; the next pass sees it closed.
-fn send_ready<T>(queue: &mut VecDeque<T>, tx: &mpsc::Sender<T>) {
+/// awaited for): a burst costs one pass of the owner's loop (the peer's, acp-shim's). A closed
+/// `tx` drops what it was offered; the next pass sees it closed.
+pub fn send_ready<T>(queue: &mut VecDeque<T>, tx: &mpsc::Sender<T>) {
     while let Some(item) = queue.pop_front() {
         if let Err(e) = tx.try_send(item) {
             if let mpsc::error::TrySendError::Full(item) = e {

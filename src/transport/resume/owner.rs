@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
+use axum::extract::ws::{Message, WebSocket, close_code};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc::error::SendError;
@@ -93,7 +93,7 @@ impl Socket {
     /// until its own close frame (a socket closed with unread input is reset, and the reset
     /// can throw away our close frame), all within `CLOSE_WAIT`, in a task of its own so the
     /// owner never waits for it.
-    fn close(self, code: u16, reason: &'static str, tasks: &TaskTracker) {
+    fn close(self, reason: CloseReason, tasks: &TaskTracker) {
         let Socket {
             mut stream,
             sink,
@@ -101,21 +101,12 @@ impl Socket {
             ..
         } = self;
         tasks.spawn(async move {
-            let sink = match (sink, writing) {
+            let mut sink = match (sink, writing) {
                 (Some(sink), _) => sink,
                 (None, Some(w)) => w.await.0,
                 (None, None) => return,
             };
-            let frame = CloseFrame {
-                code,
-                reason: reason.into(),
-            };
-            let close = async {
-                let mut sink = sink;
-                let _ = sink.send(Message::Close(Some(frame))).await;
-                let _ = sink.close().await;
-                crate::transport::ws::linger(&mut stream).await;
-            };
+            let close = crate::transport::ws::goodbye(&mut sink, &mut stream, reason);
             let _ = tokio::time::timeout(CLOSE_WAIT, close).await;
         });
     }
@@ -361,7 +352,7 @@ impl Running {
     /// Closes the attached socket, if any, with `reason`.
     fn close(&mut self, reason: CloseReason) {
         if let Some(s) = self.socket.take() {
-            s.close(reason.code, reason.reason, &self.owner.tasks);
+            s.close(reason, &self.owner.tasks);
         }
     }
 
