@@ -29,9 +29,9 @@ use super::mcp::{self, LocalMcp};
 use super::socket::{self, SockEvent, Socket, WsOut, writer_permit};
 use super::stdin::read_stdin;
 use super::stdout::{OutLine, write_stdout};
-use acpd_wire::OutFrame;
 use acpd_wire::lines::Line;
 use acpd_wire::resume::window::{self, Frame, Window};
+use acpd_wire::{OutFrame, send_ready};
 
 /// Editor messages buffered for the daemon before stdin stops being read.
 const BUFFER_MAX: usize = 64 << 20;
@@ -139,11 +139,7 @@ pub async fn run(
                 Ok(())
             }
             permit = stdout_tx.reserve(), if !r.to_stdout.is_empty() => match permit {
-                Ok(p) => {
-                    if let Some(m) = r.to_stdout.pop_front() { p.send(m) }
-                    acpd_wire::send_ready(&mut r.to_stdout, &stdout_tx);
-                    Ok(())
-                }
+                Ok(p) => { if let Some(m) = r.to_stdout.pop_front() { p.send(m) } send_ready(&mut r.to_stdout, &stdout_tx); Ok(()) }
                 Err(_) => Err(Exit::Io("stdout closed".into())),
             },
             res = connected(r.connecting.as_mut()) => {
