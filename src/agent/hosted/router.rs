@@ -26,6 +26,9 @@ use super::{EARLY_LIMIT, KILL_GRACE, Process, RouterCommand};
 use crate::agent::AgentEvent;
 use acpd_wire::{Incoming, RawNotification, ResponseError};
 
+#[cfg(test)]
+mod tests;
+
 /// Events held for one session before the agent's stdout is no longer read (its own queue
 /// holds 1024 more).
 const PAUSE_AT: usize = 8192;
@@ -73,6 +76,11 @@ pub(super) struct Router {
     last_route: Option<String>,
     /// Messages for session ids not registered yet (the agent spoke before its response).
     early: HashMap<String, Vec<AgentEvent>>,
+    /// Answers to in-band requests of routes not registered yet, by route. A session registers
+    /// before it asks, but the registration and the answer come on different queues: a busy
+    /// router can find both ready and take the answer first, and a registration sent from a
+    /// task (`AgentHandle::to_router`, full queue) can come after it.
+    answers: HashMap<String, Vec<AgentEvent>>,
     /// URL-mode elicitations by `elicitationId` -> the session that relayed them: their
     /// `elicitation/complete` names no session.
     elicitations: HashMap<String, String>,
@@ -129,6 +137,7 @@ impl Router {
             by_agent_sid: HashMap::new(),
             last_route: None,
             early: HashMap::new(),
+            answers: HashMap::new(),
             elicitations: HashMap::new(),
             over: Over::default(),
         }
@@ -402,7 +411,11 @@ impl Router {
             for ev in self.early.remove(&asid).unwrap_or_default() {
                 self.deliver(&route, ev);
             }
-            self.by_agent_sid.insert(asid, route);
+            self.by_agent_sid.insert(asid, route.clone());
+        }
+        // After what the agent said of the session before answering: wire order.
+        for ev in self.answers.remove(&route).unwrap_or_default() {
+            self.deliver(&route, ev);
         }
     }
 
@@ -427,7 +440,12 @@ impl Router {
                 // in place (`Null` only holds the slot meanwhile).
                 let taken = std::mem::replace(&mut *result, Ok(Value::Null));
                 *result = taken.map_err(|e| crate::agent::login::auth_hint(e, &self.agent));
-                self.deliver(&route, AgentEvent::Response { tag, result });
+                let answer = AgentEvent::Response { tag, result };
+                if self.routes.contains_key(&route) {
+                    self.deliver(&route, answer);
+                } else {
+                    hold(&mut self.answers, route.clone(), answer);
+                }
                 self.last_route = Some(route);
                 return;
             }
@@ -540,13 +558,19 @@ impl Router {
     /// Held until a session registers the agent's id `sid` (the agent spoke of a session
     /// before answering the request that made it).
     fn hold_early(&mut self, sid: String, event: AgentEvent) {
-        if self.early.len() > EARLY_LIMIT {
-            self.early.clear();
-        }
-        let q = self.early.entry(sid).or_default();
-        if q.len() < EARLY_LIMIT {
-            q.push(event);
-        }
+        hold(&mut self.early, sid, event);
+    }
+}
+
+/// Keeps `event` for `key` until it is registered, within `EARLY_LIMIT` keys and events each
+/// (a key that never registers must not grow the map for ever).
+fn hold(held: &mut HashMap<String, Vec<AgentEvent>>, key: String, event: AgentEvent) {
+    if held.len() > EARLY_LIMIT {
+        held.clear();
+    }
+    let q = held.entry(key).or_default();
+    if q.len() < EARLY_LIMIT {
+        q.push(event);
     }
 }
 
