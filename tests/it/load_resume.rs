@@ -1,7 +1,8 @@
 //! Coming back to a session: `session/load` replays the journal before answering, as the
 //! agent's own load would (one entry per message, then the session's state once),
 //! `session/resume` does not, `_acpd/session/attach` replays every seq that came after a seq.
-//! The same for an agent that supports neither load nor resume (acpd emulates them).
+//! The same for an agent that supports neither load nor resume (acpd emulates them), and for
+//! many sessions loaded at once after a restart.
 
 use serde_json::{Value, json};
 
@@ -357,5 +358,57 @@ async fn a_resume_racing_a_close_opens_the_session_again() {
             agent_texts(&updates).contains(&format!("after {round}")),
             "round {round}: {updates:?}"
         );
+    }
+}
+
+/// After a restart every session's agent side is re-created (`session/resume` to the agent, in
+/// band). Loaded all at once, the sessions' registrations with the agent's router and the
+/// agent's answers race each other in the router; every load must still be answered, replay
+/// its session, and leave it taking prompts. (An answer the router took before its session's
+/// registration used to be dropped, and that `session/load` never answered.)
+#[tokio::test]
+async fn sessions_loaded_all_at_once_after_a_restart_each_restore_and_take_a_prompt() {
+    const N: usize = 40;
+    let mut daemon = Daemon::start().await;
+    let cwd = daemon.work_dir();
+    let mut client = daemon.client().await;
+    let mut sids = Vec::new();
+    for i in 0..N {
+        let sid = client.new_session(&cwd).await;
+        let (_, result) = client.prompt(&sid, &format!("echo before {i}")).await;
+        result.expect("prompt before the restart");
+        sids.push(sid);
+    }
+    daemon.restart().await;
+    drop(client);
+
+    let mut client = daemon.client().await;
+    let mut loads = Vec::new();
+    for sid in &sids {
+        let params = json!({ "sessionId": sid, "cwd": cwd, "mcpServers": [] });
+        loads.push(client.send_request("session/load", params).await);
+    }
+    for (i, id) in loads.iter().enumerate() {
+        let result = client.wait_response(id).await;
+        assert!(result.is_ok(), "session {i}: session/load: {result:?}");
+    }
+    let replayed = client.take_buffered_updates();
+    for i in 0..N {
+        let text = format!("before {i}");
+        assert!(
+            agent_texts(&replayed).contains(&text),
+            "session {i}'s load did not replay its turn"
+        );
+    }
+    let mut prompts = Vec::new();
+    for (i, sid) in sids.iter().enumerate() {
+        prompts.push(client.send_prompt(sid, &format!("echo after {i}")).await);
+    }
+    for (i, id) in prompts.iter().enumerate() {
+        let result = client
+            .wait_response(id)
+            .await
+            .expect("prompt after the restart");
+        assert_eq!(result["stopReason"], "end_turn", "session {i}");
     }
 }
