@@ -392,11 +392,11 @@ async fn sessions_loaded_all_at_once_after_a_restart_each_restore_and_take_a_pro
         let result = client.wait_response(id).await;
         assert!(result.is_ok(), "session {i}: session/load: {result:?}");
     }
-    let replayed = client.take_buffered_updates();
+    let replayed = agent_texts(&client.take_buffered_updates());
     for i in 0..N {
         let text = format!("before {i}");
         assert!(
-            agent_texts(&replayed).contains(&text),
+            replayed.contains(&text),
             "session {i}'s load did not replay its turn"
         );
     }

@@ -46,76 +46,75 @@ pub(crate) fn start(
     tasks: &TaskTracker,
     events: mpsc::Sender<SockEvent>,
 ) -> Socket {
-    {
-        let (mut sink, mut stream) = ws.split();
-        // Not a child of `cancel`: a closing socket's writer must outlive the loop.
-        let kill = CancellationToken::new();
-        let (tx, mut rx) = mpsc::channel::<WsOut>(64);
-        let k = kill.clone();
-        tasks.spawn(async move {
-            while let Some(out) = tokio::select! { _ = k.cancelled() => None, o = rx.recv() => o } {
-                match out {
-                    WsOut::Text(t) => {
-                        let r = tokio::select! {
-                            _ = k.cancelled() => break,
-                            r = sink.send(Message::Text(t.into())) => r,
-                        };
-                        if r.is_err() {
-                            break;
-                        }
-                    }
-                    WsOut::Close(code) => {
-                        let frame = CloseFrame {
-                            code: code.into(),
-                            reason: "".into(),
-                        };
-                        let close = async {
-                            let _ = sink.send(Message::Close(Some(frame))).await;
-                            let _ = sink.close().await;
-                        };
-                        let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
+    let (mut sink, mut stream) = ws.split();
+    // Not a child of `cancel`: a closing socket's writer must outlive the loop.
+    let kill = CancellationToken::new();
+    let (tx, mut rx) = mpsc::channel::<WsOut>(64);
+    let k = kill.clone();
+    tasks.spawn(async move {
+        while let Some(out) = tokio::select! { _ = k.cancelled() => None, o = rx.recv() => o } {
+            match out {
+                WsOut::Text(t) => {
+                    let r = tokio::select! {
+                        _ = k.cancelled() => break,
+                        r = sink.send(Message::Text(t.into())) => r,
+                    };
+                    if r.is_err() {
                         break;
                     }
                 }
-            }
-        });
-        let k = kill.clone();
-        tasks.spawn(async move {
-            let close = loop {
-                let msg = tokio::select! {
-                    _ = k.cancelled() => return,
-                    m = stream.next() => m,
-                };
-                match msg {
-                    Some(Ok(Message::Text(t))) => {
-                        let ev = SockEvent::Text(no, t);
-                        tokio::select! {
-                            _ = k.cancelled() => return,
-                            r = events.send(ev) => if r.is_err() { return },
-                        }
-                    }
-                    Some(Ok(Message::Close(f))) => {
-                        break f.map(|f| (u16::from(f.code), f.reason.as_str().to_owned()));
-                    }
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        tracing::debug!(error = %e, "socket read failed");
-                        break None;
-                    }
-                    None => break None,
+                WsOut::Close(code) => {
+                    let frame = CloseFrame {
+                        code: code.into(),
+                        reason: "".into(),
+                    };
+                    let close = async {
+                        let _ = sink.send(Message::Close(Some(frame))).await;
+                        let _ = sink.close().await;
+                    };
+                    let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
+                    break;
                 }
-            };
-            let _ = events.send(SockEvent::Closed(no, close)).await;
-        });
-        Socket {
-            no,
-            writer: tx,
-            kill,
-            closing: false,
+            }
         }
+    });
+    let k = kill.clone();
+    tasks.spawn(async move {
+        let close = loop {
+            let msg = tokio::select! {
+                _ = k.cancelled() => return,
+                m = stream.next() => m,
+            };
+            match msg {
+                Some(Ok(Message::Text(t))) => {
+                    let ev = SockEvent::Text(no, t);
+                    tokio::select! {
+                        _ = k.cancelled() => return,
+                        r = events.send(ev) => if r.is_err() { return },
+                    }
+                }
+                Some(Ok(Message::Close(f))) => {
+                    break f.map(|f| (u16::from(f.code), f.reason.as_str().to_owned()));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "socket read failed");
+                    break None;
+                }
+                None => break None,
+            }
+        };
+        let _ = events.send(SockEvent::Closed(no, close)).await;
+    });
+    Socket {
+        no,
+        writer: tx,
+        kill,
+        closing: false,
     }
 }
 
+/// Room in the current socket's writer queue; never resolves while there is no socket.
 pub(crate) async fn writer_permit(
     w: Option<mpsc::Sender<WsOut>>,
 ) -> Option<mpsc::OwnedPermit<WsOut>> {

@@ -475,7 +475,7 @@ impl Router {
         if self.aim(&sid) {
             self.deliver_last(AgentEvent::Request(r));
         } else {
-            self.hold_early(sid, AgentEvent::Request(r));
+            hold(&mut self.early, sid, AgentEvent::Request(r));
         }
     }
 
@@ -493,7 +493,7 @@ impl Router {
             self.deliver_last(AgentEvent::Notification(n));
         } else {
             let sid = sid.into_owned();
-            self.hold_early(sid, AgentEvent::Notification(n));
+            hold(&mut self.early, sid, AgentEvent::Notification(n));
         }
     }
 
@@ -553,12 +553,6 @@ impl Router {
             self.deliver(route, event);
         }
         self.last_route = last;
-    }
-
-    /// Held until a session registers the agent's id `sid` (the agent spoke of a session
-    /// before answering the request that made it).
-    fn hold_early(&mut self, sid: String, event: AgentEvent) {
-        hold(&mut self.early, sid, event);
     }
 }
 
