@@ -18,8 +18,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+mod held;
 mod router;
 mod stderr;
+
+pub use held::Held;
 
 use super::{AgentError, AgentEvent, AgentHandle, home, supervisor};
 use crate::config::AgentProfile;

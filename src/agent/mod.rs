@@ -55,7 +55,9 @@ pub enum AgentError {
 #[derive(Debug)]
 pub enum AgentEvent {
     /// Params as the agent sent them: a `session/update` is journaled without being parsed.
-    Notification(RawNotification),
+    /// The `Held` is its share of what acpd holds of the agent's output, given back when the
+    /// session has taken it (dropped).
+    Notification(RawNotification, hosted::Held),
     /// Boxed, like `Response`'s result: these are rare, and a session's event channel holds
     /// a block of 32 slots of the largest variant for its whole life.
     Request(Box<IncomingRequest>),

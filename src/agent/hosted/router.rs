@@ -9,9 +9,15 @@
 //! on below `RESUME_AT`. A session that takes nothing for `ROUTE_STALL` while its backlog is
 //! full is told the agent is gone for it (it re-creates its agent side on its next command),
 //! so one stuck session never holds the agent's other sessions for long.
+//!
+//! Across sessions the router holds no more than `held::HELD_MAX` updates of the agent at a
+//! time: at that count it stops reading the agent until the sessions have taken half, so
+//! with a thousand sessions streaming the agent waits in its pipe, not behind a thousand
+//! queues (`held.rs`). A session that takes nothing for `ROUTE_STALL` while the router waits
+//! so is cut the same way.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -22,12 +28,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::held::{Held, HeldOutput};
 use super::{EARLY_LIMIT, KILL_GRACE, Process, RouterCommand};
 use crate::agent::AgentEvent;
 use acpd_wire::{Incoming, RawNotification, ResponseError};
 
+mod over;
 #[cfg(test)]
 mod tests;
+
+use over::Over;
 
 /// Events held for one session before the agent's stdout is no longer read (its own queue
 /// holds 1024 more).
@@ -86,44 +96,10 @@ pub(super) struct Router {
     elicitations: HashMap<String, String>,
     /// Routes whose backlog is over `PAUSE_AT`: while any is, the agent's stdout is not read.
     over: Over,
-}
-
-/// The routes over `PAUSE_AT`, counted in `acpd_sessions_behind_agent` while they are (and
-/// no longer once the router ends).
-#[derive(Default)]
-struct Over(HashSet<String>);
-
-impl Over {
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &String> {
-        self.0.iter()
-    }
-
-    /// `true` when `route` was not over already: the agent's output pauses for it.
-    fn insert(&mut self, route: &str) -> bool {
-        if self.0.contains(route) {
-            return false;
-        }
-        self.0.insert(route.to_owned());
-        metrics::gauge!(crate::metrics::SESSIONS_BEHIND_AGENT).increment(1);
-        metrics::counter!(crate::metrics::AGENT_OUTPUT_PAUSES_TOTAL).increment(1);
-        true
-    }
-
-    fn remove(&mut self, route: &str) {
-        if self.0.remove(route) {
-            metrics::gauge!(crate::metrics::SESSIONS_BEHIND_AGENT).decrement(1);
-        }
-    }
-}
-
-impl Drop for Over {
-    fn drop(&mut self) {
-        metrics::gauge!(crate::metrics::SESSIONS_BEHIND_AGENT).decrement(self.0.len() as f64);
-    }
+    /// The agent's updates handed to sessions and not taken yet.
+    held: HeldOutput,
+    /// Since when `held` is full and the agent's stdout is not read.
+    starved: Option<Instant>,
 }
 
 impl Router {
@@ -140,6 +116,8 @@ impl Router {
             answers: HashMap::new(),
             elicitations: HashMap::new(),
             over: Over::default(),
+            held: HeldOutput::default(),
+            starved: None,
         }
     }
 
@@ -185,8 +163,15 @@ impl Router {
                 Some(Ok((route, generation, room))) = self.waits.join_next() => {
                     self.on_room(route, generation, room)
                 }
-                _ = stall_check.tick(), if !self.over.is_empty() => self.detach_stalled(),
-                msg = incoming.recv(), if self.over.is_empty() => match msg {
+                _ = self.held.room(), if self.starved.is_some() => {
+                    if !self.held.full() {
+                        self.starved = None;
+                    }
+                }
+                _ = stall_check.tick(), if !self.over.is_empty() || self.starved.is_some() => {
+                    self.detach_stalled()
+                }
+                msg = incoming.recv(), if self.over.is_empty() && self.starved.is_none() => match msg {
                     Some(m) => self.route_burst(m, &mut incoming),
                     None => break stdout_closed(&mut process).await,
                 },
@@ -229,13 +214,16 @@ impl Router {
     fn route_burst(&mut self, first: Incoming, incoming: &mut mpsc::Receiver<Incoming>) {
         self.route(first);
         for _ in 1..ROUTE_BURST {
-            if !self.over.is_empty() {
+            if !self.over.is_empty() || self.held.full() {
                 break;
             }
             match incoming.try_recv() {
                 Ok(m) => self.route(m),
                 Err(_) => break,
             }
+        }
+        if self.held.full() && self.starved.is_none() {
+            self.starved = Some(Instant::now());
         }
     }
 
@@ -259,10 +247,13 @@ impl Router {
 
     /// Hands an event to a session without waiting: straight into its queue when there is
     /// room and nothing is held for it, else behind what is held.
-    fn deliver(&mut self, route: &str, ev: AgentEvent) {
+    fn deliver(&mut self, route: &str, mut ev: AgentEvent) {
         let Some(r) = self.routes.get_mut(route) else {
             return;
         };
+        if let AgentEvent::Notification(_, share) = &mut ev {
+            *share = self.held.hold();
+        }
         if !r.backlog.is_empty() {
             r.backlog.push_back(ev);
             if r.backlog.len() >= PAUSE_AT && self.over.insert(route) {
@@ -341,8 +332,23 @@ impl Router {
         }
     }
 
-    /// Detaches the sessions over `PAUSE_AT` that took nothing for `ROUTE_STALL`.
+    /// Detaches the sessions over `PAUSE_AT` that took nothing for `ROUTE_STALL`, and when the
+    /// agent has not been read for `ROUTE_STALL` because `held` is full, the session holding
+    /// the most of it.
     fn detach_stalled(&mut self) {
+        if self.starved.is_some_and(|t| t.elapsed() >= ROUTE_STALL) {
+            let most = self
+                .routes
+                .iter()
+                .max_by_key(|(_, r)| queued(r) + r.backlog.len());
+            if let Some((route, r)) = most {
+                // Its queue's shares may never be given back: no longer counted.
+                self.held.forget(queued(r));
+                let route = route.clone();
+                self.overflow(&route);
+            }
+            self.starved = self.held.full().then(Instant::now);
+        }
         let stalled: Vec<String> = self
             .over
             .iter()
@@ -484,16 +490,20 @@ impl Router {
     fn route_notification(&mut self, n: RawNotification) {
         let Some(sid) = notification_session_id(&n) else {
             if let Some(route) = self.elicitation_of(&n) {
-                return self.deliver(&route, AgentEvent::Notification(n));
+                return self.deliver(&route, AgentEvent::Notification(n, Held::none()));
             }
             tracing::debug!(agent = %self.agent, "agent notification without a sessionId dropped");
             return;
         };
         if self.aim(&sid) {
-            self.deliver_last(AgentEvent::Notification(n));
+            self.deliver_last(AgentEvent::Notification(n, Held::none()));
         } else {
             let sid = sid.into_owned();
-            hold(&mut self.early, sid, AgentEvent::Notification(n));
+            hold(
+                &mut self.early,
+                sid,
+                AgentEvent::Notification(n, Held::none()),
+            );
         }
     }
 
@@ -566,6 +576,11 @@ fn hold(held: &mut HashMap<String, Vec<AgentEvent>>, key: String, event: AgentEv
     if q.len() < EARLY_LIMIT {
         q.push(event);
     }
+}
+
+/// Events in a route's queue, not taken yet.
+fn queued(r: &Route) -> usize {
+    r.tx.max_capacity() - r.tx.capacity()
 }
 
 /// The `sessionId` of an agent's notification: from the member spans the peer found when it

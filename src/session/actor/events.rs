@@ -17,7 +17,7 @@ use acpd_wire::{IncomingRequest, RawNotification, Responder, ResponseError};
 impl Session {
     pub(super) async fn on_agent_event(&mut self, ev: AgentEvent) {
         match ev {
-            AgentEvent::Notification(n) => self.on_agent_notification(n).await,
+            AgentEvent::Notification(n, _taken) => self.on_agent_notification(n).await,
             AgentEvent::Request(req) => self.on_agent_request(*req),
             // Boxed, as are the other cold awaits under the actor's loop: inline, the largest
             // of them sets the size of every live session's task (the update path stays inline).

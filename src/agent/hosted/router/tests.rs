@@ -1,5 +1,5 @@
-//! The router's order of events: what a session sends before its request reaches the router
-//! before the agent's answer to that request does.
+//! The router's order of events (what a session sends before its request reaches the router
+//! before the agent's answer to that request does) and how far it reads ahead of its sessions.
 
 use std::time::Duration;
 
@@ -9,10 +9,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::super::held::HELD_MAX;
 use super::super::{Process, RouterCommand};
-use super::Router;
+use super::{ROUTE_STALL, Router};
 use crate::agent::AgentEvent;
-use acpd_wire::Incoming;
+use acpd_wire::{Incoming, RawNotification};
 
 /// The agent's answer (tag 7) to session `s1`'s in-band request.
 fn answer() -> Incoming {
@@ -128,4 +129,109 @@ async fn an_answer_that_comes_before_its_route_is_held_until_the_route_registers
         ),
         "the answer that came first was not handed to the route registered after it"
     );
+}
+
+/// The agent's `n`th update about its session `asid`.
+fn update(asid: &str, n: usize) -> Incoming {
+    let line = json!({
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": { "sessionId": asid, "update": { "n": n } },
+    });
+    Incoming::Notification(RawNotification::read(line.to_string()).expect("a notification"))
+}
+
+/// The number an update of `update()` carries.
+fn number(ev: &AgentEvent) -> u64 {
+    let AgentEvent::Notification(n, _) = ev else {
+        panic!("not an update: {ev:?}");
+    };
+    n.params_value().expect("params")["update"]["n"]
+        .as_u64()
+        .expect("n")
+}
+
+/// Waits (bounded) until `session` holds `n` events.
+async fn until_queued(session: &mpsc::Receiver<AgentEvent>, n: usize) {
+    let filled = async {
+        while session.len() < n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), filled)
+        .await
+        .unwrap_or_else(|_| panic!("{} of {n} events routed", session.len()));
+}
+
+/// The router reads no further ahead of its sessions than `HELD_MAX` updates: with a
+/// thousand sessions streaming, the agent's output used to pile up in their queues (1 024
+/// each) and an update waited seconds behind it. Once the session has taken half, reading goes
+/// on, and every update arrives once and in order.
+#[tokio::test]
+async fn the_router_holds_no_more_than_held_max_updates_its_sessions_have_not_taken() {
+    let total = HELD_MAX as usize + 1000;
+    let (incoming_tx, incoming) = mpsc::channel(total);
+    let (commands_tx, commands) = mpsc::channel(8);
+    // Room for all of them: only the budget can stop the router.
+    let (events, mut session) = mpsc::channel(2 * total);
+    commands_tx.send(register(events)).await.expect("router");
+    let router = start(incoming, commands);
+    for n in 0..total {
+        incoming_tx.send(update("a1", n)).await.expect("router");
+    }
+    until_queued(&session, HELD_MAX as usize).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(session.len(), HELD_MAX as usize, "routed past the budget");
+    let mut next = 0;
+    while next < total {
+        let ev = tokio::time::timeout(Duration::from_secs(5), session.recv())
+            .await
+            .unwrap_or_else(|_| panic!("update {next} never came (reading did not go on)"))
+            .expect("the route");
+        assert_eq!(number(&ev), next as u64);
+        next += 1;
+    }
+    router.0.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), router.1).await;
+    drop((incoming_tx, commands_tx));
+}
+
+/// A session that takes nothing while it holds the whole budget is cut from the agent after
+/// `ROUTE_STALL` (it hears the agent is gone for it), and the agent's other sessions go on
+/// (real time: ~12 s).
+#[tokio::test]
+async fn a_session_that_takes_nothing_for_long_does_not_stop_its_agents_other_sessions() {
+    let (incoming_tx, incoming) = mpsc::channel(2 * HELD_MAX as usize);
+    let (commands_tx, commands) = mpsc::channel(8);
+    let (events, mut stuck) = mpsc::channel(2 * HELD_MAX as usize);
+    let (other_events, mut other) = mpsc::channel(8);
+    commands_tx.send(register(events)).await.expect("router");
+    commands_tx
+        .send(RouterCommand::Register {
+            route: "s2".into(),
+            agent_session_id: Some("a2".into()),
+            events: other_events,
+        })
+        .await
+        .expect("router");
+    let router = start(incoming, commands);
+    for n in 0..HELD_MAX as usize {
+        incoming_tx.send(update("a1", n)).await.expect("router");
+    }
+    incoming_tx.send(update("a2", 0)).await.expect("router");
+    let got = tokio::time::timeout(ROUTE_STALL * 3, other.recv()).await;
+    let ev = got.expect("the other session's update").expect("its route");
+    assert_eq!(number(&ev), 0);
+    // The stuck one is told, after everything routed to it.
+    for n in 0..HELD_MAX as u64 {
+        assert_eq!(number(&stuck.recv().await.expect("its updates")), n);
+    }
+    let last = tokio::time::timeout(Duration::from_secs(5), stuck.recv()).await;
+    assert!(
+        matches!(last, Ok(Some(AgentEvent::Exited { .. }))),
+        "{last:?}"
+    );
+    router.0.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), router.1).await;
+    drop((incoming_tx, commands_tx));
 }
