@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 /// the p99 wait.
 pub(crate) const HELD_MAX: isize = 4096;
 /// Reading goes on once the held updates are down to this.
-pub(crate) const RESUME_AT: isize = HELD_MAX / 2;
+const RESUME_AT: isize = HELD_MAX / 2;
 
 #[derive(Default)]
 struct Count {
@@ -67,7 +67,7 @@ impl HeldOutput {
 }
 
 /// One routed update's share of its agent's `HeldOutput`; `Held::none()` before it is routed.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Held(Option<Arc<Count>>);
 
 impl Held {
